@@ -1,0 +1,186 @@
+"""Health: an endpoint's status, derived from its last heartbeat and its recent deliveries.
+
+Invariants:
+- Status is never stored: :func:`derive` computes it from ``(last_seen, stats, now, thresholds)``.
+  Healthy while the heartbeat age is at most ``degraded_after``; degraded past it (or when the mean
+  of the last 5 delivery latencies within the sample window is over ``slow_threshold_ms``);
+  suspect past ``suspect_after`` or while passively ejected; down past ``down_after``.
+- ``changes_at`` is the first time at which the status may change by time passing alone; any
+  change by an event (heartbeat, delivery, ejection) is announced by the caller instead.
+- All times are on the *liveness clock* (:class:`LivenessClock`): monotonic seconds minus the time
+  the gateway itself was stalled, so a gateway that could not listen does not demote its agents.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from agent_reach.core.model import Status, Thresholds
+
+__all__ = ["EndpointStats", "Health", "LivenessClock", "derive"]
+
+SLOW_WINDOW = 5  # deliveries whose mean decides "slow" (contract)
+P95_WINDOW = 100  # deliveries kept for p95 and avg
+EWMA_DECAY_S = 10.0  # peak-EWMA time constant (Finagle/Linkerd use 10 s)
+INF = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """A derived status with the reason in words and when it may next change by itself."""
+
+    status: Status
+    reason: str
+    changes_at: float
+    slow_only: bool = False  # degraded only because it is slow: eligible for a probe share
+
+
+class EndpointStats:
+    """What one gateway saw of its own deliveries to one endpoint (mutable, no clock reads).
+
+    Holds the recent latency samples, a peak-EWMA cost with in-flight count for load-aware
+    choice, and the passive-check ejection mark.
+    """
+
+    __slots__ = ("_ewma_at", "_p95", "_samples", "ejected_at", "ewma_ms", "inflight")
+
+    def __init__(self) -> None:
+        self._samples: deque[tuple[float, float]] = deque(maxlen=P95_WINDOW)
+        self._p95: float | None = None
+        self.ewma_ms = 0.0  # optimistic prior: a new endpoint looks fast until it answers
+        self._ewma_at = 0.0
+        self.inflight = 0
+        self.ejected_at: float | None = None
+
+    def observe(self, latency_ms: float, now: float, *, penalty_ms: float = 0.0) -> None:
+        """Record one delivery that reached the agent (or timed out on it).
+
+        ``penalty_ms`` is what a failure costs in the load-aware score, so that an endpoint that
+        fails fast does not look fast.
+        """
+        self._samples.append((now, latency_ms))
+        ordered = sorted(ms for _, ms in self._samples)
+        self._p95 = ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
+        self._observe_cost(max(latency_ms, penalty_ms), now)
+
+    def penalize(self, penalty_ms: float, now: float) -> None:
+        """Raise the load-aware cost without a latency sample (nothing reached the agent)."""
+        self._observe_cost(penalty_ms, now)
+
+    def _observe_cost(self, cost_ms: float, now: float) -> None:
+        current = self.cost_ms(now)
+        if cost_ms > current:
+            self.ewma_ms = cost_ms
+        else:
+            w = math.exp(-max(0.0, now - self._ewma_at) / EWMA_DECAY_S)
+            self.ewma_ms = current * w + cost_ms * (1 - w)
+        self._ewma_at = now
+
+    def cost_ms(self, now: float) -> float:
+        """Peak-EWMA latency, decayed toward 0 while idle so that idle endpoints get tried again."""
+        if self.ewma_ms == 0.0:
+            return 0.0
+        return self.ewma_ms * math.exp(-max(0.0, now - self._ewma_at) / EWMA_DECAY_S)
+
+    def score(self, now: float) -> float:
+        """Load-aware cost: lower is better (peak-EWMA latency x (in-flight + 1))."""
+        return (self.cost_ms(now) + 1.0) * (self.inflight + 1)
+
+    def recent_mean(self, now: float, ttl: float) -> tuple[float | None, float]:
+        """Mean of the last 5 samples younger than ``ttl``, and when the oldest of them ages out."""
+        total = 0.0
+        n = 0
+        oldest = INF
+        for at, ms in reversed(self._samples):
+            if n == SLOW_WINDOW or now - at > ttl:
+                break
+            total += ms
+            n += 1
+            oldest = at
+        if n == 0:
+            return None, INF
+        return total / n, oldest + ttl
+
+    def window_stats(self, now: float, ttl: float) -> tuple[float | None, float | None]:
+        """(avg, p95) in ms over the kept samples, or (None, None) when all are older than ttl."""
+        if not self._samples or now - self._samples[-1][0] > ttl:
+            return None, None
+        return sum(ms for _, ms in self._samples) / len(self._samples), self._p95
+
+    def p95_ms(self, now: float, ttl: float) -> float | None:
+        """p95 latency of the kept samples (None with no recent history)."""
+        if not self._samples or now - self._samples[-1][0] > ttl:
+            return None
+        return self._p95
+
+
+def derive(last_seen: float, stats: EndpointStats | None, now: float, t: Thresholds) -> Health:
+    """The status of an endpoint at ``now`` (liveness clock)."""
+    age = now - last_seen
+    if age > t.down_after:
+        return Health(Status.DOWN, f"no heartbeat for {age:.1f} s", INF)
+    if age > t.suspect_after:
+        return Health(
+            Status.SUSPECT, f"no heartbeat for {age:.1f} s", last_seen + t.down_after
+        )
+    if stats is not None and stats.ejected_at is not None and stats.ejected_at >= last_seen:
+        return Health(
+            Status.SUSPECT,
+            "connection refused or reset: out of intent routing until its next heartbeat",
+            last_seen + t.down_after,
+        )
+    if age > t.degraded_after:
+        return Health(
+            Status.DEGRADED, f"heartbeat late ({age:.1f} s old)", last_seen + t.suspect_after
+        )
+    changes_at = last_seen + t.degraded_after
+    if stats is not None:
+        mean, ages_out = stats.recent_mean(now, t.sample_ttl)
+        if mean is not None and mean > t.slow_threshold_ms:
+            return Health(
+                Status.DEGRADED,
+                f"slow: mean {mean:.0f} ms over its last deliveries "
+                f"(threshold {t.slow_threshold_ms:.0f} ms)",
+                min(changes_at, ages_out),
+                slow_only=True,
+            )
+        if mean is not None:
+            changes_at = min(changes_at, ages_out)
+    return Health(Status.HEALTHY, "healthy", changes_at)
+
+
+class LivenessClock:
+    """Monotonic time that does not advance while the gateway itself was stalled.
+
+    A ticker calls :meth:`tick` every ``tick_interval`` seconds. A tick that comes more than
+    ``tolerance`` late means the event loop was blocked (GC, overload, SIGSTOP); the lateness past
+    the tolerance is credited, which extends every lease by the stall. Until the late tick runs,
+    :meth:`now` is capped at the last tick plus interval plus tolerance, so that a request handled
+    first thing after the stall does not see every agent as dead. The result never goes backwards.
+    """
+
+    __slots__ = ("_last_tick", "credit", "tick_interval", "tolerance")
+
+    def __init__(self, tick_interval: float, tolerance: float) -> None:
+        self.tick_interval = tick_interval
+        self.tolerance = tolerance
+        self.credit = 0.0
+        self._last_tick: float | None = None
+
+    def tick(self, mono: float) -> float:
+        """Note a tick at monotonic ``mono``; return the loop lag seen (seconds, >= 0)."""
+        lag = 0.0
+        if self._last_tick is not None:
+            lag = max(0.0, mono - self._last_tick - self.tick_interval)
+            if lag > self.tolerance:
+                self.credit += lag - self.tolerance
+        self._last_tick = mono
+        return lag
+
+    def now(self, mono: float) -> float:
+        """Liveness time at monotonic ``mono``."""
+        if self._last_tick is not None:
+            mono = min(mono, self._last_tick + self.tick_interval + self.tolerance)
+        return mono - self.credit

@@ -1,0 +1,1 @@
+"""The gateway: service (core + registry + transport), delivery loop and HTTP edge."""

@@ -1,0 +1,75 @@
+"""Prometheus metrics of one gateway, on a registry of its own (no process globals)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+__all__ = ["GatewayMetrics"]
+
+_LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)
+
+
+class _StatusCollector(Collector):
+    def __init__(self, counts: Callable[[], dict[str, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "agent_reach_endpoints", "Registered endpoints by derived status", labels=["status"]
+        )
+        for status, n in self._counts().items():
+            family.add_metric([status], n)
+        yield family
+
+
+class GatewayMetrics:
+    """Counters and histograms of requests, attempts, retries and heartbeats."""
+
+    def __init__(self, status_counts: Callable[[], dict[str, int]]) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=False)
+        self.requests = Counter(
+            "agent_reach_requests", "Reach requests answered, by intent and outcome",
+            ["intent", "outcome"], registry=r,
+        )
+        self.request_seconds = Histogram(
+            "agent_reach_request_duration_seconds", "Time to answer a reach request",
+            ["intent"], buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.attempts = Counter(
+            "agent_reach_attempts", "Delivery attempts by outcome", ["outcome"], registry=r
+        )
+        self.attempt_seconds = Histogram(
+            "agent_reach_attempt_duration_seconds", "Duration of one delivery attempt",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.retries = Counter(
+            "agent_reach_retries", "Retries, by kind (failover or same endpoint)", ["kind"],
+            registry=r,
+        )
+        self.retry_budget_exhausted = Counter(
+            "agent_reach_retry_budget_exhausted", "Retries refused by the retry budget", registry=r
+        )
+        self.heartbeats = Counter(
+            "agent_reach_heartbeats", "Heartbeats received, by result", ["result"], registry=r
+        )
+        self.registrations = Counter(
+            "agent_reach_registrations", "Registrations (new or replacing)", registry=r
+        )
+        self.loop_lag = Gauge(
+            "agent_reach_event_loop_lag_seconds", "Last measured event-loop lag", registry=r
+        )
+        self.stall_credit = Gauge(
+            "agent_reach_stall_credit_seconds",
+            "Total gateway stall time credited to every endpoint's lease", registry=r,
+        )
+        r.register(_StatusCollector(status_counts))
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)

@@ -1,0 +1,286 @@
+"""Delivery of one reach request: route, attempt, retry or fail over, answer within the deadline.
+
+Invariants:
+- One :class:`Deadline` per request, made from the time the request was received; every attempt
+  timeout and every backoff wait fits in what remains of it, so the answer is never late.
+- A retry goes to an untried eligible endpoint when there is one (no wait), else to the same
+  endpoint after a jittered backoff; it starts only when its per-try timeout fits in what is left.
+- 4xx answers are never retried. Retries that reached an agent are charged to the retry budget.
+- All waiting goes through the injected clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from agent_reach.core.model import Outcome
+from agent_reach.core.policy import Deadline, backoff_s
+from agent_reach.errors import (
+    AgentError,
+    AllAttemptsFailed,
+    DeadlineExceeded,
+    NoCapableAgent,
+    ReachError,
+)
+from agent_reach.gateway.metrics import GatewayMetrics
+from agent_reach.gateway.schemas import Attempt, DeliveryBody, SendBody, encode
+from agent_reach.gateway.service import Gateway, RoutePlan
+from agent_reach.gateway.traces import TraceStore
+from agent_reach.logs import TRACE_ID, log
+from agent_reach.transport.base import Transport
+
+__all__ = ["Reacher", "ReachResult", "new_id"]
+
+_TRACE_CANDIDATES = 16  # candidates listed by name in a trace's route event
+
+
+def new_id(prefix: str) -> str:
+    """A fresh random id such as ``trace_5f1c...``."""
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+@dataclass(slots=True)
+class ReachResult:
+    """A successful answer of ``/v1/send``."""
+
+    msg_id: str
+    trace_id: str
+    intent: str
+    endpoint_id: str
+    result: msgspec.Raw
+    attempts: list[Attempt]
+    latency_ms: float
+
+    def to_body(self) -> dict[str, Any]:
+        """The contract's success body."""
+        return {
+            "ok": True,
+            "msg_id": self.msg_id,
+            "trace_id": self.trace_id,
+            "intent": self.intent,
+            "endpoint_id": self.endpoint_id,
+            "result": self.result,
+            "attempts": self.attempts,
+            "latency_ms": self.latency_ms,
+        }
+
+
+class Reacher:
+    """Runs the delivery loop of ``/v1/send`` over a gateway service and a transport."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        transport: Transport,
+        metrics: GatewayMetrics,
+        traces: TraceStore,
+        *,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.gateway = gateway
+        self.transport = transport
+        self.metrics = metrics
+        self.traces = traces
+        self.clock = gateway.clock
+        self.settings = gateway.settings
+        self._wall = wall
+
+    def _trace(self, trace_id: str, kind: str, **data: Any) -> None:
+        self.traces.add(trace_id, self._wall(), kind, **data)
+
+    async def send(self, body: SendBody, received_at: float) -> ReachResult:
+        """Deliver ``body``; raise a :class:`ReachError` carrying msg_id, trace_id and attempts.
+
+        ``received_at`` is the monotonic time the request arrived: the deadline counts from it.
+        """
+        msg_id = body.msg_id or new_id("msg")
+        trace_id = body.trace_id or new_id("trace")
+        timeout_ms = body.timeout_ms or self.settings.default_timeout_ms
+        token = TRACE_ID.set(trace_id)
+        attempts: list[Attempt] = []
+        intent_label = "_unroutable"
+        try:
+            self._trace(
+                trace_id, "received", msg_id=msg_id, intent=body.intent, sender=body.sender,
+                recipient_hint=body.recipient_hint, priority=body.priority, timeout_ms=timeout_ms,
+            )
+            deadline = Deadline(
+                received_at + max(0.0, timeout_ms - self.settings.answer_margin_ms) / 1000.0
+            )
+            plan = self.gateway.plan(body.intent, body.recipient_hint)
+            intent_label = body.intent
+            payload = encode(
+                DeliveryBody(
+                    msg_id=msg_id, trace_id=trace_id, sender=body.sender,
+                    recipient_hint=body.recipient_hint, intent=body.intent,
+                    payload=body.payload, priority=body.priority, timeout_ms=timeout_ms,
+                )
+            )
+            result = await self._attempts(plan, deadline, timeout_ms, msg_id, trace_id, payload,
+                                          attempts)
+        except ReachError as exc:
+            if isinstance(exc, NoCapableAgent):
+                intent_label = "_unroutable"
+            exc.fields.update(msg_id=msg_id, trace_id=trace_id, attempts=attempts)
+            elapsed = (self.clock.monotonic() - received_at) * 1000.0
+            self._finish(intent_label, exc.code, elapsed)
+            self._trace(trace_id, "answer", ok=False, error=exc.code, detail=exc.detail,
+                        latency_ms=round(elapsed, 3))
+            log(logging.INFO, "reach.failed", msg_id=msg_id, intent=body.intent, error=exc.code,
+                detail=exc.detail, attempts=len(attempts), latency_ms=round(elapsed, 3))
+            raise
+        finally:
+            TRACE_ID.reset(token)
+        elapsed = (self.clock.monotonic() - received_at) * 1000.0
+        self._finish(intent_label, "ok", elapsed)
+        self._trace(trace_id, "answer", ok=True, endpoint_id=result[0],
+                    latency_ms=round(elapsed, 3))
+        log(logging.INFO, "reach.completed", trace_id=trace_id, msg_id=msg_id, intent=body.intent,
+            endpoint_id=result[0], attempts=len(attempts), latency_ms=round(elapsed, 3))
+        return ReachResult(msg_id, trace_id, body.intent, result[0], result[1], attempts,
+                           round(elapsed, 3))
+
+    def _finish(self, intent: str, outcome: str, elapsed_ms: float) -> None:
+        self.metrics.requests.labels(intent, outcome).inc()
+        self.metrics.request_seconds.labels(intent).observe(elapsed_ms / 1000.0)
+
+    async def _attempts(
+        self,
+        plan: RoutePlan,
+        deadline: Deadline,
+        timeout_ms: int,
+        msg_id: str,
+        trace_id: str,
+        payload: bytes,
+        attempts: list[Attempt],
+    ) -> tuple[str, msgspec.Raw]:
+        gw = self.gateway
+        clock = self.clock
+        target = gw.choose(plan)
+        if target is None:  # plan() found eligible candidates, so this is a race with a removal
+            raise AllAttemptsFailed("no eligible candidate is left")
+        per_try = gw.per_try_ms(target)
+        retries_allowed = gw.max_retries(timeout_ms, per_try)
+        gw.budget.record_request(clock.monotonic())
+        self._trace(trace_id, "route", chosen=target, per_try_timeout_ms=per_try,
+                    max_retries=retries_allowed, **self._tier_summary(plan))
+        tried: dict[str, None] = {}
+        same_count = 0
+        wait = 0.0
+        while True:
+            if wait > 0:
+                await clock.sleep(wait)
+            remaining = deadline.remaining(clock.monotonic())
+            attempt_timeout = min(per_try / 1000.0, remaining)
+            if attempt_timeout <= 0:
+                raise DeadlineExceeded(f"deadline of {timeout_ms} ms ran out")
+            tried.pop(target, None)
+            tried[target] = None  # keeps the last tried endpoint last
+            record = gw.registry.get(target)
+            if record is None:
+                raise AllAttemptsFailed(f"{target} was deregistered during the request")
+            n = len(attempts) + 1
+            headers = {
+                "X-Reach-Trace-Id": trace_id,
+                "X-Reach-Msg-Id": msg_id,
+                "X-Reach-Attempt": str(n),
+                "X-Reach-Deadline-Ms": str(int(attempt_timeout * 1000)),
+            }
+            stats = gw.attempt_started(target)
+            started = clock.monotonic()
+            try:
+                delivery = await self.transport.deliver(
+                    record.endpoint_url, payload, headers, attempt_timeout
+                )
+            except BaseException:  # cancelled (caller went away): release the in-flight count
+                stats.inflight -= 1
+                raise
+            latency_ms = (clock.monotonic() - started) * 1000.0
+            gw.attempt_finished(target, stats, delivery.outcome, latency_ms,
+                                reached=delivery.reached, eject=delivery.eject)
+            attempts.append(Attempt(target, delivery.outcome.value, round(latency_ms, 3)))
+            self.metrics.attempts.labels(delivery.outcome.value).inc()
+            self.metrics.attempt_seconds.observe(latency_ms / 1000.0)
+            self._trace(trace_id, "attempt", attempt=n, endpoint_id=target,
+                        outcome=delivery.outcome.value, status=delivery.status,
+                        latency_ms=round(latency_ms, 3), detail=delivery.detail)
+            if delivery.outcome is Outcome.OK:
+                assert delivery.body is not None
+                return target, msgspec.Raw(delivery.body)
+            log(logging.WARNING, "reach.attempt_failed", endpoint_id=target, attempt=n,
+                outcome=delivery.outcome.value, detail=delivery.detail,
+                latency_ms=round(latency_ms, 3))
+            if delivery.outcome is Outcome.AGENT_ERROR:
+                raise AgentError(
+                    f"{target} refused the request: {delivery.detail}",
+                    agent_status=delivery.status,
+                    agent_answer=_json_or_none(delivery.body),
+                )
+            # retryable: timeout, connect_error, server_error
+            now = clock.monotonic()
+            remaining = deadline.remaining(now)
+            if remaining <= 0.001:
+                raise DeadlineExceeded(
+                    f"deadline of {timeout_ms} ms ran out after {n} attempt(s)"
+                )
+            if n > retries_allowed:
+                raise AllAttemptsFailed(
+                    f"{n} attempt(s) failed; the {timeout_ms} ms deadline allows "
+                    f"{retries_allowed} retr{'y' if retries_allowed == 1 else 'ies'}"
+                )
+            previous = target
+            chosen = gw.choose(plan, tried)
+            if chosen is None:
+                raise AllAttemptsFailed(f"{n} attempt(s) failed and no other candidate is eligible")
+            target = chosen
+            per_try = gw.per_try_ms(target)
+            if target == previous:
+                same_count += 1
+                wait = backoff_s(same_count, per_try, gw.rng.random())
+            else:
+                same_count = 0
+                wait = 0.0
+            if wait + per_try / 1000.0 > remaining:
+                raise DeadlineExceeded(
+                    f"{remaining * 1000:.0f} ms left of the {timeout_ms} ms deadline: not enough "
+                    f"for another attempt ({per_try:.0f} ms per try)"
+                )
+            if delivery.reached and not gw.budget.try_spend(now):
+                self.metrics.retry_budget_exhausted.inc()
+                raise AllAttemptsFailed(f"{n} attempt(s) failed and the retry budget is used up")
+            kind = "same_endpoint" if target == previous else "failover"
+            self.metrics.retries.labels(kind).inc()
+            if kind == "failover":
+                log(logging.INFO, "route.failover", from_endpoint=previous, to_endpoint=target)
+
+    def _tier_summary(self, plan: RoutePlan) -> dict[str, Any]:
+        if plan.tiers is None:
+            return {"recipient_hint": plan.hint}
+        t = plan.tiers
+        out: dict[str, Any] = {
+            "healthy": len(t.healthy),
+            "degraded": len(t.degraded),
+            "unavailable": t.unavailable,
+        }
+        if len(t.healthy) + len(t.degraded) <= _TRACE_CANDIDATES:
+            out["candidates"] = {"healthy": list(t.healthy), "degraded": list(t.degraded)}
+        if plan.fallback_ids:
+            out["fallback"] = plan.confidence
+        return out
+
+
+def _json_or_none(body: bytes | None) -> msgspec.Raw | None:
+    if not body:
+        return None
+    try:
+        msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return None
+    return msgspec.Raw(body)

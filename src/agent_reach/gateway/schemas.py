@@ -1,0 +1,142 @@
+"""Request and answer bodies of the HTTP API, parsed strictly at the edge.
+
+Decoding turns any malformed body into :class:`InvalidRequest` whose detail names the field
+(``$.intent``), so nothing past this module sees an unchecked value.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, TypeVar
+from urllib.parse import urlsplit
+
+import msgspec
+
+from agent_reach.core.intents import ENDPOINT_ID_PATTERN, INTENT_MAX_LEN, INTENT_PATTERN
+from agent_reach.errors import InvalidRequest
+
+__all__ = [
+    "Attempt",
+    "DeliveryBody",
+    "EndpointIdBody",
+    "RegisterBody",
+    "RouteQuery",
+    "SendBody",
+    "convert",
+    "decode",
+    "encode",
+]
+
+EndpointId = Annotated[str, msgspec.Meta(pattern=ENDPOINT_ID_PATTERN)]
+Intent = Annotated[str, msgspec.Meta(pattern=INTENT_PATTERN, max_length=INTENT_MAX_LEN)]
+# ids travel in HTTP headers: visible ASCII only, no spaces
+Token = Annotated[str, msgspec.Meta(pattern=r"^[\x21-\x7e]{1,128}$")]
+MAX_TIMEOUT_MS = 600_000  # ten minutes: longer work belongs in a task the agent reports on
+Url = Annotated[str, msgspec.Meta(min_length=8, max_length=2048)]
+
+
+class RegisterBody(msgspec.Struct, forbid_unknown_fields=True):
+    """``POST /v1/register``."""
+
+    endpoint_id: EndpointId
+    capabilities: Annotated[list[Intent], msgspec.Meta(min_length=1, max_length=256)]
+    endpoint_url: Url
+    description: Annotated[str, msgspec.Meta(max_length=4096)] = ""
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.endpoint_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http or https URL with a host - at `$.endpoint_url`")
+        try:
+            parts.port  # noqa: B018 - raises on a bad port
+        except ValueError as exc:
+            raise ValueError(f"{exc} - at `$.endpoint_url`") from None
+        # one declaration per tag, in the order given
+        self.capabilities = list(dict.fromkeys(self.capabilities))
+
+
+class EndpointIdBody(msgspec.Struct, forbid_unknown_fields=True):
+    """``POST /v1/heartbeat`` and ``POST /v1/deregister``."""
+
+    endpoint_id: EndpointId
+
+
+class SendBody(msgspec.Struct, forbid_unknown_fields=True):
+    """``POST /v1/send``: only ``intent`` is required."""
+
+    intent: Intent
+    msg_id: Token | None = None
+    trace_id: Token | None = None
+    sender: EndpointId | None = None
+    recipient_hint: EndpointId | None = None
+    payload: msgspec.Raw = msgspec.Raw(b"{}")
+    priority: Literal["low", "normal", "high"] = "normal"
+    timeout_ms: Annotated[int, msgspec.Meta(ge=1, le=MAX_TIMEOUT_MS)] | None = None
+
+
+class DeliveryBody(msgspec.Struct, omit_defaults=False):
+    """What the gateway POSTs to an agent: the request with msg_id and trace_id filled in."""
+
+    msg_id: str
+    trace_id: str
+    sender: str | None
+    recipient_hint: str | None
+    intent: str
+    payload: msgspec.Raw
+    priority: str
+    timeout_ms: int
+
+
+class Attempt(msgspec.Struct):
+    """One delivery attempt as reported in answers and traces."""
+
+    endpoint_id: str
+    outcome: str
+    latency_ms: float
+
+
+T = TypeVar("T")
+_NAMED_FIELD = re.compile(r"field `([^`]+)`")
+
+_decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
+encode = msgspec.json.Encoder().encode
+
+
+def decode(body: bytes, kind: type[T]) -> T:
+    """Parse ``body`` as ``kind``; InvalidRequest (400 not JSON, 422 wrong shape) otherwise."""
+    decoder = _decoders.get(kind)
+    if decoder is None:
+        decoder = _decoders[kind] = msgspec.json.Decoder(kind)
+    try:
+        return decoder.decode(body)  # type: ignore[no-any-return]
+    except msgspec.ValidationError as exc:
+        raise _invalid(exc) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"body is not valid JSON: {exc}", status=400) from None
+
+
+class RouteQuery(msgspec.Struct, forbid_unknown_fields=True):
+    """Query of ``GET /v1/route``."""
+
+    intent: Intent
+    recipient_hint: EndpointId | None = None
+    timeout_ms: Annotated[int, msgspec.Meta(ge=1, le=MAX_TIMEOUT_MS)] | None = None
+
+
+def convert(values: dict[str, str], kind: type[T]) -> T:
+    """Build ``kind`` from query-string values (strings converted); InvalidRequest otherwise."""
+    try:
+        return msgspec.convert(values, kind, strict=False)
+    except msgspec.ValidationError as exc:
+        raise _invalid(exc) from None
+
+
+def _invalid(exc: msgspec.ValidationError) -> InvalidRequest:
+    """422 naming the field msgspec points at (``$.intent`` becomes ``intent``)."""
+    text = str(exc)
+    if " - at `" in text:
+        field = text.rsplit(" - at `", 1)[1].rstrip("`").removeprefix("$").removeprefix(".")
+    else:
+        named = _NAMED_FIELD.search(text)  # "Object missing required field `intent`"
+        field = named.group(1) if named else ""
+    return InvalidRequest(text, status=422, field=field or None)

@@ -1,0 +1,361 @@
+"""The gateway service: registry operations, derived health, and route decisions.
+
+Orchestrates the pure core over a registry backend; it never speaks HTTP. Delivery (the retry
+loop) lives in :mod:`agent_reach.gateway.reach`.
+
+Invariants:
+- Status is derived in one place (:func:`agent_reach.core.health.derive`) on the liveness clock.
+- The per-intent tier cache is dropped whenever an event may change its members or their tiers
+  (registry change that is not a routine heartbeat of a healthy endpoint, slow flag flip,
+  ejection, recovery); otherwise it is valid until the first status change by time alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from agent_reach.clock import Clock
+from agent_reach.core.health import EndpointStats, Health, LivenessClock, derive
+from agent_reach.core.intents import FallbackMatcher, SegmentPrefixMatcher
+from agent_reach.core.model import EndpointRecord, Outcome, Status
+from agent_reach.core.policy import RetryBudget, max_retries, per_try_timeout_ms
+from agent_reach.core.routing import Tiers, build_tiers, fallback_tags, pick
+from agent_reach.errors import (
+    EndpointNotRegistered,
+    NoAvailableAgent,
+    NoCapableAgent,
+    RecipientIncapable,
+    RecipientNotFound,
+)
+from agent_reach.gateway.schemas import RegisterBody
+from agent_reach.logs import log
+from agent_reach.registry.base import RegistryBackend, RegistryChange
+from agent_reach.settings import GatewaySettings
+
+__all__ = ["Gateway", "RoutePlan"]
+
+STALL_TICK_S = 0.25
+LATENCY_WINDOW_S = 300.0  # samples older than this no longer count for avg/p95
+FAILURE_PENALTY_MS = 2000.0  # what a failed attempt costs in the load-aware score
+
+
+@dataclass(slots=True)
+class RoutePlan:
+    """Where a request may go: a fixed hinted endpoint, or an intent's tiers."""
+
+    intent: str
+    hint: str | None
+    tiers: Tiers | None
+    confidence: dict[str, float]  # tag -> confidence (1.0 for an exact match)
+    fallback_ids: tuple[str, ...] = ()  # candidates of a fallback match (not cached)
+
+
+class Gateway:
+    """Registry operations and route decisions over one registry backend."""
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        registry: RegistryBackend,
+        clock: Clock,
+        *,
+        rng: random.Random | None = None,
+        matcher: FallbackMatcher | None = None,
+    ) -> None:
+        self.settings = settings
+        self.thresholds = settings.thresholds
+        self.registry = registry
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.matcher: FallbackMatcher = matcher or SegmentPrefixMatcher()
+        interval = settings.heartbeat_interval
+        self.liveness = LivenessClock(STALL_TICK_S, min(1.0, interval / 2))
+        self.stats: dict[str, EndpointStats] = {}
+        self.budget = RetryBudget(settings.retry_budget_ratio, settings.retry_budget_min_per_s)
+        self._tiers: dict[str, Tiers] = {}
+        self._fallback: dict[str, dict[str, float]] = {}
+        registry.subscribe(self._on_change)
+
+    # --- time and health -------------------------------------------------------------------
+
+    def now(self) -> float:
+        """Liveness time: monotonic, minus what the gateway itself spent stalled."""
+        return self.liveness.now(self.clock.monotonic())
+
+    def health(self, record: EndpointRecord, now: float | None = None) -> Health:
+        """The derived health of ``record``."""
+        return derive(
+            record.last_seen,
+            self.stats.get(record.endpoint_id),
+            self.now() if now is None else now,
+            self.thresholds,
+        )
+
+    def _invalidate(self, intents: Collection[str]) -> None:
+        for intent in intents:
+            self._tiers.pop(intent, None)
+
+    def _on_change(self, change: RegistryChange) -> None:
+        before, after = change.before, change.after
+        if before is not None and after is not None and before.capabilities == after.capabilities:
+            # a heartbeat or same-shape upsert: tiers change only if it was not healthy
+            if (
+                before.endpoint_url == after.endpoint_url
+                and self.health(before).status is Status.HEALTHY
+            ):
+                return
+            self._invalidate(after.capabilities)
+            return
+        self._fallback.clear()
+        if before is not None:
+            self._invalidate(before.capabilities)
+        if after is not None:
+            self._invalidate(after.capabilities)
+        else:
+            self.stats.pop(change.endpoint_id, None)
+
+    # --- registry operations ---------------------------------------------------------------
+
+    async def register(self, body: RegisterBody) -> EndpointRecord:
+        """Insert or replace a record; counts as a heartbeat."""
+        record = EndpointRecord(
+            endpoint_id=body.endpoint_id,
+            capabilities=tuple(body.capabilities),
+            endpoint_url=body.endpoint_url,
+            description=body.description,
+            last_seen=self.now(),
+            last_seen_at=self.clock.wall(),
+        )
+        before = await self.registry.upsert(record)
+        if before is not None and before.endpoint_url != record.endpoint_url:
+            self.stats.pop(record.endpoint_id, None)  # another process: old latencies do not apply
+        log(
+            logging.INFO,
+            "agent.registered",
+            endpoint_id=record.endpoint_id,
+            capabilities=list(record.capabilities),
+            endpoint_url=record.endpoint_url,
+            replaced=before is not None,
+        )
+        return record
+
+    async def heartbeat(self, endpoint_id: str) -> Health:
+        """Note a heartbeat; EndpointNotRegistered when the id is unknown."""
+        record = await self.registry.touch(endpoint_id, self.now(), self.clock.wall())
+        if record is None:
+            raise EndpointNotRegistered(f"{endpoint_id} is not registered; register again")
+        return self.health(record)
+
+    async def deregister(self, endpoint_id: str) -> None:
+        """Remove a record at once; EndpointNotRegistered when the id is unknown."""
+        if await self.registry.remove(endpoint_id) is None:
+            raise EndpointNotRegistered(f"{endpoint_id} is not registered")
+        log(logging.INFO, "agent.deregistered", endpoint_id=endpoint_id)
+
+    async def purge(self) -> int:
+        """Delete records that have not heartbeat for ``purge_after`` seconds."""
+        purged = await self.registry.purge(self.now() - self.settings.purge_after)
+        if purged:
+            log(logging.INFO, "registry.purged", count=purged)
+        return purged
+
+    def describe(self, record: EndpointRecord, now: float) -> dict[str, Any]:
+        """The contract's AGENT object."""
+        stats = self.stats.get(record.endpoint_id)
+        avg, p95 = stats.window_stats(now, LATENCY_WINDOW_S) if stats else (None, None)
+        return {
+            "endpoint_id": record.endpoint_id,
+            "capabilities": list(record.capabilities),
+            "endpoint_url": record.endpoint_url,
+            "description": record.description,
+            "status": self.health(record, now).status.value,
+            "last_seen_at": round(record.last_seen_at, 3),
+            "avg_latency_ms": None if avg is None else round(avg, 3),
+            "p95_latency_ms": None if p95 is None else round(p95, 3),
+        }
+
+    def status_counts(self) -> dict[str, int]:
+        """How many endpoints are in each status now (O(n): for scrapes, not hot paths)."""
+        now = self.now()
+        counts = {s.value: 0 for s in Status}
+        for record in self.registry.records():
+            counts[self.health(record, now).status.value] += 1
+        return counts
+
+    # --- routing ---------------------------------------------------------------------------
+
+    def _intent_tiers(self, intent: str, now: float) -> Tiers:
+        tiers = self._tiers.get(intent)
+        if tiers is None or now >= tiers.valid_until:
+            registry = self.registry
+            tiers = build_tiers(
+                registry.by_intent(intent), registry.get, self.stats, now, self.thresholds
+            )
+            self._tiers[intent] = tiers
+        return tiers
+
+    def plan(self, intent: str, hint: str | None) -> RoutePlan:
+        """Validate where ``intent`` may go; raise the contract's routing errors."""
+        registry = self.registry
+        now = self.now()
+        if hint is not None:
+            record = registry.get(hint)
+            if record is None:
+                raise RecipientNotFound(f"recipient_hint {hint} is not registered")
+            if intent not in record.capabilities:
+                raise RecipientIncapable(f"{hint} does not declare intent {intent!r}")
+            h = self.health(record, now)
+            if h.status is Status.DOWN:
+                raise NoAvailableAgent(f"{hint} is down: {h.reason}")
+            return RoutePlan(intent, hint, None, {intent: 1.0})
+        if registry.by_intent(intent):
+            tiers = self._intent_tiers(intent, now)
+            confidence = {intent: 1.0}
+            ids: tuple[str, ...] = ()
+        else:
+            confidence = self._fallback.get(intent)  # type: ignore[assignment]
+            if confidence is None:
+                confidence = fallback_tags(
+                    self.matcher, intent, registry.intents(), self.settings.confidence_threshold
+                )
+                self._fallback[intent] = confidence
+            if not confidence:
+                raise NoCapableAgent(f"no agent declares intent {intent!r}")
+            ids = tuple(dict.fromkeys(e for tag in confidence for e in registry.by_intent(tag)))
+            tiers = build_tiers(ids, registry.get, self.stats, now, self.thresholds)
+        if not tiers.healthy and not tiers.degraded:
+            raise NoAvailableAgent(
+                f"{tiers.unavailable} agent(s) declare {intent!r} but none is healthy or degraded"
+            )
+        return RoutePlan(intent, None, tiers, confidence, ids)
+
+    def refresh(self, plan: RoutePlan) -> Tiers | None:
+        """The plan's tiers re-derived now (statuses are checked again before each retry)."""
+        if plan.tiers is None:
+            return None
+        now = self.now()
+        if plan.fallback_ids:
+            return build_tiers(plan.fallback_ids, self.registry.get, self.stats, now, self.thresholds)
+        return self._intent_tiers(plan.intent, now)
+
+    def choose(self, plan: RoutePlan, tried: Collection[str] = ()) -> str | None:
+        """The endpoint for the next attempt (None when no eligible one is left).
+
+        Prefers an endpoint not yet tried (failover); falls back to the last tried one when it
+        is still eligible (a retry of the same endpoint).
+        """
+        if plan.hint is not None:
+            record = self.registry.get(plan.hint)
+            if record is None or self.health(record).status is Status.DOWN:
+                return None
+            return plan.hint
+        tiers = self.refresh(plan) if tried else plan.tiers
+        assert tiers is not None
+        now = self.now()
+        choice = pick(tiers, self.stats, now, self.rng, exclude=tried)
+        if choice is None and tried:
+            last = list(tried)[-1]
+            if last in tiers.healthy or last in tiers.degraded:
+                choice = last
+        return choice
+
+    def per_try_ms(self, endpoint_id: str) -> float:
+        """The contract's per-try timeout for ``endpoint_id`` from its recent p95."""
+        stats = self.stats.get(endpoint_id)
+        return per_try_timeout_ms(stats.p95_ms(self.now(), LATENCY_WINDOW_S) if stats else None)
+
+    def max_retries(self, timeout_ms: float, per_try_ms: float) -> int:
+        """The contract's retry count for this deadline."""
+        return max_retries(timeout_ms, self.settings.overhead_reserve_ms, per_try_ms)
+
+    def explain(self, plan: RoutePlan, chosen: str | None) -> list[dict[str, Any]]:
+        """Every candidate of ``plan`` with its status and why it is (not) eligible."""
+        now = self.now()
+        if plan.hint is not None:
+            ids: Collection[str] = (plan.hint,)
+        elif plan.fallback_ids:
+            ids = plan.fallback_ids
+        else:
+            ids = self.registry.by_intent(plan.intent)
+        out = []
+        for endpoint_id in ids:
+            record = self.registry.get(endpoint_id)
+            if record is None:
+                continue
+            h = self.health(record, now)
+            stats = self.stats.get(endpoint_id)
+            avg, p95 = stats.window_stats(now, LATENCY_WINDOW_S) if stats else (None, None)
+            tag = next((t for t in plan.confidence if t in record.capabilities), plan.intent)
+            if plan.hint is not None:
+                eligible = h.status is not Status.DOWN
+                reason = (
+                    f"named by recipient_hint; {h.reason}" if eligible else f"down: {h.reason}"
+                )
+            else:
+                eligible = h.status in (Status.HEALTHY, Status.DEGRADED)
+                reason = h.reason if eligible else f"{h.status.value}: {h.reason}"
+                if h.status is Status.SUSPECT:
+                    reason += " (reachable only through recipient_hint)"
+            if tag != plan.intent:
+                reason += f"; fallback match on {tag!r}"
+            out.append(
+                {
+                    "endpoint_id": endpoint_id,
+                    "status": h.status.value,
+                    "confidence": plan.confidence.get(tag, 1.0),
+                    "avg_latency_ms": None if avg is None else round(avg, 3),
+                    "p95_latency_ms": None if p95 is None else round(p95, 3),
+                    "eligible": eligible,
+                    "reason": reason,
+                    "chosen": endpoint_id == chosen,
+                }
+            )
+        return out
+
+    # --- what deliveries teach -------------------------------------------------------------
+
+    def attempt_started(self, endpoint_id: str) -> EndpointStats:
+        """Count an attempt in flight; returns the endpoint's stats."""
+        stats = self.stats.get(endpoint_id)
+        if stats is None:
+            stats = self.stats[endpoint_id] = EndpointStats()
+        stats.inflight += 1
+        return stats
+
+    def attempt_finished(
+        self,
+        endpoint_id: str,
+        stats: EndpointStats,
+        outcome: Outcome,
+        latency_ms: float,
+        *,
+        reached: bool,
+        eject: bool,
+    ) -> None:
+        """Learn from one attempt: latency samples, cost, passive ejection, recovery."""
+        stats.inflight -= 1
+        if self.stats.get(endpoint_id) is not stats:
+            return  # deregistered or replaced meanwhile
+        now = self.now()
+        t = self.thresholds
+        was_slow = (stats.recent_mean(now, t.sample_ttl)[0] or 0.0) > t.slow_threshold_ms
+        was_ejected = stats.ejected_at is not None
+        if reached and outcome is not Outcome.CONNECT_ERROR:
+            penalty = 0.0 if outcome in (Outcome.OK, Outcome.AGENT_ERROR) else FAILURE_PENALTY_MS
+            stats.observe(latency_ms, now, penalty_ms=penalty)
+        else:
+            stats.penalize(FAILURE_PENALTY_MS, now)
+        if eject:
+            stats.ejected_at = now
+            log(logging.WARNING, "health.ejected", endpoint_id=endpoint_id, outcome=outcome.value)
+        elif outcome is Outcome.OK and was_ejected:
+            stats.ejected_at = None  # a successful delivery (probe) brings it back
+        is_slow = (stats.recent_mean(now, t.sample_ttl)[0] or 0.0) > t.slow_threshold_ms
+        if eject or was_slow != is_slow or (was_ejected and stats.ejected_at is None):
+            record = self.registry.get(endpoint_id)
+            if record is not None:
+                self._invalidate(record.capabilities)

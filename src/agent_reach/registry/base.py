@@ -1,0 +1,88 @@
+"""The registry protocol: where endpoint records live, and the local view routing reads.
+
+A backend has two faces:
+
+- async writes (``upsert``, ``touch``, ``remove``, ``purge``), which may do I/O (Redis);
+- a synchronous local view (``get``, ``by_intent``, ``intents``, ``records``) that never does
+  I/O, so that a route decision never waits on a round trip.
+
+Every change to the view, made here or (for a shared backend) by another gateway, is announced
+to the listeners given to :meth:`RegistryBackend.subscribe` as a :class:`RegistryChange`, after
+the view has been updated. Listeners must be quick and must not raise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from agent_reach.core.model import EndpointRecord
+
+__all__ = ["RegistryBackend", "RegistryChange", "RegistryListener"]
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryChange:
+    """One record changed: ``before`` is None for a new record, ``after`` None for a removal."""
+
+    endpoint_id: str
+    before: EndpointRecord | None
+    after: EndpointRecord | None
+
+
+RegistryListener = Callable[[RegistryChange], None]
+
+
+class RegistryBackend(Protocol):
+    """Storage of endpoint records with an intent -> endpoints inverted index."""
+
+    async def start(self) -> None:
+        """Connect and load the view; idempotent."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections; idempotent."""
+        ...
+
+    def subscribe(self, listener: RegistryListener) -> None:
+        """Call ``listener`` after every change of the view."""
+        ...
+
+    async def upsert(self, record: EndpointRecord) -> EndpointRecord | None:
+        """Insert or replace the record of ``record.endpoint_id``; return the previous one."""
+        ...
+
+    async def touch(
+        self, endpoint_id: str, last_seen: float, last_seen_at: float
+    ) -> EndpointRecord | None:
+        """Record a heartbeat; return the updated record, or None when the id is unknown."""
+        ...
+
+    async def remove(self, endpoint_id: str) -> EndpointRecord | None:
+        """Delete the record at once; return it, or None when the id is unknown."""
+        ...
+
+    async def purge(self, seen_before: float) -> int:
+        """Delete every record whose ``last_seen`` is older than ``seen_before``; return how many."""
+        ...
+
+    def get(self, endpoint_id: str) -> EndpointRecord | None:
+        """The record of ``endpoint_id`` in the local view."""
+        ...
+
+    def by_intent(self, intent: str) -> Collection[str]:
+        """Ids of the endpoints declaring exactly ``intent`` (empty when none); O(1)."""
+        ...
+
+    def intents(self) -> Collection[str]:
+        """Every intent at least one endpoint declares."""
+        ...
+
+    def records(self) -> Iterable[EndpointRecord]:
+        """Every record of the view, in registration order."""
+        ...
+
+    def __len__(self) -> int:
+        """Number of records in the view."""
+        ...

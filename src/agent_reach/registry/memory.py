@@ -1,0 +1,92 @@
+"""The embedded in-memory registry: one process, no I/O, the default (``memory://``)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import replace
+
+from agent_reach.core.model import EndpointRecord
+from agent_reach.registry.base import RegistryChange, RegistryListener
+
+__all__ = ["MemoryRegistry"]
+
+_EMPTY: dict[str, None] = {}
+
+
+class MemoryRegistry:
+    """Records in a dict, with an intent -> ordered set of ids index kept in step."""
+
+    def __init__(self) -> None:
+        self._records: dict[str, EndpointRecord] = {}
+        self._index: dict[str, dict[str, None]] = {}
+        self._listeners: list[RegistryListener] = []
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def subscribe(self, listener: RegistryListener) -> None:
+        self._listeners.append(listener)
+
+    def _announce(self, change: RegistryChange) -> None:
+        for listener in self._listeners:
+            listener(change)
+
+    def _unindex(self, record: EndpointRecord) -> None:
+        for tag in record.capabilities:
+            members = self._index.get(tag)
+            if members is not None:
+                members.pop(record.endpoint_id, None)
+                if not members:
+                    del self._index[tag]
+
+    async def upsert(self, record: EndpointRecord) -> EndpointRecord | None:
+        before = self._records.get(record.endpoint_id)
+        if before is not None and before.capabilities != record.capabilities:
+            self._unindex(before)
+        self._records[record.endpoint_id] = record
+        for tag in record.capabilities:
+            self._index.setdefault(tag, {})[record.endpoint_id] = None
+        self._announce(RegistryChange(record.endpoint_id, before, record))
+        return before
+
+    async def touch(
+        self, endpoint_id: str, last_seen: float, last_seen_at: float
+    ) -> EndpointRecord | None:
+        before = self._records.get(endpoint_id)
+        if before is None:
+            return None
+        after = replace(before, last_seen=last_seen, last_seen_at=last_seen_at)
+        self._records[endpoint_id] = after
+        self._announce(RegistryChange(endpoint_id, before, after))
+        return after
+
+    async def remove(self, endpoint_id: str) -> EndpointRecord | None:
+        before = self._records.pop(endpoint_id, None)
+        if before is not None:
+            self._unindex(before)
+            self._announce(RegistryChange(endpoint_id, before, None))
+        return before
+
+    async def purge(self, seen_before: float) -> int:
+        stale = [r.endpoint_id for r in self._records.values() if r.last_seen < seen_before]
+        for endpoint_id in stale:
+            await self.remove(endpoint_id)
+        return len(stale)
+
+    def get(self, endpoint_id: str) -> EndpointRecord | None:
+        return self._records.get(endpoint_id)
+
+    def by_intent(self, intent: str) -> Collection[str]:
+        return self._index.get(intent, _EMPTY).keys()
+
+    def intents(self) -> Collection[str]:
+        return self._index.keys()
+
+    def records(self) -> Iterable[EndpointRecord]:
+        return self._records.values()
+
+    def __len__(self) -> int:
+        return len(self._records)

@@ -1,0 +1,64 @@
+"""Gateway settings: one frozen value made at the entry point, passed down explicitly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent_reach.core.model import Thresholds
+
+__all__ = ["GatewaySettings"]
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySettings:
+    """Everything a gateway is configured with (CLI flags and ``AGENT_REACH_*`` variables).
+
+    ``degraded_after``, ``suspect_after`` and ``down_after`` default to 1, 2 and 3 heartbeat
+    intervals when left as None.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 7700
+    registry: str = "memory://"
+    heartbeat_interval: float = 10.0
+    degraded_after: float | None = None
+    suspect_after: float | None = None
+    down_after: float | None = None
+    slow_threshold_ms: float = 2000.0
+    overhead_reserve_ms: float = 1000.0
+    confidence_threshold: float = 0.8
+    purge_after: float = 3600.0
+    max_body_bytes: int = 1 << 20
+    default_timeout_ms: int = 8000
+    answer_margin_ms: float = 5.0
+    trace_capacity: int = 10_000
+    retry_budget_ratio: float = 0.2
+    retry_budget_min_per_s: float = 10.0
+    log_level: str = "INFO"
+
+    @property
+    def thresholds(self) -> Thresholds:
+        """The health thresholds these settings imply (validated)."""
+        t = Thresholds.from_interval(
+            self.heartbeat_interval,
+            degraded_after=self.degraded_after,  # type: ignore[arg-type]
+            suspect_after=self.suspect_after,  # type: ignore[arg-type]
+            down_after=self.down_after,  # type: ignore[arg-type]
+            slow_threshold_ms=self.slow_threshold_ms,
+        )
+        t.check()
+        return t
+
+    def check(self) -> None:
+        """Raise ValueError naming the first setting that cannot work."""
+        self.thresholds  # noqa: B018 - validates the health thresholds
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be 0-65535, got {self.port}")
+        if not 0 < self.confidence_threshold <= 1:
+            raise ValueError("confidence-threshold must be in (0, 1]")
+        if self.overhead_reserve_ms < 0:
+            raise ValueError("overhead-reserve-ms must be >= 0")
+        if self.purge_after <= 0:
+            raise ValueError("purge-after must be > 0")
+        if self.max_body_bytes < 1024:
+            raise ValueError("max-body-bytes must be at least 1024")

@@ -1,0 +1,53 @@
+"""The transport protocol: how a request reaches an agent and its answer comes back.
+
+A transport never raises for what an agent does: every result, good or bad, is a
+:class:`Delivery`. It enforces the attempt timeout it is given and a cap on answer size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from agent_reach.core.model import Outcome
+
+__all__ = ["Delivery", "Transport"]
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """The result of one attempt.
+
+    ``reached`` is False when nothing reached the agent (connection refused): such a retry is
+    not charged to the retry budget. ``eject`` asks for the passive check (refused or reset).
+    """
+
+    outcome: Outcome
+    status: int | None = None
+    body: bytes | None = None
+    detail: str = ""
+    reached: bool = True
+    eject: bool = False
+
+
+class Transport(Protocol):
+    """Delivers one request body to one endpoint URL."""
+
+    async def start(self) -> None:
+        """Open pools; idempotent."""
+        ...
+
+    async def close(self) -> None:
+        """Close pools; idempotent."""
+        ...
+
+    async def deliver(
+        self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float
+    ) -> Delivery:
+        """POST ``body`` to ``url`` and wait at most ``timeout_s`` for the whole answer.
+
+        Outcomes: ``ok`` (2xx with a JSON body), ``agent_error`` (4xx), ``server_error`` (5xx,
+        or a 2xx whose body is not JSON or too large), ``timeout``, ``connect_error``.
+        """
+        ...

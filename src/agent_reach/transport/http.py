@@ -1,0 +1,120 @@
+"""HTTP transport on one shared aiohttp session: pooled keep-alive connections, TCP_NODELAY."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+from collections.abc import Mapping
+
+import aiohttp
+import msgspec
+
+from agent_reach.core.model import Outcome
+from agent_reach.transport.base import Delivery
+
+__all__ = ["HttpTransport"]
+
+_JSON = {"Content-Type": "application/json"}
+
+
+class HttpTransport:
+    """Delivers over HTTP/1.1 with a pool per agent host.
+
+    ``keepalive_s`` is kept below the 5 s idle timeout common in agent servers (uvicorn), so the
+    gateway rarely writes on a connection the agent is closing.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_response_bytes: int = 1 << 20,
+        pool_size: int = 1024,
+        pool_per_host: int = 256,
+        keepalive_s: float = 4.0,
+    ) -> None:
+        self.max_response_bytes = max_response_bytes
+        self._pool_size = pool_size
+        self._pool_per_host = pool_per_host
+        self._keepalive_s = keepalive_s
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                limit=self._pool_size,
+                limit_per_host=self._pool_per_host,
+                keepalive_timeout=self._keepalive_s,
+                ttl_dns_cache=60,
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=None),
+                auto_decompress=True,
+                skip_auto_headers=("User-Agent",),
+            )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def deliver(
+        self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float
+    ) -> Delivery:
+        session = self._session
+        if session is None:
+            raise RuntimeError("HttpTransport.start() was not called")
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with session.post(url, data=body, headers={**_JSON, **headers}) as resp:
+                    status = resp.status
+                    data = await self._read_capped(resp)
+        except TimeoutError:
+            return Delivery(Outcome.TIMEOUT, detail=f"no answer within {timeout_s * 1000:.0f} ms")
+        except aiohttp.ClientConnectorError as exc:
+            return Delivery(
+                Outcome.CONNECT_ERROR, detail=f"cannot connect: {exc.os_error}",
+                reached=False, eject=True,
+            )
+        except aiohttp.ServerDisconnectedError:
+            return Delivery(Outcome.CONNECT_ERROR, detail="agent closed the connection")
+        except aiohttp.ClientOSError as exc:
+            reset = exc.errno in (errno.ECONNRESET, errno.EPIPE)
+            return Delivery(Outcome.CONNECT_ERROR, detail=f"connection error: {exc}", eject=reset)
+        except _TooLarge:
+            return Delivery(
+                Outcome.SERVER_ERROR,
+                detail=f"answer larger than {self.max_response_bytes} bytes",
+            )
+        except aiohttp.ClientError as exc:
+            return Delivery(Outcome.SERVER_ERROR, detail=f"bad HTTP answer: {exc}")
+        if status >= 500:
+            return Delivery(Outcome.SERVER_ERROR, status, data, f"agent answered {status}")
+        if status >= 400:
+            return Delivery(Outcome.AGENT_ERROR, status, data, f"agent answered {status}")
+        if status < 200 or status >= 300:
+            return Delivery(Outcome.SERVER_ERROR, status, None, f"agent answered {status}")
+        try:
+            msgspec.json.decode(data)
+        except msgspec.DecodeError:
+            return Delivery(
+                Outcome.SERVER_ERROR, status, None, "agent answered 2xx with a body that is not JSON"
+            )
+        return Delivery(Outcome.OK, status, data)
+
+    async def _read_capped(self, resp: aiohttp.ClientResponse) -> bytes:
+        limit = self.max_response_bytes
+        if resp.content_length is not None and resp.content_length > limit:
+            raise _TooLarge
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in resp.content.iter_any():
+            size += len(chunk)
+            if size > limit:
+                raise _TooLarge
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+class _TooLarge(Exception):
+    """The answer is over ``max_response_bytes`` (internal to this adapter)."""
