@@ -47,22 +47,26 @@ class EndpointStats:
     __slots__ = ("_ewma_at", "_p95", "_samples", "ejected_at", "ewma_ms", "inflight")
 
     def __init__(self) -> None:
-        self._samples: deque[tuple[float, float]] = deque(maxlen=P95_WINDOW)
+        self._samples: deque[tuple[float, float, bool]] = deque(maxlen=P95_WINDOW)
         self._p95: float | None = None
         self.ewma_ms = 0.0  # optimistic prior: a new endpoint looks fast until it answers
         self._ewma_at = 0.0
         self.inflight = 0
         self.ejected_at: float | None = None
 
-    def observe(self, latency_ms: float, now: float, *, penalty_ms: float = 0.0) -> None:
-        """Record one delivery that reached the agent (or timed out on it).
+    def observe(
+        self, latency_ms: float, now: float, *, answered: bool = True, penalty_ms: float = 0.0
+    ) -> None:
+        """Record one delivery that reached the agent: answered, or timed out on it.
 
+        Every sample counts for "slow"; only answered ones count for p95, so that a hung agent's
+        timeouts do not stretch the next per-try timeout (1.5 x p95) without end.
         ``penalty_ms`` is what a failure costs in the load-aware score, so that an endpoint that
         fails fast does not look fast.
         """
-        self._samples.append((now, latency_ms))
-        ordered = sorted(ms for _, ms in self._samples)
-        self._p95 = ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
+        self._samples.append((now, latency_ms, answered))
+        ordered = sorted(ms for _, ms, ok in self._samples if ok)
+        self._p95 = ordered[math.ceil(0.95 * len(ordered)) - 1] if ordered else None
         self._observe_cost(max(latency_ms, penalty_ms), now)
 
     def penalize(self, penalty_ms: float, now: float) -> None:
@@ -93,7 +97,7 @@ class EndpointStats:
         total = 0.0
         n = 0
         oldest = INF
-        for at, ms in reversed(self._samples):
+        for at, ms, _ in reversed(self._samples):
             if n == SLOW_WINDOW or now - at > ttl:
                 break
             total += ms
@@ -107,7 +111,7 @@ class EndpointStats:
         """(avg, p95) in ms over the kept samples, or (None, None) when all are older than ttl."""
         if not self._samples or now - self._samples[-1][0] > ttl:
             return None, None
-        return sum(ms for _, ms in self._samples) / len(self._samples), self._p95
+        return sum(ms for _, ms, _ in self._samples) / len(self._samples), self._p95
 
     def p95_ms(self, now: float, ttl: float) -> float | None:
         """p95 latency of the kept samples (None with no recent history)."""

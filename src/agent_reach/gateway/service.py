@@ -346,7 +346,9 @@ class Gateway:
         was_ejected = stats.ejected_at is not None
         if reached and outcome is not Outcome.CONNECT_ERROR:
             penalty = 0.0 if outcome in (Outcome.OK, Outcome.AGENT_ERROR) else FAILURE_PENALTY_MS
-            stats.observe(latency_ms, now, penalty_ms=penalty)
+            stats.observe(
+                latency_ms, now, answered=outcome is not Outcome.TIMEOUT, penalty_ms=penalty
+            )
         else:
             stats.penalize(FAILURE_PENALTY_MS, now)
         if eject:

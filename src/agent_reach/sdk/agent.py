@@ -79,6 +79,7 @@ class Agent:
         host: str = "127.0.0.1",
         port: int = 0,
         path: str = "/reach",
+        shutdown_timeout: float = 5.0,
     ) -> None:
         if not is_endpoint_id(endpoint_id):
             raise ValueError(f"{endpoint_id!r} is not an agent://name endpoint id")
@@ -86,6 +87,7 @@ class Agent:
         self.gateway = gateway.rstrip("/")
         self.description = description
         self.host, self.port, self.path = host, port, path
+        self.shutdown_timeout = shutdown_timeout
         self.handlers: dict[str, Handler] = {}
         self.heartbeat_interval = 10.0
         self.url: str | None = None
@@ -172,7 +174,9 @@ class Agent:
         """Serve, register and start heartbeating."""
         app = web.Application()
         app.router.add_post(self.path, self._serve)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, shutdown_timeout=self.shutdown_timeout
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()

@@ -77,7 +77,10 @@ class HttpTransport:
                 reached=False, eject=True,
             )
         except aiohttp.ServerDisconnectedError:
-            return Delivery(Outcome.CONNECT_ERROR, detail="agent closed the connection")
+            # the agent dropped a request in flight (process died): a reset for the passive
+            # check. Idle pooled connections are retired before common servers' 5 s idle close.
+            return Delivery(Outcome.CONNECT_ERROR, detail="agent closed the connection",
+                            eject=True)
         except aiohttp.ClientOSError as exc:
             reset = exc.errno in (errno.ECONNRESET, errno.EPIPE)
             return Delivery(Outcome.CONNECT_ERROR, detail=f"connection error: {exc}", eject=reset)

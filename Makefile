@@ -1,0 +1,53 @@
+# Agent-Reach: one venv (.venv), created and filled by whichever target needs it.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
+
+.PHONY: run test test-slow bench lint format clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+
+# one stamp per set of extras, redone when pyproject.toml changes
+$(VENV)/.installed-base: pyproject.toml | $(BIN)/python
+	$(PIP) install -e .
+	@touch $@
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(PIP) install -e '.[test]'
+	@touch $@
+$(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
+	$(PIP) install -e '.[bench]'
+	@touch $@
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	$(PIP) install -e '.[test,dev]'
+	@touch $@
+
+## run: the gateway and the two example agents on the in-memory registry (Ctrl-C stops all)
+run: $(VENV)/.installed-base
+	$(BIN)/python examples/run_all.py
+
+## test: the whole suite (unit, contract, integration, end-to-end); long scenarios: test-slow
+test: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-slow: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+
+## bench: the benchmarks of benchmarks/, against the seed-style baseline, into benchmarks/out/
+bench: $(VENV)/.installed-bench $(VENV)/.installed-test
+	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
+
+## lint: ruff (lint + format check) and mypy --strict
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/mypy
+
+format: $(VENV)/.installed-dev
+	$(BIN)/ruff format src tests benchmarks examples
+	$(BIN)/ruff check --fix src tests benchmarks examples
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache benchmarks/out

@@ -1,0 +1,53 @@
+"""A test agent process with a chosen behaviour, built on the agent SDK.
+
+Modes: ok (echo what it was given), fail (answer 500), hang (never answer), slow (answer after
+--delay-ms), reject (answer 422). Every answer says which agent and process answered and what
+trace headers it saw; every request is logged as JSON with its trace id (stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from typing import Any
+
+from agent_reach import logs
+from agent_reach.sdk import Agent, ReachContext, Reject
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--gateway", required=True)
+parser.add_argument("--id", required=True)
+parser.add_argument("--intents", default="test.echo")
+parser.add_argument("--mode", choices=["ok", "fail", "hang", "slow", "reject"], default="ok")
+parser.add_argument("--delay-ms", type=float, default=0.0)
+args = parser.parse_args()
+
+logs.configure("INFO")
+agent = Agent(args.id, gateway=args.gateway, shutdown_timeout=0.5)
+
+
+async def handle(payload: Any, ctx: ReachContext) -> dict[str, Any]:
+    if args.mode == "fail":
+        raise RuntimeError("told to fail")
+    if args.mode == "reject":
+        raise Reject("told to reject", status=422)
+    if args.mode == "hang":
+        await asyncio.sleep(3600)
+    if args.mode == "slow":
+        await asyncio.sleep(args.delay_ms / 1000)
+    return {
+        "agent": args.id,
+        "pid": os.getpid(),
+        "payload": payload,
+        "trace_id": ctx.trace_id,
+        "msg_id": ctx.msg_id,
+        "attempt": ctx.attempt,
+        "deadline_ms": ctx.deadline_ms,
+    }
+
+
+for intent in args.intents.split(","):
+    agent.handle(intent)(handle)
+
+agent.run()

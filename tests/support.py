@@ -1,0 +1,128 @@
+"""Test helpers: real gateway and agent processes on 127.0.0.1, waited on with bounds."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib import error, request
+
+ROOT = Path(__file__).resolve().parent.parent
+BEHAVE = ROOT / "tests" / "agents" / "behave.py"
+_URL = re.compile(rb"(http://127\.0\.0\.1:\d+\S*)")
+
+
+@dataclass
+class Proc:
+    """A child process with the URL it printed and its stderr in a file."""
+
+    popen: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        """The JSON log lines written so far."""
+        out = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                out.append(json.loads(line))
+        return out
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 5.0) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout)
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
+        return self.popen.returncode
+
+
+def _start(cmd: list[str], timeout: float = 15.0) -> Proc:
+    log = Path(tempfile.mkstemp(prefix="agent-reach-", suffix=".log")[1])
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with log.open("wb") as err:
+        popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env, cwd=ROOT)
+    assert popen.stdout is not None
+    os.set_blocking(popen.stdout.fileno(), False)
+    buf = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        chunk = popen.stdout.read()
+        if chunk:
+            buf += chunk
+            match = _URL.search(buf)
+            if match and b"\n" in buf[match.end():] + b"\n":
+                return Proc(popen, match.group(1).decode(), log)
+        if popen.poll() is not None:
+            break
+        time.sleep(0.02)
+    popen.kill()
+    popen.wait()
+    popen.stdout.close()
+    raise RuntimeError(f"{cmd} did not start: {buf!r} {log.read_text()[-2000:]}")
+
+
+@contextmanager
+def gateway(*flags: str) -> Iterator[Proc]:
+    """A real `agent-reach serve` process on a free port."""
+    proc = _start([sys.executable, "-m", "agent_reach", "serve", "--port", "0", *flags])
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def start_agent(gw: str, endpoint_id: str, mode: str = "ok", *, intents: str = "test.echo",
+                delay_ms: float = 0.0) -> Proc:
+    """A real agent process (tests/agents/behave.py), registered when this returns."""
+    return _start([sys.executable, str(BEHAVE), "--gateway", gw, "--id", endpoint_id,
+                   "--mode", mode, "--intents", intents, "--delay-ms", str(delay_ms)])
+
+
+def http(method: str, url: str, body: Any = None, *, raw: bytes | None = None,
+         timeout: float = 30.0) -> tuple[int, Any]:
+    """One HTTP call; returns (status, parsed JSON or text)."""
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    req = request.Request(url, data=data, method=method,
+                          headers={"Content-Type": "application/json"})
+    try:
+        with request.urlopen(req, timeout=timeout) as resp:
+            status, payload = resp.status, resp.read()
+    except error.HTTPError as exc:
+        status, payload = exc.code, exc.read()
+    try:
+        return status, json.loads(payload)
+    except ValueError:
+        return status, payload.decode(errors="replace")
+
+
+def wait_until(predicate: Any, timeout: float, interval: float = 0.02) -> Any:
+    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        time.sleep(interval)
+
+
+def status_of(gw: str, endpoint_id: str) -> str:
+    code, body = http("GET", f"{gw}/v1/agents/{endpoint_id.removeprefix('agent://')}")
+    return body["status"] if code == 200 else f"http {code}"
