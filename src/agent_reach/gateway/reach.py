@@ -281,6 +281,6 @@ def _json_or_none(body: bytes | None) -> msgspec.Raw | None:
         return None
     try:
         msgspec.json.decode(body)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
     return msgspec.Raw(body)

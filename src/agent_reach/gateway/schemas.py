@@ -113,6 +113,8 @@ def decode(body: bytes, kind: type[T]) -> T:
         raise _invalid(exc) from None
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"body is not valid JSON: {exc}", status=400) from None
+    except RecursionError:
+        raise InvalidRequest("body is nested too deeply", status=400) from None
 
 
 class RouteQuery(msgspec.Struct, forbid_unknown_fields=True):

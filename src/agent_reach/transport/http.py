@@ -99,7 +99,7 @@ class HttpTransport:
             return Delivery(Outcome.SERVER_ERROR, status, None, f"agent answered {status}")
         try:
             msgspec.json.decode(data)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             return Delivery(
                 Outcome.SERVER_ERROR, status, None, "agent answered 2xx with a body that is not JSON"
             )

@@ -1,0 +1,85 @@
+"""One contract suite for every registry backend (the Redis backend joins the parameter list)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from agent_reach.core.model import EndpointRecord
+from agent_reach.registry import RegistryBackend, RegistryChange, open_registry
+
+
+@pytest.fixture(params=["memory://"])
+async def registry(request: pytest.FixtureRequest) -> AsyncIterator[RegistryBackend]:
+    backend = open_registry(request.param)
+    await backend.start()
+    yield backend
+    await backend.close()
+
+
+def rec(name: str, caps: tuple[str, ...] = ("t.a",), seen: float = 100.0) -> EndpointRecord:
+    return EndpointRecord(f"agent://{name}", caps, f"http://127.0.0.1:9/{name}", "", seen, seen)
+
+
+async def test_upsert_get_and_index(registry: RegistryBackend) -> None:
+    assert await registry.upsert(rec("a", ("t.a", "t.b"))) is None
+    await registry.upsert(rec("b", ("t.b",)))
+    assert registry.get("agent://a") == rec("a", ("t.a", "t.b"))
+    assert set(registry.by_intent("t.b")) == {"agent://a", "agent://b"}
+    assert set(registry.by_intent("t.a")) == {"agent://a"}
+    assert set(registry.by_intent("t.none")) == set()
+    assert set(registry.intents()) == {"t.a", "t.b"}
+    assert len(registry) == 2
+    assert [r.endpoint_id for r in registry.records()] == ["agent://a", "agent://b"]
+
+
+async def test_upsert_replaces_and_reindexes(registry: RegistryBackend) -> None:
+    await registry.upsert(rec("a", ("t.old",)))
+    before = await registry.upsert(rec("a", ("t.new",)))
+    assert before == rec("a", ("t.old",))
+    assert set(registry.by_intent("t.old")) == set()
+    assert "t.old" not in registry.intents()
+    assert set(registry.by_intent("t.new")) == {"agent://a"}
+    assert len(registry) == 1
+
+
+async def test_touch_updates_last_seen_only(registry: RegistryBackend) -> None:
+    await registry.upsert(rec("a"))
+    after = await registry.touch("agent://a", 150.0, 1_700_000_150.0)
+    assert after is not None
+    assert (after.last_seen, after.last_seen_at) == (150.0, 1_700_000_150.0)
+    assert after.capabilities == ("t.a",)
+    assert await registry.touch("agent://nobody", 1.0, 1.0) is None
+
+
+async def test_remove_is_immediate(registry: RegistryBackend) -> None:
+    await registry.upsert(rec("a"))
+    assert (await registry.remove("agent://a")) == rec("a")
+    assert registry.get("agent://a") is None
+    assert set(registry.by_intent("t.a")) == set()
+    assert await registry.remove("agent://a") is None
+
+
+async def test_purge_deletes_only_old_records(registry: RegistryBackend) -> None:
+    await registry.upsert(rec("old", seen=10.0))
+    await registry.upsert(rec("new", seen=100.0))
+    assert await registry.purge(50.0) == 1
+    assert registry.get("agent://old") is None
+    assert registry.get("agent://new") is not None
+
+
+async def test_listeners_see_every_change_after_the_view(registry: RegistryBackend) -> None:
+    seen: list[tuple[str, bool, bool, bool]] = []
+
+    def listener(change: RegistryChange) -> None:
+        in_view = registry.get(change.endpoint_id) is not None
+        seen.append((change.endpoint_id, change.before is not None, change.after is not None,
+                     in_view))
+
+    registry.subscribe(listener)
+    await registry.upsert(rec("a"))
+    await registry.touch("agent://a", 101.0, 101.0)
+    await registry.remove("agent://a")
+    assert seen == [("agent://a", False, True, True), ("agent://a", True, True, True),
+                    ("agent://a", True, False, False)]

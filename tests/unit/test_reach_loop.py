@@ -1,0 +1,289 @@
+"""The delivery loop on a fake clock and a scripted transport: deadlines, retries, failover.
+
+The transport is a fake at the external edge (the network); the gateway service, the core and
+the loop are the real ones. Time moves only when the loop sleeps or an attempt "takes" time.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent_reach.core.model import Outcome
+from agent_reach.errors import (
+    AgentError,
+    AllAttemptsFailed,
+    DeadlineExceeded,
+    NoAvailableAgent,
+    ReachError,
+)
+from agent_reach.gateway.metrics import GatewayMetrics
+from agent_reach.gateway.reach import Reacher
+from agent_reach.gateway.schemas import RegisterBody, SendBody
+from agent_reach.gateway.service import Gateway
+from agent_reach.gateway.traces import TraceStore
+from agent_reach.registry.memory import MemoryRegistry
+from agent_reach.settings import GatewaySettings
+from agent_reach.testing import FakeClock
+from agent_reach.transport.base import Delivery
+
+
+@dataclass
+class Behaviour:
+    """What an endpoint does with each attempt: take ``latency`` s, then answer ``outcome``."""
+
+    latency: float
+    outcome: Outcome = Outcome.OK
+
+
+@dataclass
+class ScriptedTransport:
+    clock: FakeClock
+    behaviours: dict[str, list[Behaviour]]
+    calls: list[tuple[str, dict[str, str], float, float]] = field(default_factory=list)
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def deliver(
+        self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float
+    ) -> Delivery:
+        self.calls.append((url, dict(headers), timeout_s, self.clock.now))
+        script = self.behaviours[url]
+        b = script.pop(0) if len(script) > 1 else script[0]
+        if b.latency >= timeout_s:
+            self.clock.advance(timeout_s)
+            return Delivery(Outcome.TIMEOUT)
+        self.clock.advance(b.latency)
+        if b.outcome is Outcome.CONNECT_ERROR:
+            return Delivery(b.outcome, reached=False, eject=True)
+        status = {Outcome.OK: 200, Outcome.AGENT_ERROR: 409, Outcome.SERVER_ERROR: 500}[b.outcome]
+        return Delivery(b.outcome, status, b'{"n": 1}')
+
+
+def make(
+    behaviours: dict[str, list[Behaviour]], seed: int = 1, **overrides: float
+) -> tuple[Reacher, ScriptedTransport, FakeClock]:
+    clock = FakeClock()
+    gw = Gateway(
+        GatewaySettings(**overrides),
+        MemoryRegistry(),
+        clock,  # type: ignore[arg-type]
+        rng=random.Random(seed),
+    )
+    transport = ScriptedTransport(clock, behaviours)
+    reacher = Reacher(
+        gw, transport, GatewayMetrics(gw.status_counts), TraceStore(), wall=clock.wall
+    )
+    return reacher, transport, clock
+
+
+async def register(reacher: Reacher, *names: str, intent: str = "t.echo") -> None:
+    for name in names:
+        await reacher.gateway.register(
+            RegisterBody(
+                endpoint_id=f"agent://{name}",
+                capabilities=[intent],
+                endpoint_url=f"http://{name}/reach",
+            )
+        )
+
+
+def url(name: str) -> str:
+    return f"http://{name}/reach"
+
+
+async def reach(reacher: Reacher, clock: FakeClock, **body: object) -> tuple[object, float]:
+    """(result or error, elapsed fake seconds)."""
+    start = clock.now
+    try:
+        result: object = await reacher.send(
+            msgspec.convert({"intent": "t.echo", **body}, SendBody), start
+        )
+    except ReachError as exc:
+        result = exc
+    return result, clock.now - start
+
+
+outcomes = st.sampled_from(
+    [Outcome.OK, Outcome.SERVER_ERROR, Outcome.CONNECT_ERROR, Outcome.AGENT_ERROR]
+)
+behaviour = st.builds(Behaviour, st.floats(0.0, 12.0), outcomes)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    timeout_ms=st.integers(1, 20_000),
+    scripts=st.lists(st.lists(behaviour, min_size=1, max_size=5), min_size=1, max_size=4),
+    seed=st.integers(0, 2**16),
+)
+async def test_the_answer_never_comes_after_the_deadline(
+    timeout_ms: int, scripts: list[list[Behaviour]], seed: int
+) -> None:
+    names = [f"a{i}" for i in range(len(scripts))]
+    reacher, transport, clock = make(
+        {url(n): s for n, s in zip(names, scripts, strict=True)}, seed=seed
+    )
+    await register(reacher, *names)
+    result, elapsed = await reach(reacher, clock, timeout_ms=timeout_ms)
+    assert elapsed <= timeout_ms / 1000
+    assert len(transport.calls) <= 4  # at most 3 retries
+    for _, headers, timeout_s, _ in transport.calls:
+        assert int(headers["X-Reach-Deadline-Ms"]) == int(timeout_s * 1000)
+        assert timeout_s <= 2.0  # per-try timeout: 2000 ms without history
+    if isinstance(result, AgentError):
+        assert len(transport.calls) == len(result.fields["attempts"])
+        assert result.fields["attempts"][-1].outcome == "agent_error"
+
+
+async def test_the_issue_example_8s_deadline_p95_800_gives_2000ms_tries_and_2_retries() -> None:
+    reacher, transport, clock = make({url("a"): [Behaviour(0.8)]})
+    await register(reacher, "a")
+    for _ in range(20):  # history: p95 800 ms
+        await reach(reacher, clock)
+    gw = reacher.gateway
+    assert gw.per_try_ms("agent://a") == 2000
+    assert gw.max_retries(8000, gw.per_try_ms("agent://a")) == 2
+    transport.behaviours[url("a")] = [Behaviour(5.0)]  # now it hangs
+    await gw.heartbeat("agent://a")
+    result, elapsed = await reach(reacher, clock, timeout_ms=8000)
+    assert isinstance(result, ReachError)
+    attempts = result.fields["attempts"]
+    # 2 s try, 0.5-1 s wait, 2 s try, then 1-2 s wait + 2 s no longer fits in 8 s
+    assert [a.outcome for a in attempts] == ["timeout", "timeout"]
+    assert isinstance(result, DeadlineExceeded)
+    assert 0.5 <= clock.slept[-1] <= 1.0
+    assert elapsed <= 8.0
+
+
+async def test_failover_goes_to_another_endpoint_without_waiting() -> None:
+    reacher, transport, clock = make(
+        {url("bad"): [Behaviour(0.01, Outcome.SERVER_ERROR)], url("good"): [Behaviour(0.01)]}
+    )
+    await register(reacher, "bad", "good")
+    for _ in range(10):
+        result, _ = await reach(reacher, clock, timeout_ms=8000)
+        assert not isinstance(result, ReachError)
+        assert result.endpoint_id == "agent://good"  # type: ignore[attr-defined]
+    assert clock.slept == []  # failover never waits
+    assert any(u == url("bad") for u, *_ in transport.calls)
+
+
+async def test_retry_of_the_same_endpoint_waits_a_jittered_backoff() -> None:
+    script = [Behaviour(0.01, Outcome.SERVER_ERROR)] * 3 + [Behaviour(0.01)]
+    reacher, transport, clock = make({url("only"): list(script)})
+    await register(reacher, "only")
+    result, _ = await reach(reacher, clock, timeout_ms=12_000)
+    assert not isinstance(result, ReachError), result
+    assert [h["X-Reach-Attempt"] for _, h, _, _ in transport.calls] == ["1", "2", "3", "4"]
+    first, *later = clock.slept
+    assert 0.5 <= first <= 1.0  # 50-100 % of 0.5 x 2000 ms
+    assert all(1.0 <= w <= 2.0 for w in later)  # 50-100 % of 1 x 2000 ms
+
+
+async def test_agent_4xx_is_never_retried() -> None:
+    reacher, transport, clock = make(
+        {url("a"): [Behaviour(0.01, Outcome.AGENT_ERROR)], url("b"): [Behaviour(0.01)]}
+    )
+    await register(reacher, "a", "b")
+    for _ in range(10):
+        result, _ = await reach(reacher, clock, timeout_ms=8000)
+        if isinstance(result, ReachError):
+            assert isinstance(result, AgentError)
+            assert len(result.fields["attempts"]) == 1
+
+
+async def test_connection_refused_ejects_at_once_and_is_not_charged_to_the_budget() -> None:
+    reacher, transport, clock = make(
+        {url("dead"): [Behaviour(0.0, Outcome.CONNECT_ERROR)], url("live"): [Behaviour(0.01)]},
+        seed=3,
+    )
+    await register(reacher, "dead", "live")
+    budget = reacher.gateway.budget
+    for _ in range(20):
+        result, _ = await reach(reacher, clock, timeout_ms=8000)
+        assert not isinstance(result, ReachError)
+    dead_calls = [c for c in transport.calls if c[0] == url("dead")]
+    assert len(dead_calls) == 1  # ejected after the first refusal
+    assert budget.allowance(clock.now) == pytest.approx(0.2 * 20 + 10 * 10)  # nothing spent
+    record = reacher.gateway.registry.get("agent://dead")
+    assert record is not None
+    assert reacher.gateway.health(record).status.value == "suspect"
+    await reacher.gateway.heartbeat("agent://dead")  # its next heartbeat brings it back
+    assert (
+        reacher.gateway.health(record := reacher.gateway.registry.get("agent://dead")).status.value
+        == "healthy"
+    )  # type: ignore[arg-type]
+
+
+async def test_retry_budget_caps_retries_across_requests() -> None:
+    reacher, transport, clock = make(
+        {
+            url("a"): [Behaviour(0.0, Outcome.SERVER_ERROR)],
+            url("b"): [Behaviour(0.0, Outcome.SERVER_ERROR)],
+        },
+        retry_budget_min_per_s=0.5,
+        retry_budget_ratio=0.0,
+    )
+    await register(reacher, "a", "b")
+    errors = []
+    for _ in range(10):
+        result, _ = await reach(reacher, clock, timeout_ms=20_000)
+        assert isinstance(result, AllAttemptsFailed)
+        errors.append(result.detail)
+    # 0.5/s over a 10 s window: 5 retries in all, then first attempts only
+    assert sum("budget" in e for e in errors) >= 5
+    assert len(transport.calls) <= 10 + 5
+
+
+async def test_suspect_only_by_hint_and_down_never() -> None:
+    reacher, transport, clock = make({url("a"): [Behaviour(0.01)]}, heartbeat_interval=10.0)
+    await register(reacher, "a")
+    clock.advance(25)  # suspect (past 20 s)
+    result, _ = await reach(reacher, clock)
+    assert isinstance(result, NoAvailableAgent)
+    result, _ = await reach(reacher, clock, recipient_hint="agent://a")
+    assert not isinstance(result, ReachError)
+    clock.advance(10)  # down (past 30 s)
+    result, _ = await reach(reacher, clock, recipient_hint="agent://a")
+    assert isinstance(result, NoAvailableAgent)
+    assert len(transport.calls) == 1
+
+
+async def test_gateway_stall_does_not_demote_endpoints() -> None:
+    reacher, _, clock = make({url("a"): [Behaviour(0.01)]}, heartbeat_interval=10.0)
+    gw = reacher.gateway
+    await register(reacher, "a")
+    for _ in range(8):  # the ticker runs for 2 s
+        clock.advance(0.25)
+        gw.liveness.tick(clock.now)
+    clock.advance(40)  # SIGSTOP for 40 s: no tick, no heartbeat
+    record = gw.registry.get("agent://a")
+    assert record is not None
+    assert gw.health(record).status.value == "healthy"  # before the late tick
+    gw.liveness.tick(clock.now)
+    assert gw.health(record).status.value == "healthy"  # after: the stall is credited
+    for _ in range(44):  # 11 s of normal running without heartbeats
+        clock.advance(0.25)
+        gw.liveness.tick(clock.now)
+    assert gw.health(record).status.value == "degraded"
+
+
+async def test_tier_cache_sees_a_revived_endpoint_at_once() -> None:
+    reacher, _, clock = make({url("a"): [Behaviour(0.01)]}, heartbeat_interval=10.0)
+    await register(reacher, "a")
+    clock.advance(25)
+    result, _ = await reach(reacher, clock)
+    assert isinstance(result, NoAvailableAgent)
+    await reacher.gateway.heartbeat("agent://a")
+    result, _ = await reach(reacher, clock)
+    assert not isinstance(result, ReachError)
