@@ -13,8 +13,12 @@ parser.add_argument("--id", default="agent://note-01")
 parser.add_argument("--port", type=int, default=0)
 args = parser.parse_args()
 
-agent = Agent(args.id, gateway=args.gateway, port=args.port,
-              description="Notes: create a note, query notes by text")
+agent = Agent(
+    args.id,
+    gateway=args.gateway,
+    port=args.port,
+    description="Notes: create a note, query notes by text",
+)
 notes: dict[int, dict[str, str]] = {}
 by_msg: dict[str, int] = {}  # msg_id -> note id: a retried delivery creates nothing twice
 ids = itertools.count(1)

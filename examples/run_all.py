@@ -59,7 +59,8 @@ Agent-Reach is running.
             + "".join(f"  {a['endpoint_id']:<24}{a['endpoint_url']}\n" for a in agents)
             + f"""
 Try the three scenarios:
-  {send} '{{"intent": "weather.query", "payload": {{"city": "成都", "date": "2025-01-02"}}, "trace_id": "trace_demo_001"}}'
+  {send} '{{"intent": "weather.query", "trace_id": "trace_demo_001",
+          "payload": {{"city": "成都", "date": "2025-01-02"}}}}'
   {send} '{{"intent": "note.create", "payload": {{"title": "todo", "text": "buy tea"}}}}'
   {send} '{{"intent": "unknown.action", "payload": {{}}}}'    # refused: no_capable_agent
   curl -s {GATEWAY}/v1/traces/trace_demo_001                 # the first one's path

@@ -13,14 +13,22 @@ parser.add_argument("--id", default="agent://weather-cn-01")
 parser.add_argument("--port", type=int, default=0)
 args = parser.parse_args()
 
-agent = Agent(args.id, gateway=args.gateway, port=args.port,
-              description="Weather for Chinese cities: current conditions and forecasts")
+agent = Agent(
+    args.id,
+    gateway=args.gateway,
+    port=args.port,
+    description="Weather for Chinese cities: current conditions and forecasts",
+)
 
 
 def _fake(city: str, date: str) -> dict[str, object]:
     h = int(hashlib.sha256(f"{city}/{date}".encode()).hexdigest(), 16)
-    return {"city": city, "date": date, "condition": ["sunny", "cloudy", "rain"][h % 3],
-            "temp_c": 5 + h % 20}
+    return {
+        "city": city,
+        "date": date,
+        "condition": ["sunny", "cloudy", "rain"][h % 3],
+        "temp_c": 5 + h % 20,
+    }
 
 
 @agent.handle("weather.query")
@@ -35,7 +43,10 @@ def forecast(payload: dict[str, object], ctx: ReachContext) -> dict[str, object]
     if not isinstance(payload, dict) or "city" not in payload:
         raise Reject("payload needs a city", status=422)
     days = int(payload.get("days", 3))  # type: ignore[call-overload]
-    return {"city": payload["city"], "days": [_fake(str(payload["city"]), f"+{d}") for d in range(days)]}
+    return {
+        "city": payload["city"],
+        "days": [_fake(str(payload["city"]), f"+{d}") for d in range(days)],
+    }
 
 
 if __name__ == "__main__":

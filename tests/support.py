@@ -66,7 +66,7 @@ def _start(cmd: list[str], timeout: float = 15.0) -> Proc:
         if chunk:
             buf += chunk
             match = _URL.search(buf)
-            if match and b"\n" in buf[match.end():] + b"\n":
+            if match and b"\n" in buf[match.end() :] + b"\n":
                 return Proc(popen, match.group(1).decode(), log)
         if popen.poll() is not None:
             break
@@ -87,19 +87,41 @@ def gateway(*flags: str) -> Iterator[Proc]:
         proc.stop()
 
 
-def start_agent(gw: str, endpoint_id: str, mode: str = "ok", *, intents: str = "test.echo",
-                delay_ms: float = 0.0) -> Proc:
+def start_agent(
+    gw: str,
+    endpoint_id: str,
+    mode: str = "ok",
+    *,
+    intents: str = "test.echo",
+    delay_ms: float = 0.0,
+) -> Proc:
     """A real agent process (tests/agents/behave.py), registered when this returns."""
-    return _start([sys.executable, str(BEHAVE), "--gateway", gw, "--id", endpoint_id,
-                   "--mode", mode, "--intents", intents, "--delay-ms", str(delay_ms)])
+    return _start(
+        [
+            sys.executable,
+            str(BEHAVE),
+            "--gateway",
+            gw,
+            "--id",
+            endpoint_id,
+            "--mode",
+            mode,
+            "--intents",
+            intents,
+            "--delay-ms",
+            str(delay_ms),
+        ]
+    )
 
 
-def http(method: str, url: str, body: Any = None, *, raw: bytes | None = None,
-         timeout: float = 30.0) -> tuple[int, Any]:
+def http(
+    method: str, url: str, body: Any = None, *, raw: bytes | None = None, timeout: float = 30.0
+) -> tuple[int, Any]:
     """One HTTP call; returns (status, parsed JSON or text)."""
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-    req = request.Request(url, data=data, method=method,
-                          headers={"Content-Type": "application/json"})
+    req = request.Request(
+        url, data=data, method=method, headers={"Content-Type": "application/json"}
+    )
     try:
         with request.urlopen(req, timeout=timeout) as resp:
             status, payload = resp.status, resp.read()

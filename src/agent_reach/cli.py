@@ -24,8 +24,13 @@ def _env(flag: str) -> str:
 
 def _option(flag: str, kind: Any, default: Any, help: str) -> Callable[[Any], Any]:
     return click.option(
-        f"--{flag}", type=kind, default=default, envvar=_env(flag), show_default=True,
-        show_envvar=True, help=help,
+        f"--{flag}",
+        type=kind,
+        default=default,
+        envvar=_env(flag),
+        show_default=True,
+        show_envvar=True,
+        help=help,
     )
 
 
@@ -39,27 +44,59 @@ def main() -> None:
 @_option("host", str, "127.0.0.1", "bind address")
 @_option("port", click.IntRange(0, 65535), 7700, "port (0 picks a free one)")
 @_option("registry", str, "memory://", "registry URL")
-@_option("heartbeat-interval", click.FloatRange(min=0.01), 10.0,
-         "seconds between heartbeats that agents are told to keep")
-@_option("degraded-after", click.FloatRange(min=0.01), None,
-         "seconds since the last heartbeat after which an endpoint is degraded [1 x interval]")
+@_option(
+    "heartbeat-interval",
+    click.FloatRange(min=0.01),
+    10.0,
+    "seconds between heartbeats that agents are told to keep",
+)
+@_option(
+    "degraded-after",
+    click.FloatRange(min=0.01),
+    None,
+    "seconds since the last heartbeat after which an endpoint is degraded [1 x interval]",
+)
 @_option("suspect-after", click.FloatRange(min=0.01), None, "... suspect [2 x interval]")
 @_option("down-after", click.FloatRange(min=0.01), None, "... down [3 x interval]")
-@_option("slow-threshold-ms", click.FloatRange(min=1), 2000.0,
-         "mean latency of the last 5 deliveries above which an endpoint is degraded")
-@_option("overhead-reserve-ms", click.FloatRange(min=0), 1000.0,
-         "part of a request's deadline kept back for routing and network")
-@_option("confidence-threshold", click.FloatRange(0, 1, min_open=True), 0.8,
-         "minimum match confidence for a fallback (non-exact) match")
-@_option("purge-after", click.FloatRange(min=1), 3600.0,
-         "seconds without a heartbeat after which a down record is deleted")
-@_option("max-body-bytes", click.IntRange(min=1024), 1 << 20,
-         "largest request body (and agent answer) accepted")
-@_option("log-level", click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-         "INFO", "JSON log lines at this level and above go to stderr")
+@_option(
+    "slow-threshold-ms",
+    click.FloatRange(min=1),
+    2000.0,
+    "mean latency of the last 5 deliveries above which an endpoint is degraded",
+)
+@_option(
+    "overhead-reserve-ms",
+    click.FloatRange(min=0),
+    1000.0,
+    "part of a request's deadline kept back for routing and network",
+)
+@_option(
+    "confidence-threshold",
+    click.FloatRange(0, 1, min_open=True),
+    0.8,
+    "minimum match confidence for a fallback (non-exact) match",
+)
+@_option(
+    "purge-after",
+    click.FloatRange(min=1),
+    3600.0,
+    "seconds without a heartbeat after which a down record is deleted",
+)
+@_option(
+    "max-body-bytes",
+    click.IntRange(min=1024),
+    1 << 20,
+    "largest request body (and agent answer) accepted",
+)
+@_option(
+    "log-level",
+    click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    "INFO",
+    "JSON log lines at this level and above go to stderr",
+)
 def serve(**flags: Any) -> None:
     """Start a gateway on the embedded in-memory registry."""
-    settings = GatewaySettings(**{k: v for k, v in flags.items()})
+    settings = GatewaySettings(**flags)
     try:
         settings.check()
     except ValueError as exc:
@@ -95,8 +132,7 @@ async def _serve(settings: GatewaySettings) -> None:
         raise click.ClickException(
             f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}"
         ) from exc
-    sockets = site._server.sockets if site._server else ()  # type: ignore[union-attr]
-    port = sockets[0].getsockname()[1] if sockets else settings.port
+    port = runner.addresses[0][1] if runner.addresses else settings.port
     url = f"http://{settings.host}:{port}"
     logs.log(20, "gateway.listening", url=url, registry=settings.registry)
     print(f"agent-reach gateway listening on {url} (registry {settings.registry})", flush=True)

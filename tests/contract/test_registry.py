@@ -74,12 +74,16 @@ async def test_listeners_see_every_change_after_the_view(registry: RegistryBacke
 
     def listener(change: RegistryChange) -> None:
         in_view = registry.get(change.endpoint_id) is not None
-        seen.append((change.endpoint_id, change.before is not None, change.after is not None,
-                     in_view))
+        seen.append(
+            (change.endpoint_id, change.before is not None, change.after is not None, in_view)
+        )
 
     registry.subscribe(listener)
     await registry.upsert(rec("a"))
     await registry.touch("agent://a", 101.0, 101.0)
     await registry.remove("agent://a")
-    assert seen == [("agent://a", False, True, True), ("agent://a", True, True, True),
-                    ("agent://a", True, False, False)]
+    assert seen == [
+        ("agent://a", False, True, True),
+        ("agent://a", True, True, True),
+        ("agent://a", True, False, False),
+    ]

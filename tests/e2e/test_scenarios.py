@@ -31,12 +31,19 @@ def send(gw: Proc, **body: Any) -> tuple[int, dict[str, Any]]:
 def test_the_three_seed_scenarios_with_the_example_agents(agents: list[Proc]) -> None:
     with gateway() as gw:
         for script in ("weather_agent.py", "note_agent.py"):
-            agents.append(_start([sys.executable, str(ROOT / "examples" / script),
-                                  "--gateway", gw.url]))
-        status, body = send(gw, msg_id="msg_9a8b7c6d", trace_id="trace_20250101_001",
-                            sender="agent://scheduler-01", intent="weather.query",
-                            payload={"city": "成都", "date": "2025-01-02"}, priority="normal",
-                            timeout_ms=3000)
+            agents.append(
+                _start([sys.executable, str(ROOT / "examples" / script), "--gateway", gw.url])
+            )
+        status, body = send(
+            gw,
+            msg_id="msg_9a8b7c6d",
+            trace_id="trace_20250101_001",
+            sender="agent://scheduler-01",
+            intent="weather.query",
+            payload={"city": "成都", "date": "2025-01-02"},
+            priority="normal",
+            timeout_ms=3000,
+        )
         assert status == 200, body
         assert body["endpoint_id"] == "agent://weather-cn-01"
         assert body["result"]["city"] == "成都"
@@ -137,7 +144,9 @@ def test_all_agents_hung_answer_never_comes_late(agents: list[Proc]) -> None:
         assert status in (502, 504), body
         assert len(body["attempts"]) == 2
         assert {a["endpoint_id"] for a in body["attempts"]} == {
-            "agent://e2e-hung-03", "agent://e2e-hung-04"}
+            "agent://e2e-hung-03",
+            "agent://e2e-hung-04",
+        }
         assert elapsed <= 5.15
 
 
@@ -176,12 +185,21 @@ def test_trace_id_reaches_the_agent_the_trace_store_and_both_logs(agents: list[P
     with gateway() as gw:
         agent = start_agent(gw.url, "agent://e2e-trace-01", "ok")
         agents.append(agent)
-        status, body = send(gw, intent="test.echo", trace_id="trace_e2e_0001",
-                            msg_id="msg_e2e_0001", payload={"n": 1}, timeout_ms=5000)
+        status, body = send(
+            gw,
+            intent="test.echo",
+            trace_id="trace_e2e_0001",
+            msg_id="msg_e2e_0001",
+            payload={"n": 1},
+            timeout_ms=5000,
+        )
         assert status == 200, body
         seen = body["result"]
         assert (seen["trace_id"], seen["msg_id"], seen["attempt"]) == (
-            "trace_e2e_0001", "msg_e2e_0001", 1)
+            "trace_e2e_0001",
+            "msg_e2e_0001",
+            1,
+        )
         assert 0 < seen["deadline_ms"] <= 2000  # X-Reach-Deadline-Ms: the per-try timeout
         assert seen["payload"] == {"n": 1}
         _, trace = http("GET", f"{gw.url}/v1/traces/trace_e2e_0001")
@@ -191,6 +209,7 @@ def test_trace_id_reaches_the_agent_the_trace_store_and_both_logs(agents: list[P
         assert trace["events"][2]["outcome"] == "ok"
         gw_lines = [line for line in gw.log_lines() if line.get("trace_id") == "trace_e2e_0001"]
         assert "reach.completed" in {line["event"] for line in gw_lines}
-        agent_lines = [line for line in agent.log_lines()
-                       if line.get("trace_id") == "trace_e2e_0001"]
+        agent_lines = [
+            line for line in agent.log_lines() if line.get("trace_id") == "trace_e2e_0001"
+        ]
         assert "agent.request" in {line["event"] for line in agent_lines}

@@ -16,8 +16,9 @@ def gw() -> Iterator[Proc]:
         yield proc
 
 
-def reg(gw: Proc, name: str, caps: list[str], url: str = "http://127.0.0.1:9/reach",
-        **extra: object) -> tuple[int, dict[str, object]]:
+def reg(
+    gw: Proc, name: str, caps: list[str], url: str = "http://127.0.0.1:9/reach", **extra: object
+) -> tuple[int, dict[str, object]]:
     body = {"endpoint_id": f"agent://{name}", "capabilities": caps, "endpoint_url": url, **extra}
     return http("POST", f"{gw.url}/v1/register", body)
 
@@ -25,7 +26,8 @@ def reg(gw: Proc, name: str, caps: list[str], url: str = "http://127.0.0.1:9/rea
 def test_register_answers_the_contract_shape_and_lists_the_agent(gw: Proc) -> None:
     code, body = reg(gw, "api-reg-01", ["api.alpha", "api.beta"], description="for people")
     assert (code, body) == (
-        200, {"ok": True, "endpoint_id": "agent://api-reg-01", "heartbeat_interval_s": 30.0}
+        200,
+        {"ok": True, "endpoint_id": "agent://api-reg-01", "heartbeat_interval_s": 30.0},
     )
     code, agent = http("GET", f"{gw.url}/v1/agents/api-reg-01")
     assert code == 200
@@ -33,8 +35,16 @@ def test_register_answers_the_contract_shape_and_lists_the_agent(gw: Proc) -> No
     assert agent["status"] == "healthy"
     assert agent["description"] == "for people"
     assert agent["avg_latency_ms"] is None and agent["p95_latency_ms"] is None
-    assert set(agent) == {"endpoint_id", "capabilities", "endpoint_url", "description",
-                          "status", "last_seen_at", "avg_latency_ms", "p95_latency_ms"}
+    assert set(agent) == {
+        "endpoint_id",
+        "capabilities",
+        "endpoint_url",
+        "description",
+        "status",
+        "last_seen_at",
+        "avg_latency_ms",
+        "p95_latency_ms",
+    }
     code, listing = http("GET", f"{gw.url}/v1/agents")
     assert code == 200
     assert agent["endpoint_id"] in [a["endpoint_id"] for a in listing["agents"]]
@@ -54,8 +64,10 @@ def test_register_again_replaces_the_record_and_reindexes(gw: Proc) -> None:
 def test_heartbeat_and_deregister(gw: Proc) -> None:
     reg(gw, "api-hb-01", ["api.hb"])
     code, body = http("POST", f"{gw.url}/v1/heartbeat", {"endpoint_id": "agent://api-hb-01"})
-    assert (code, body) == (200, {"ok": True, "endpoint_id": "agent://api-hb-01",
-                                  "status": "healthy"})
+    assert (code, body) == (
+        200,
+        {"ok": True, "endpoint_id": "agent://api-hb-01", "status": "healthy"},
+    )
     code, body = http("POST", f"{gw.url}/v1/deregister", {"endpoint_id": "agent://api-hb-01"})
     assert (code, body) == (200, {"ok": True})
     for path in ("/v1/heartbeat", "/v1/deregister"):
@@ -74,11 +86,13 @@ def test_heartbeat_and_deregister(gw: Proc) -> None:
         (None, "api.nothing-declares-this", 404, "no_capable_agent"),
     ],
 )
-def test_send_routing_refusals(gw: Proc, hint: str | None, intent: str, code: int,
-                               error: str) -> None:
+def test_send_routing_refusals(
+    gw: Proc, hint: str | None, intent: str, code: int, error: str
+) -> None:
     reg(gw, "api-route-01", ["api.route"])
-    status, body = http("POST", f"{gw.url}/v1/send",
-                        {"intent": intent, "recipient_hint": hint, "msg_id": "msg_1"})
+    status, body = http(
+        "POST", f"{gw.url}/v1/send", {"intent": intent, "recipient_hint": hint, "msg_id": "msg_1"}
+    )
     assert (status, body["error"]) == (code, error)
     assert body["ok"] is False
     assert body["msg_id"] == "msg_1"
@@ -110,8 +124,9 @@ def test_connection_refused_endpoint_is_taken_out_at_once(gw: Proc) -> None:
 def test_agent_4xx_is_not_retried_and_comes_back_as_agent_error(gw: Proc) -> None:
     agent = start_agent(gw.url, "agent://api-reject-01", "reject", intents="api.reject")
     try:
-        status, body = http("POST", f"{gw.url}/v1/send",
-                            {"intent": "api.reject", "timeout_ms": 8000})
+        status, body = http(
+            "POST", f"{gw.url}/v1/send", {"intent": "api.reject", "timeout_ms": 8000}
+        )
         assert (status, body["error"]) == (502, "agent_error")
         assert [a["outcome"] for a in body["attempts"]] == ["agent_error"]
         assert body["agent_status"] == 422
@@ -133,8 +148,15 @@ def test_route_explains_candidates_and_the_formula(gw: Proc) -> None:
     assert set(ids) == {"agent://api-explain-01", "agent://api-explain-02"}
     for c in ids.values():
         assert c["eligible"] is True and c["status"] == "healthy" and c["confidence"] == 1.0
-        assert set(c) >= {"endpoint_id", "status", "confidence", "avg_latency_ms",
-                          "p95_latency_ms", "eligible", "reason"}
+        assert set(c) >= {
+            "endpoint_id",
+            "status",
+            "confidence",
+            "avg_latency_ms",
+            "p95_latency_ms",
+            "eligible",
+            "reason",
+        }
     status, body = http("GET", f"{gw.url}/v1/route?intent=api.explain&timeout_ms=3000")
     assert body["max_retries"] == 0
 
@@ -181,8 +203,11 @@ def test_down_record_stays_listed_and_comes_back_on_heartbeat() -> None:
         wait_until(lambda: status_of(gw.url, "agent://api-down-01") == "down", timeout=5)
         status, body = http("POST", f"{gw.url}/v1/send", {"intent": "api.down"})
         assert (status, body["error"]) == (503, "no_available_agent")
-        status, body = http("POST", f"{gw.url}/v1/send",
-                            {"intent": "api.down", "recipient_hint": "agent://api-down-01"})
+        status, body = http(
+            "POST",
+            f"{gw.url}/v1/send",
+            {"intent": "api.down", "recipient_hint": "agent://api-down-01"},
+        )
         assert (status, body["error"]) == (503, "no_available_agent")
         code, body = http("POST", f"{gw.url}/v1/heartbeat", {"endpoint_id": "agent://api-down-01"})
         assert (code, body["status"]) == (200, "healthy")
@@ -192,11 +217,13 @@ def test_statuses_fall_through_the_four_levels_without_heartbeats() -> None:
     with gateway("--heartbeat-interval", "0.3") as gw:
         reg(gw, "api-levels-01", ["api.levels"])
         seen = [status_of(gw.url, "agent://api-levels-01")]
+
         def fallen() -> bool:
             s = status_of(gw.url, "agent://api-levels-01")
             if s != seen[-1]:
                 seen.append(s)
             return s == "down"
+
         wait_until(fallen, timeout=5, interval=0.01)
         assert seen == ["healthy", "degraded", "suspect", "down"]
 

@@ -21,19 +21,31 @@ from tests.support import Proc, gateway, http
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner,
-                                                                 max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 
 VALID = {
-    "/v1/register": {"endpoint_id": "agent://fuzz-01", "capabilities": ["fuzz.echo"],
-                     "endpoint_url": "http://127.0.0.1:9/reach", "description": "x"},
+    "/v1/register": {
+        "endpoint_id": "agent://fuzz-01",
+        "capabilities": ["fuzz.echo"],
+        "endpoint_url": "http://127.0.0.1:9/reach",
+        "description": "x",
+    },
     "/v1/heartbeat": {"endpoint_id": "agent://fuzz-01"},
     "/v1/deregister": {"endpoint_id": "agent://fuzz-01"},
-    "/v1/send": {"intent": "fuzz.echo", "msg_id": "m1", "trace_id": "t1",
-                 "sender": "agent://fuzz-caller", "recipient_hint": None, "payload": {},
-                 "priority": "normal", "timeout_ms": 50},
+    "/v1/send": {
+        "intent": "fuzz.echo",
+        "msg_id": "m1",
+        "trace_id": "t1",
+        "sender": "agent://fuzz-caller",
+        "recipient_hint": None,
+        "payload": {},
+        "priority": "normal",
+        "timeout_ms": 50,
+    },
 }
 PATHS = sorted(VALID)
 
@@ -61,21 +73,32 @@ def gw() -> Iterator[Proc]:
     with gateway("--heartbeat-interval", "600") as proc:
         # a stable population that every error answer must leave untouched
         for i in range(3):
-            http("POST", f"{proc.url}/v1/register", {
-                "endpoint_id": f"agent://fuzz-base-{i}", "capabilities": ["fuzz.base"],
-                "endpoint_url": "http://127.0.0.1:9/reach"})
+            http(
+                "POST",
+                f"{proc.url}/v1/register",
+                {
+                    "endpoint_id": f"agent://fuzz-base-{i}",
+                    "capabilities": ["fuzz.base"],
+                    "endpoint_url": "http://127.0.0.1:9/reach",
+                },
+            )
         yield proc
 
 
 def snapshot(gw: Proc) -> list[tuple[Any, ...]]:
     _, body = http("GET", f"{gw.url}/v1/agents")
-    return sorted((a["endpoint_id"], tuple(a["capabilities"]), a["endpoint_url"],
-                   a["description"]) for a in body["agents"])
+    return sorted(
+        (a["endpoint_id"], tuple(a["capabilities"]), a["endpoint_url"], a["description"])
+        for a in body["agents"]
+    )
 
 
 # the only 5xx answers the contract allows: a routing outcome, never a gateway fault
-ROUTING_5XX = {502: {"agent_error", "all_attempts_failed"}, 503: {"no_available_agent"},
-               504: {"deadline_exceeded"}}
+ROUTING_5XX = {
+    502: {"agent_error", "all_attempts_failed"},
+    503: {"no_available_agent"},
+    504: {"deadline_exceeded"},
+}
 
 
 def check_error_shape(status: int, body: Any) -> None:
@@ -118,8 +141,9 @@ def test_post_bodies_never_5xx_and_errors_change_nothing(gw: Proc, case: tuple[s
     timeout=st.none() | st.text(max_size=8),
     extra=st.none() | st.text(min_size=1, max_size=8),
 )
-def test_route_queries_never_5xx(gw: Proc, intent: str, hint: str | None, timeout: str | None,
-                                 extra: str | None) -> None:
+def test_route_queries_never_5xx(
+    gw: Proc, intent: str, hint: str | None, timeout: str | None, extra: str | None
+) -> None:
     query = f"intent={quote(intent)}"
     if hint is not None:
         query += f"&recipient_hint={quote(hint)}"
@@ -155,21 +179,42 @@ def test_oversized_bodies_get_payload_too_large(gw: Proc, path: str) -> None:
         (b"", 400, None),
         (b"not json", 400, None),
         (b"[]", 422, None),
-        (b'{"endpoint_id": "agent://UPPER", "capabilities": ["a"], '
-         b'"endpoint_url": "http://127.0.0.1:9/"}', 422, "endpoint_id"),
-        (b'{"endpoint_id": "agent://ok", "capabilities": [], '
-         b'"endpoint_url": "http://127.0.0.1:9/"}', 422, "capabilities"),
-        (b'{"endpoint_id": "agent://ok", "capabilities": ["Bad.Tag"], '
-         b'"endpoint_url": "http://127.0.0.1:9/"}', 422, "capabilities[0]"),
-        (b'{"endpoint_id": "agent://ok", "capabilities": ["a.b"], '
-         b'"endpoint_url": "ftp://127.0.0.1/x"}', 422, "endpoint_url"),
+        (
+            b'{"endpoint_id": "agent://UPPER", "capabilities": ["a"], '
+            b'"endpoint_url": "http://127.0.0.1:9/"}',
+            422,
+            "endpoint_id",
+        ),
+        (
+            b'{"endpoint_id": "agent://ok", "capabilities": [], '
+            b'"endpoint_url": "http://127.0.0.1:9/"}',
+            422,
+            "capabilities",
+        ),
+        (
+            b'{"endpoint_id": "agent://ok", "capabilities": ["Bad.Tag"], '
+            b'"endpoint_url": "http://127.0.0.1:9/"}',
+            422,
+            "capabilities[0]",
+        ),
+        (
+            b'{"endpoint_id": "agent://ok", "capabilities": ["a.b"], '
+            b'"endpoint_url": "ftp://127.0.0.1/x"}',
+            422,
+            "endpoint_url",
+        ),
         (b'{"endpoint_id": "agent://ok", "capabilities": ["a.b"]}', 422, "endpoint_url"),
-        (b'{"endpoint_id": "agent://ok", "capabilities": ["a.b"], '
-         b'"endpoint_url": "http://127.0.0.1:9/", "colour": 1}', 422, "colour"),
+        (
+            b'{"endpoint_id": "agent://ok", "capabilities": ["a.b"], '
+            b'"endpoint_url": "http://127.0.0.1:9/", "colour": 1}',
+            422,
+            "colour",
+        ),
     ],
 )
-def test_register_errors_name_the_field(gw: Proc, raw: bytes, status: int,
-                                        field: str | None) -> None:
+def test_register_errors_name_the_field(
+    gw: Proc, raw: bytes, status: int, field: str | None
+) -> None:
     before = snapshot(gw)
     code, body = http("POST", f"{gw.url}/v1/register", raw=raw)
     assert (code, body["error"]) == (status, "invalid_request")
@@ -209,4 +254,5 @@ def test_gateway_survived_the_fuzzing(gw: Proc) -> None:
     assert gw.popen.poll() is None
     assert http("GET", f"{gw.url}/healthz") == (200, {"ok": True})
     assert [a[0] for a in snapshot(gw) if a[0].startswith("agent://fuzz-base")] == [
-        f"agent://fuzz-base-{i}" for i in range(3)]
+        f"agent://fuzz-base-{i}" for i in range(3)
+    ]

@@ -126,9 +126,7 @@ def derive(last_seen: float, stats: EndpointStats | None, now: float, t: Thresho
     if age > t.down_after:
         return Health(Status.DOWN, f"no heartbeat for {age:.1f} s", INF)
     if age > t.suspect_after:
-        return Health(
-            Status.SUSPECT, f"no heartbeat for {age:.1f} s", last_seen + t.down_after
-        )
+        return Health(Status.SUSPECT, f"no heartbeat for {age:.1f} s", last_seen + t.down_after)
     if stats is not None and stats.ejected_at is not None and stats.ejected_at >= last_seen:
         return Health(
             Status.SUSPECT,

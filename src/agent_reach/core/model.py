@@ -14,7 +14,7 @@ from dataclasses import dataclass
 __all__ = ["EndpointRecord", "Outcome", "Status", "Thresholds"]
 
 
-class Status(str, enum.Enum):
+class Status(enum.StrEnum):
     """The four health levels of an endpoint, best first."""
 
     HEALTHY = "healthy"
@@ -23,7 +23,7 @@ class Status(str, enum.Enum):
     DOWN = "down"
 
 
-class Outcome(str, enum.Enum):
+class Outcome(enum.StrEnum):
     """What one delivery attempt came to."""
 
     OK = "ok"

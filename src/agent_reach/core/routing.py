@@ -65,9 +65,7 @@ def build_tiers(
     return tiers
 
 
-def _p2c(
-    ids: list[str], stats: Mapping[str, EndpointStats], now: float, rng: random.Random
-) -> str:
+def _p2c(ids: list[str], stats: Mapping[str, EndpointStats], now: float, rng: random.Random) -> str:
     n = len(ids)
     if n == 1:
         return ids[0]

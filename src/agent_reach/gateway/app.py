@@ -84,9 +84,7 @@ async def _body(request: web.Request) -> bytes:
     try:
         return await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
-        raise PayloadTooLarge(
-            f"body over the {request.app._client_max_size} byte limit"
-        ) from exc
+        raise PayloadTooLarge(f"body over the {request.app._client_max_size} byte limit") from exc
 
 
 async def register(request: web.Request) -> web.Response:

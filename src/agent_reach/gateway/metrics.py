@@ -11,7 +11,21 @@ from prometheus_client.registry import Collector
 __all__ = ["GatewayMetrics"]
 
 _LATENCY_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
 )
 
 
@@ -34,22 +48,31 @@ class GatewayMetrics:
     def __init__(self, status_counts: Callable[[], dict[str, int]]) -> None:
         r = self.registry = CollectorRegistry(auto_describe=False)
         self.requests = Counter(
-            "agent_reach_requests", "Reach requests answered, by intent and outcome",
-            ["intent", "outcome"], registry=r,
+            "agent_reach_requests",
+            "Reach requests answered, by intent and outcome",
+            ["intent", "outcome"],
+            registry=r,
         )
         self.request_seconds = Histogram(
-            "agent_reach_request_duration_seconds", "Time to answer a reach request",
-            ["intent"], buckets=_LATENCY_BUCKETS, registry=r,
+            "agent_reach_request_duration_seconds",
+            "Time to answer a reach request",
+            ["intent"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.attempts = Counter(
             "agent_reach_attempts", "Delivery attempts by outcome", ["outcome"], registry=r
         )
         self.attempt_seconds = Histogram(
-            "agent_reach_attempt_duration_seconds", "Duration of one delivery attempt",
-            buckets=_LATENCY_BUCKETS, registry=r,
+            "agent_reach_attempt_duration_seconds",
+            "Duration of one delivery attempt",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.retries = Counter(
-            "agent_reach_retries", "Retries, by kind (failover or same endpoint)", ["kind"],
+            "agent_reach_retries",
+            "Retries, by kind (failover or same endpoint)",
+            ["kind"],
             registry=r,
         )
         self.retry_budget_exhausted = Counter(
@@ -66,7 +89,8 @@ class GatewayMetrics:
         )
         self.stall_credit = Gauge(
             "agent_reach_stall_credit_seconds",
-            "Total gateway stall time credited to every endpoint's lease", registry=r,
+            "Total gateway stall time credited to every endpoint's lease",
+            registry=r,
         )
         r.register(_StatusCollector(status_counts))
 

@@ -25,9 +25,13 @@ async def run_ticker(gateway: Gateway, metrics: GatewayMetrics) -> None:
         metrics.loop_lag.set(lag)
         if lag > liveness.tolerance:
             metrics.stall_credit.set(liveness.credit)
-            log(logging.WARNING, "gateway.stalled", lag_s=round(lag, 3),
+            log(
+                logging.WARNING,
+                "gateway.stalled",
+                lag_s=round(lag, 3),
                 credited_s=round(lag - liveness.tolerance, 3),
-                note="leases extended: endpoints are not demoted for the gateway's own stall")
+                note="leases extended: endpoints are not demoted for the gateway's own stall",
+            )
 
 
 async def run_purger(gateway: Gateway) -> None:

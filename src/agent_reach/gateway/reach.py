@@ -36,7 +36,7 @@ from agent_reach.gateway.traces import TraceStore
 from agent_reach.logs import TRACE_ID, log
 from agent_reach.transport.base import Transport
 
-__all__ = ["Reacher", "ReachResult", "new_id"]
+__all__ = ["ReachResult", "Reacher", "new_id"]
 
 _TRACE_CANDIDATES = 16  # candidates listed by name in a trace's route event
 
@@ -108,8 +108,14 @@ class Reacher:
         intent_label = "_unroutable"
         try:
             self._trace(
-                trace_id, "received", msg_id=msg_id, intent=body.intent, sender=body.sender,
-                recipient_hint=body.recipient_hint, priority=body.priority, timeout_ms=timeout_ms,
+                trace_id,
+                "received",
+                msg_id=msg_id,
+                intent=body.intent,
+                sender=body.sender,
+                recipient_hint=body.recipient_hint,
+                priority=body.priority,
+                timeout_ms=timeout_ms,
             )
             deadline = Deadline(
                 received_at + max(0.0, timeout_ms - self.settings.answer_margin_ms) / 1000.0
@@ -118,34 +124,64 @@ class Reacher:
             intent_label = body.intent
             payload = encode(
                 DeliveryBody(
-                    msg_id=msg_id, trace_id=trace_id, sender=body.sender,
-                    recipient_hint=body.recipient_hint, intent=body.intent,
-                    payload=body.payload, priority=body.priority, timeout_ms=timeout_ms,
+                    msg_id=msg_id,
+                    trace_id=trace_id,
+                    sender=body.sender,
+                    recipient_hint=body.recipient_hint,
+                    intent=body.intent,
+                    payload=body.payload,
+                    priority=body.priority,
+                    timeout_ms=timeout_ms,
                 )
             )
-            result = await self._attempts(plan, deadline, timeout_ms, msg_id, trace_id, payload,
-                                          attempts)
+            result = await self._attempts(
+                plan, deadline, timeout_ms, msg_id, trace_id, payload, attempts
+            )
         except ReachError as exc:
             if isinstance(exc, NoCapableAgent):
                 intent_label = "_unroutable"
             exc.fields.update(msg_id=msg_id, trace_id=trace_id, attempts=attempts)
             elapsed = (self.clock.monotonic() - received_at) * 1000.0
             self._finish(intent_label, exc.code, elapsed)
-            self._trace(trace_id, "answer", ok=False, error=exc.code, detail=exc.detail,
-                        latency_ms=round(elapsed, 3))
-            log(logging.INFO, "reach.failed", msg_id=msg_id, intent=body.intent, error=exc.code,
-                detail=exc.detail, attempts=len(attempts), latency_ms=round(elapsed, 3))
+            self._trace(
+                trace_id,
+                "answer",
+                ok=False,
+                error=exc.code,
+                detail=exc.detail,
+                latency_ms=round(elapsed, 3),
+            )
+            log(
+                logging.INFO,
+                "reach.failed",
+                msg_id=msg_id,
+                intent=body.intent,
+                error=exc.code,
+                detail=exc.detail,
+                attempts=len(attempts),
+                latency_ms=round(elapsed, 3),
+            )
             raise
         finally:
             TRACE_ID.reset(token)
         elapsed = (self.clock.monotonic() - received_at) * 1000.0
         self._finish(intent_label, "ok", elapsed)
-        self._trace(trace_id, "answer", ok=True, endpoint_id=result[0],
-                    latency_ms=round(elapsed, 3))
-        log(logging.INFO, "reach.completed", trace_id=trace_id, msg_id=msg_id, intent=body.intent,
-            endpoint_id=result[0], attempts=len(attempts), latency_ms=round(elapsed, 3))
-        return ReachResult(msg_id, trace_id, body.intent, result[0], result[1], attempts,
-                           round(elapsed, 3))
+        self._trace(
+            trace_id, "answer", ok=True, endpoint_id=result[0], latency_ms=round(elapsed, 3)
+        )
+        log(
+            logging.INFO,
+            "reach.completed",
+            trace_id=trace_id,
+            msg_id=msg_id,
+            intent=body.intent,
+            endpoint_id=result[0],
+            attempts=len(attempts),
+            latency_ms=round(elapsed, 3),
+        )
+        return ReachResult(
+            msg_id, trace_id, body.intent, result[0], result[1], attempts, round(elapsed, 3)
+        )
 
     def _finish(self, intent: str, outcome: str, elapsed_ms: float) -> None:
         self.metrics.requests.labels(intent, outcome).inc()
@@ -169,8 +205,14 @@ class Reacher:
         per_try = gw.per_try_ms(target)
         retries_allowed = gw.max_retries(timeout_ms, per_try)
         gw.budget.record_request(clock.monotonic())
-        self._trace(trace_id, "route", chosen=target, per_try_timeout_ms=per_try,
-                    max_retries=retries_allowed, **self._tier_summary(plan))
+        self._trace(
+            trace_id,
+            "route",
+            chosen=target,
+            per_try_timeout_ms=per_try,
+            max_retries=retries_allowed,
+            **self._tier_summary(plan),
+        )
         tried: dict[str, None] = {}
         same_count = 0
         wait = 0.0
@@ -203,20 +245,39 @@ class Reacher:
                 stats.inflight -= 1
                 raise
             latency_ms = (clock.monotonic() - started) * 1000.0
-            gw.attempt_finished(target, stats, delivery.outcome, latency_ms,
-                                reached=delivery.reached, eject=delivery.eject)
+            gw.attempt_finished(
+                target,
+                stats,
+                delivery.outcome,
+                latency_ms,
+                reached=delivery.reached,
+                eject=delivery.eject,
+            )
             attempts.append(Attempt(target, delivery.outcome.value, round(latency_ms, 3)))
             self.metrics.attempts.labels(delivery.outcome.value).inc()
             self.metrics.attempt_seconds.observe(latency_ms / 1000.0)
-            self._trace(trace_id, "attempt", attempt=n, endpoint_id=target,
-                        outcome=delivery.outcome.value, status=delivery.status,
-                        latency_ms=round(latency_ms, 3), detail=delivery.detail)
+            self._trace(
+                trace_id,
+                "attempt",
+                attempt=n,
+                endpoint_id=target,
+                outcome=delivery.outcome.value,
+                status=delivery.status,
+                latency_ms=round(latency_ms, 3),
+                detail=delivery.detail,
+            )
             if delivery.outcome is Outcome.OK:
                 assert delivery.body is not None
                 return target, msgspec.Raw(delivery.body)
-            log(logging.WARNING, "reach.attempt_failed", endpoint_id=target, attempt=n,
-                outcome=delivery.outcome.value, detail=delivery.detail,
-                latency_ms=round(latency_ms, 3))
+            log(
+                logging.WARNING,
+                "reach.attempt_failed",
+                endpoint_id=target,
+                attempt=n,
+                outcome=delivery.outcome.value,
+                detail=delivery.detail,
+                latency_ms=round(latency_ms, 3),
+            )
             if delivery.outcome is Outcome.AGENT_ERROR:
                 raise AgentError(
                     f"{target} refused the request: {delivery.detail}",
@@ -227,9 +288,7 @@ class Reacher:
             now = clock.monotonic()
             remaining = deadline.remaining(now)
             if remaining <= 0.001:
-                raise DeadlineExceeded(
-                    f"deadline of {timeout_ms} ms ran out after {n} attempt(s)"
-                )
+                raise DeadlineExceeded(f"deadline of {timeout_ms} ms ran out after {n} attempt(s)")
             if n > retries_allowed:
                 raise AllAttemptsFailed(
                     f"{n} attempt(s) failed; the {timeout_ms} ms deadline allows "

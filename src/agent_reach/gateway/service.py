@@ -239,7 +239,9 @@ class Gateway:
             return None
         now = self.now()
         if plan.fallback_ids:
-            return build_tiers(plan.fallback_ids, self.registry.get, self.stats, now, self.thresholds)
+            return build_tiers(
+                plan.fallback_ids, self.registry.get, self.stats, now, self.thresholds
+            )
         return self._intent_tiers(plan.intent, now)
 
     def choose(self, plan: RoutePlan, tried: Collection[str] = ()) -> str | None:
@@ -292,9 +294,7 @@ class Gateway:
             tag = next((t for t in plan.confidence if t in record.capabilities), plan.intent)
             if plan.hint is not None:
                 eligible = h.status is not Status.DOWN
-                reason = (
-                    f"named by recipient_hint; {h.reason}" if eligible else f"down: {h.reason}"
-                )
+                reason = f"named by recipient_hint; {h.reason}" if eligible else f"down: {h.reason}"
             else:
                 eligible = h.status in (Status.HEALTHY, Status.DEGRADED)
                 reason = h.reason if eligible else f"{h.status.value}: {h.reason}"

@@ -5,7 +5,13 @@ from __future__ import annotations
 from agent_reach.registry.base import RegistryBackend, RegistryChange, RegistryListener
 from agent_reach.registry.memory import MemoryRegistry
 
-__all__ = ["MemoryRegistry", "RegistryBackend", "RegistryChange", "RegistryListener", "open_registry"]
+__all__ = [
+    "MemoryRegistry",
+    "RegistryBackend",
+    "RegistryChange",
+    "RegistryListener",
+    "open_registry",
+]
 
 
 def open_registry(url: str) -> RegistryBackend:

@@ -64,7 +64,7 @@ class RegistryBackend(Protocol):
         ...
 
     async def purge(self, seen_before: float) -> int:
-        """Delete every record whose ``last_seen`` is older than ``seen_before``; return how many."""
+        """Delete every record last seen before ``seen_before``; return how many."""
         ...
 
     def get(self, endpoint_id: str) -> EndpointRecord | None:

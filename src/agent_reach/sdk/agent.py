@@ -43,7 +43,7 @@ class ReachContext:
     deadline_ms: int
 
 
-class Reject(Exception):  # noqa: N818 - a deliberate answer, not a failure
+class Reject(Exception):
     """Raise in a handler to refuse a request with a 4xx (not retried by the gateway)."""
 
     def __init__(self, detail: str, status: int = 400, code: str = "rejected") -> None:
@@ -63,8 +63,9 @@ class _Delivery(msgspec.Struct):
 
 
 def _json(body: Any, status: int = 200) -> web.Response:
-    return web.Response(body=msgspec.json.encode(body), status=status,
-                        content_type="application/json")
+    return web.Response(
+        body=msgspec.json.encode(body), status=status, content_type="application/json"
+    )
 
 
 class Agent:
@@ -115,15 +116,31 @@ class Agent:
         try:
             handler = self.handlers.get(d.intent)
             if handler is None:
-                return _json({"ok": False, "error": "unknown_intent",
-                              "detail": f"{self.endpoint_id} does not handle {d.intent!r}"}, 404)
+                return _json(
+                    {
+                        "ok": False,
+                        "error": "unknown_intent",
+                        "detail": f"{self.endpoint_id} does not handle {d.intent!r}",
+                    },
+                    404,
+                )
             ctx = ReachContext(
-                msg_id=d.msg_id, trace_id=d.trace_id, intent=d.intent, sender=d.sender,
-                priority=d.priority, attempt=int(request.headers.get("X-Reach-Attempt", "1")),
+                msg_id=d.msg_id,
+                trace_id=d.trace_id,
+                intent=d.intent,
+                sender=d.sender,
+                priority=d.priority,
+                attempt=int(request.headers.get("X-Reach-Attempt", "1")),
                 deadline_ms=int(request.headers.get("X-Reach-Deadline-Ms", "0")),
             )
-            log(logging.INFO, "agent.request", endpoint_id=self.endpoint_id, intent=d.intent,
-                msg_id=d.msg_id, attempt=ctx.attempt)
+            log(
+                logging.INFO,
+                "agent.request",
+                endpoint_id=self.endpoint_id,
+                intent=d.intent,
+                msg_id=d.msg_id,
+                attempt=ctx.attempt,
+            )
             try:
                 if inspect.iscoroutinefunction(handler):
                     result = await handler(d.payload, ctx)
@@ -146,12 +163,15 @@ class Agent:
 
     async def register(self) -> None:
         """Register (or register again) with the gateway; raises on refusal."""
-        status, answer = await self._post("/v1/register", {
-            "endpoint_id": self.endpoint_id,
-            "capabilities": list(self.handlers),
-            "endpoint_url": self.url,
-            "description": self.description,
-        })
+        status, answer = await self._post(
+            "/v1/register",
+            {
+                "endpoint_id": self.endpoint_id,
+                "capabilities": list(self.handlers),
+                "endpoint_url": self.url,
+                "description": self.description,
+            },
+        )
         if status != 200:
             raise RuntimeError(f"registration refused ({status}): {answer}")
         self.heartbeat_interval = float(answer["heartbeat_interval_s"])
@@ -180,7 +200,7 @@ class Agent:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = self._runner.addresses[0][1]
         self.url = f"http://{self.host}:{port}{self.path}"
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
         await self.register()
@@ -213,4 +233,3 @@ class Agent:
             await self.stop()
 
         asyncio.run(main())
-

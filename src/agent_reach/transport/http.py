@@ -73,14 +73,15 @@ class HttpTransport:
             return Delivery(Outcome.TIMEOUT, detail=f"no answer within {timeout_s * 1000:.0f} ms")
         except aiohttp.ClientConnectorError as exc:
             return Delivery(
-                Outcome.CONNECT_ERROR, detail=f"cannot connect: {exc.os_error}",
-                reached=False, eject=True,
+                Outcome.CONNECT_ERROR,
+                detail=f"cannot connect: {exc.os_error}",
+                reached=False,
+                eject=True,
             )
         except aiohttp.ServerDisconnectedError:
             # the agent dropped a request in flight (process died): a reset for the passive
             # check. Idle pooled connections are retired before common servers' 5 s idle close.
-            return Delivery(Outcome.CONNECT_ERROR, detail="agent closed the connection",
-                            eject=True)
+            return Delivery(Outcome.CONNECT_ERROR, detail="agent closed the connection", eject=True)
         except aiohttp.ClientOSError as exc:
             reset = exc.errno in (errno.ECONNRESET, errno.EPIPE)
             return Delivery(Outcome.CONNECT_ERROR, detail=f"connection error: {exc}", eject=reset)
@@ -101,7 +102,10 @@ class HttpTransport:
             msgspec.json.decode(data)
         except (msgspec.DecodeError, RecursionError):
             return Delivery(
-                Outcome.SERVER_ERROR, status, None, "agent answered 2xx with a body that is not JSON"
+                Outcome.SERVER_ERROR,
+                status,
+                None,
+                "agent answered 2xx with a body that is not JSON",
             )
         return Delivery(Outcome.OK, status, data)
 
