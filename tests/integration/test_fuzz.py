@@ -236,6 +236,9 @@ def test_register_errors_name_the_field(
         ({"intent": "a.b", "recipient_hint": "weather"}, "recipient_hint"),
         ({"intent": "a.b", "trace_id": "has space"}, "trace_id"),
         ({"intent": "a.b", "sender": 7}, "sender"),
+        ({"intent": "a.b\n"}, "intent"),
+        ({"intent": "a.b", "recipient_hint": "agent://x\n"}, "recipient_hint"),
+        ({"intent": "a.b", "msg_id": "m\n"}, "msg_id"),
     ],
 )
 def test_send_errors_name_the_field(gw: Proc, body: dict[str, Any], field: str) -> None:

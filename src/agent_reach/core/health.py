@@ -163,13 +163,14 @@ class LivenessClock:
     first thing after the stall does not see every agent as dead. The result never goes backwards.
     """
 
-    __slots__ = ("_last_tick", "credit", "tick_interval", "tolerance")
+    __slots__ = ("_last_tick", "_latest", "credit", "tick_interval", "tolerance")
 
     def __init__(self, tick_interval: float, tolerance: float) -> None:
         self.tick_interval = tick_interval
         self.tolerance = tolerance
         self.credit = 0.0
         self._last_tick: float | None = None
+        self._latest = -INF  # float rounding of the credit must not move time back
 
     def tick(self, mono: float) -> float:
         """Note a tick at monotonic ``mono``; return the loop lag seen (seconds, >= 0)."""
@@ -185,4 +186,5 @@ class LivenessClock:
         """Liveness time at monotonic ``mono``."""
         if self._last_tick is not None:
             mono = min(mono, self._last_tick + self.tick_interval + self.tolerance)
-        return mono - self.credit
+        self._latest = max(self._latest, mono - self.credit)
+        return self._latest

@@ -22,8 +22,9 @@ __all__ = [
     "is_intent",
 ]
 
-ENDPOINT_ID_PATTERN = r"^agent://[a-z0-9][a-z0-9._-]{0,127}$"
-INTENT_PATTERN = r"^[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)*$"
+# \Z, not $: "$" also matches before a trailing newline ("agent://x\n" must not pass)
+ENDPOINT_ID_PATTERN = r"^agent://[a-z0-9][a-z0-9._-]{0,127}\Z"
+INTENT_PATTERN = r"^[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)*\Z"
 INTENT_MAX_LEN = 128
 
 _ENDPOINT_ID = re.compile(ENDPOINT_ID_PATTERN)

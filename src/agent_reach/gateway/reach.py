@@ -121,7 +121,8 @@ class Reacher:
                 received_at + max(0.0, timeout_ms - self.settings.answer_margin_ms) / 1000.0
             )
             plan = self.gateway.plan(body.intent, body.recipient_hint)
-            intent_label = body.intent
+            # a registered tag, so that callers cannot grow the metrics' label set at will
+            intent_label = next(iter(plan.confidence))
             payload = encode(
                 DeliveryBody(
                     msg_id=msg_id,

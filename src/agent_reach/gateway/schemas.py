@@ -30,7 +30,7 @@ __all__ = [
 EndpointId = Annotated[str, msgspec.Meta(pattern=ENDPOINT_ID_PATTERN)]
 Intent = Annotated[str, msgspec.Meta(pattern=INTENT_PATTERN, max_length=INTENT_MAX_LEN)]
 # ids travel in HTTP headers: visible ASCII only, no spaces
-Token = Annotated[str, msgspec.Meta(pattern=r"^[\x21-\x7e]{1,128}$")]
+Token = Annotated[str, msgspec.Meta(pattern=r"^[\x21-\x7e]{1,128}\Z")]
 MAX_TIMEOUT_MS = 600_000  # ten minutes: longer work belongs in a task the agent reports on
 Url = Annotated[str, msgspec.Meta(min_length=8, max_length=2048)]
 

@@ -1,0 +1,631 @@
+"""Unit tests of agent_reach.core.health: derive(), EndpointStats and LivenessClock."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent_reach.core.health import INF, EndpointStats, LivenessClock, derive
+from agent_reach.core.model import Status, Thresholds
+
+DEFAULT = Thresholds()
+T0 = 1000.0  # an arbitrary liveness time for "last heartbeat"
+
+
+def just_past(x: float) -> float:
+    """The smallest float greater than ``x``."""
+    return math.nextafter(x, math.inf)
+
+
+def just_before(x: float) -> float:
+    """The greatest float smaller than ``x``."""
+    return math.nextafter(x, -math.inf)
+
+
+def stats_with(latencies: list[float], at: float) -> EndpointStats:
+    """Stats holding ``latencies`` (ms), all observed at liveness time ``at``."""
+    s = EndpointStats()
+    for ms in latencies:
+        s.observe(ms, at)
+    return s
+
+
+# --- derive(): heartbeat age ------------------------------------------------------------------
+
+CUSTOM = Thresholds(degraded_after=2.0, suspect_after=5.0, down_after=7.5)
+HALF = Thresholds.from_interval(0.5)  # 0.5 / 1.0 / 1.5
+FLAT = Thresholds(degraded_after=5.0, suspect_after=5.0, down_after=5.0)  # allowed by check()
+
+
+@pytest.mark.parametrize(
+    ("t", "now", "status", "changes_at"),
+    [
+        # default thresholds: 10 / 20 / 30 s
+        (DEFAULT, T0, Status.HEALTHY, T0 + 10),
+        (DEFAULT, T0 + 9.999, Status.HEALTHY, T0 + 10),
+        (DEFAULT, T0 + 10, Status.HEALTHY, T0 + 10),  # age == degraded_after: still healthy
+        (DEFAULT, just_past(T0 + 10), Status.DEGRADED, T0 + 20),
+        (DEFAULT, T0 + 20, Status.DEGRADED, T0 + 20),
+        (DEFAULT, just_past(T0 + 20), Status.SUSPECT, T0 + 30),
+        (DEFAULT, T0 + 30, Status.SUSPECT, T0 + 30),
+        (DEFAULT, just_past(T0 + 30), Status.DOWN, INF),
+        (DEFAULT, T0 + 1e6, Status.DOWN, INF),
+        # a heartbeat stamped slightly in the future (clock skew between reads) is healthy
+        (DEFAULT, T0 - 1, Status.HEALTHY, T0 + 10),
+        # custom thresholds: 2 / 5 / 7.5 s
+        (CUSTOM, T0 + 2, Status.HEALTHY, T0 + 2),
+        (CUSTOM, just_past(T0 + 2), Status.DEGRADED, T0 + 5),
+        (CUSTOM, T0 + 5, Status.DEGRADED, T0 + 5),
+        (CUSTOM, just_past(T0 + 5), Status.SUSPECT, T0 + 7.5),
+        (CUSTOM, T0 + 7.5, Status.SUSPECT, T0 + 7.5),
+        (CUSTOM, just_past(T0 + 7.5), Status.DOWN, INF),
+        # from_interval(0.5): 0.5 / 1.0 / 1.5 s
+        (HALF, T0 + 0.5, Status.HEALTHY, T0 + 0.5),
+        (HALF, just_past(T0 + 0.5), Status.DEGRADED, T0 + 1.0),
+        (HALF, just_past(T0 + 1.0), Status.SUSPECT, T0 + 1.5),
+        (HALF, just_past(T0 + 1.5), Status.DOWN, INF),
+        # all three thresholds equal: straight from healthy to down
+        (FLAT, T0 + 5, Status.HEALTHY, T0 + 5),
+        (FLAT, just_past(T0 + 5), Status.DOWN, INF),
+    ],
+)
+def test_derive_status_at_every_age_boundary(
+    t: Thresholds, now: float, status: Status, changes_at: float
+) -> None:
+    t.check()
+    h = derive(T0, None, now, t)
+    assert h.status is status
+    assert h.changes_at == changes_at
+    assert h.slow_only is False
+    assert h.reason
+
+
+def test_thresholds_from_interval_and_overrides() -> None:
+    assert Thresholds.from_interval(10) == DEFAULT
+    t = Thresholds.from_interval(4, suspect_after=9.0)
+    assert (t.degraded_after, t.suspect_after, t.down_after) == (4, 9.0, 12)
+
+
+@pytest.mark.parametrize(
+    "t",
+    [
+        Thresholds(heartbeat_interval=0),
+        Thresholds(degraded_after=0),
+        Thresholds(degraded_after=30, suspect_after=20),
+        Thresholds(suspect_after=40, down_after=30),
+        Thresholds(slow_threshold_ms=0),
+        Thresholds(sample_ttl=-1),
+    ],
+)
+def test_thresholds_check_rejects_bad_values(t: Thresholds) -> None:
+    with pytest.raises(ValueError):
+        t.check()
+
+
+# --- derive(): slowness -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("latencies", "slow"),
+    [
+        ([2000.0] * 5, False),  # mean == threshold is not "above"
+        ([2001.0] * 5, True),
+        ([2500.0], True),  # fewer than 5 samples: mean of those there are
+        ([1000.0, 1000.0, 1000.0, 1000.0, 6001.0], True),  # mean 2000.2
+        ([1000.0, 1000.0, 1000.0, 1000.0, 5999.0], False),  # mean 1999.8
+        ([9000.0] * 5 + [100.0] * 5, False),  # only the last 5 count
+        ([100.0] * 5 + [9000.0] * 5, True),
+        ([9000.0] * 95 + [100.0] * 5, False),
+    ],
+)
+def test_slow_is_mean_of_last_five_over_threshold(latencies: list[float], slow: bool) -> None:
+    h = derive(T0, stats_with(latencies, T0), T0, DEFAULT)
+    if slow:
+        assert h.status is Status.DEGRADED
+        assert h.slow_only is True
+        assert "slow" in h.reason
+    else:
+        assert h.status is Status.HEALTHY
+        assert h.slow_only is False
+
+
+def test_slow_uses_custom_threshold() -> None:
+    t = Thresholds(slow_threshold_ms=100.0)
+    assert derive(T0, stats_with([150.0], T0), T0, t).status is Status.DEGRADED
+    assert derive(T0, stats_with([100.0], T0), T0, t).status is Status.HEALTHY
+
+
+@pytest.mark.parametrize(
+    ("fast_after", "status"),
+    [
+        (0, Status.DEGRADED),  # mean 3000
+        (1, Status.DEGRADED),  # mean 2400
+        (2, Status.HEALTHY),  # mean 1800
+        (5, Status.HEALTHY),  # all slow ones pushed out
+    ],
+)
+def test_fast_samples_push_slow_ones_out(fast_after: int, status: Status) -> None:
+    s = stats_with([3000.0] * 5, T0)
+    for k in range(fast_after):
+        s.observe(0.0, T0 + 1 + k)
+    now = T0 + 10
+    h = derive(now, s, now, DEFAULT)
+    assert h.status is status
+    assert h.slow_only is (status is Status.DEGRADED)
+
+
+def test_slow_samples_age_out_after_sample_ttl() -> None:
+    s = stats_with([5000.0] * 5, T0)
+    at_ttl = T0 + DEFAULT.sample_ttl
+    # last_seen = now each time: only the samples decide
+    h = derive(at_ttl, s, at_ttl, DEFAULT)
+    assert h.status is Status.DEGRADED
+    assert h.slow_only
+    assert h.changes_at == at_ttl  # the samples age out just after this
+    after = just_past(at_ttl)
+    assert derive(after, s, after, DEFAULT).status is Status.HEALTHY
+
+
+def test_aged_slow_samples_leave_the_recent_fast_one() -> None:
+    s = stats_with([9000.0] * 5, 0.0)
+    s.observe(100.0, 50.0)
+    assert derive(55.0, s, 55.0, DEFAULT).status is Status.DEGRADED  # mean (4x9000+100)/5
+    assert derive(60.5, s, 60.5, DEFAULT).status is Status.HEALTHY  # only 100 ms is left
+
+
+def test_custom_sample_ttl() -> None:
+    t = Thresholds(sample_ttl=5.0)
+    s = stats_with([5000.0], T0)
+    assert derive(T0 + 5, s, T0 + 5, t).status is Status.DEGRADED
+    assert derive(T0 + 5.5, s, T0 + 5.5, t).status is Status.HEALTHY
+
+
+def test_slow_healthy_changes_at_is_min_of_heartbeat_and_sample_expiry() -> None:
+    s = stats_with([100.0], T0)
+    h = derive(T0 + 55, s, T0 + 55, DEFAULT)
+    assert h.status is Status.HEALTHY
+    assert h.changes_at == T0 + 60  # the sample ages out before the heartbeat does (T0 + 65)
+    slow = stats_with([5000.0], T0)
+    h = derive(T0 + 2, slow, T0 + 5, DEFAULT)
+    assert h.changes_at == T0 + 12  # the heartbeat ages before the sample (T0 + 60)
+
+
+def test_late_and_slow_is_degraded_but_not_slow_only() -> None:
+    s = stats_with([5000.0] * 5, T0 + 15)
+    h = derive(T0, s, T0 + 15, DEFAULT)
+    assert h.status is Status.DEGRADED
+    assert h.slow_only is False  # a late heartbeat is not cured by a probe
+
+
+def test_no_samples_is_not_slow() -> None:
+    h = derive(T0, EndpointStats(), T0, DEFAULT)
+    assert h.status is Status.HEALTHY
+    assert h.changes_at == T0 + 10
+
+
+# --- derive(): passive ejection ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ejected_at", "status"),
+    [
+        (T0 + 1, Status.SUSPECT),  # ejected after its last heartbeat
+        (T0, Status.SUSPECT),  # at the same instant: still out
+        (T0 - 0.001, Status.HEALTHY),  # a heartbeat after the ejection clears it
+        (None, Status.HEALTHY),
+    ],
+)
+def test_passive_ejection(ejected_at: float | None, status: Status) -> None:
+    s = EndpointStats()
+    s.ejected_at = ejected_at
+    h = derive(T0, s, T0 + 2, DEFAULT)
+    assert h.status is status
+    if status is Status.SUSPECT:
+        assert h.changes_at == T0 + DEFAULT.down_after
+        assert "refused" in h.reason
+
+
+def test_later_heartbeat_clears_ejection() -> None:
+    s = EndpointStats()
+    s.ejected_at = T0 + 3
+    assert derive(T0, s, T0 + 4, DEFAULT).status is Status.SUSPECT
+    # next heartbeat at T0 + 5 (> ejected_at)
+    assert derive(T0 + 5, s, T0 + 6, DEFAULT).status is Status.HEALTHY
+
+
+def test_ejected_and_past_down_after_is_down() -> None:
+    s = EndpointStats()
+    s.ejected_at = T0 + 1
+    assert derive(T0, s, T0 + 31, DEFAULT).status is Status.DOWN
+
+
+def test_ejection_beats_slowness() -> None:
+    s = stats_with([5000.0] * 5, T0)
+    s.ejected_at = T0
+    h = derive(T0, s, T0, DEFAULT)
+    assert h.status is Status.SUSPECT
+    assert h.slow_only is False
+
+
+# --- derive(): changes_at is a true bound ------------------------------------------------------
+
+# Times on a 1/1024 s grid are exact in binary floating point, so the property below is about
+# the logic of changes_at, not about the last bit of a subtraction.
+grid_time = st.integers(min_value=0, max_value=2_000_000 * 1024).map(lambda n: n / 1024)
+grid_offset = st.integers(min_value=0, max_value=200 * 1024).map(lambda n: n / 1024)
+
+
+@st.composite
+def thresholds(draw: st.DrawFn) -> Thresholds:
+    d = draw(st.integers(1, 60 * 1024)) / 1024
+    s = d + draw(st.integers(0, 60 * 1024)) / 1024
+    down = s + draw(st.integers(0, 60 * 1024)) / 1024
+    t = Thresholds(
+        heartbeat_interval=d,
+        degraded_after=d,
+        suspect_after=s,
+        down_after=down,
+        slow_threshold_ms=draw(st.sampled_from([50.0, 2000.0])),
+        sample_ttl=draw(st.integers(1, 120 * 1024)) / 1024,
+    )
+    t.check()
+    return t
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    t=thresholds(),
+    last_seen=grid_time,
+    age=st.integers(-10 * 1024, 300 * 1024).map(lambda n: n / 1024),
+    sample_gaps=st.lists(grid_offset, max_size=8),
+    latencies=st.lists(st.sampled_from([10.0, 100.0, 1500.0, 2500.0, 9000.0]), max_size=8),
+    ejected=st.one_of(st.none(), st.integers(-50 * 1024, 50 * 1024).map(lambda n: n / 1024)),
+    fractions=st.lists(st.floats(0.0, 1.0, exclude_max=True), min_size=1, max_size=8),
+)
+def test_status_does_not_change_before_changes_at(
+    t: Thresholds,
+    last_seen: float,
+    age: float,
+    sample_gaps: list[float],
+    latencies: list[float],
+    ejected: float | None,
+    fractions: list[float],
+) -> None:
+    now = last_seen + age
+    stats = EndpointStats()
+    # samples observed at increasing times, the last of them no later than now
+    n = min(len(sample_gaps), len(latencies))
+    at = now - sum(sample_gaps[:n])
+    for gap, ms in zip(sample_gaps[:n], latencies[:n], strict=True):
+        stats.observe(ms, at)
+        at += gap
+    if ejected is not None:
+        stats.ejected_at = last_seen + ejected
+    h = derive(last_seen, stats, now, t)
+    assert h.changes_at >= now
+    if h.changes_at == INF:
+        probes = [now, now + 1e3, now + 1e9]
+    else:
+        # changes_at itself is still the old status: every threshold is a strict inequality
+        probes = [now, max(now, just_before(h.changes_at)), h.changes_at]
+        probes += [min(h.changes_at, now + f * (h.changes_at - now)) for f in fractions]
+    for later in probes:
+        assert derive(last_seen, stats, later, t).status is h.status, (later, h)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    last_seen=st.floats(0.0, 1e7),
+    age=st.floats(-5.0, 400.0),
+    interval=st.floats(0.001, 100.0),
+    sample_age=st.one_of(st.none(), st.floats(0.0, 200.0)),
+    latency=st.sampled_from([10.0, 5000.0]),
+    fraction=st.floats(0.0, 1.0, exclude_max=True),
+)
+def test_status_does_not_change_before_changes_at_any_float(
+    last_seen: float,
+    age: float,
+    interval: float,
+    sample_age: float | None,
+    latency: float,
+    fraction: float,
+) -> None:
+    t = Thresholds.from_interval(interval)
+    now = last_seen + age
+    stats = None
+    if sample_age is not None:
+        stats = stats_with([latency], now - sample_age)
+    h = derive(last_seen, stats, now, t)
+    if h.changes_at == INF:
+        probes = [now, now + 1e6]
+    elif h.changes_at == now:
+        probes = [now]
+    else:
+        probes = [now, just_before(h.changes_at), now + fraction * (h.changes_at - now)]
+        probes = [p for p in probes if now <= p < h.changes_at]
+    for later in probes:
+        assert derive(last_seen, stats, later, t).status is h.status, (later, h)
+
+
+@settings(max_examples=200, deadline=None)
+@given(last_seen=grid_time, age=grid_offset)
+def test_changes_at_is_where_the_age_status_changes(last_seen: float, age: float) -> None:
+    now = last_seen + age
+    h = derive(last_seen, None, now, DEFAULT)
+    if h.changes_at != INF:
+        assert derive(last_seen, None, just_past(h.changes_at), DEFAULT).status is not h.status
+
+
+# --- EndpointStats ----------------------------------------------------------------------------
+
+
+def test_fresh_stats_have_no_history() -> None:
+    s = EndpointStats()
+    assert s.p95_ms(T0, 60) is None
+    assert s.window_stats(T0, 60) == (None, None)
+    assert s.recent_mean(T0, 60) == (None, INF)
+    assert s.cost_ms(T0) == 0.0
+    assert s.score(T0) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("latencies", "p95", "avg"),
+    [
+        ([7.0], 7.0, 7.0),
+        ([1.0, 2.0], 2.0, 1.5),
+        ([float(i) for i in range(1, 21)], 19.0, 10.5),
+        ([float(i) for i in range(100, 0, -1)], 95.0, 50.5),
+        # only the last 100 are kept: 51..150
+        ([float(i) for i in range(1, 151)], 145.0, 100.5),
+    ],
+)
+def test_p95_and_avg(latencies: list[float], p95: float, avg: float) -> None:
+    s = stats_with(latencies, T0)
+    assert s.p95_ms(T0, 60) == p95
+    assert s.window_stats(T0, 60) == (avg, p95)
+
+
+def test_p95_and_avg_expire_with_the_newest_sample() -> None:
+    s = stats_with([100.0, 300.0], T0)
+    assert s.p95_ms(T0 + 60, 60) == 300.0
+    assert s.p95_ms(T0 + 60.5, 60) is None
+    assert s.window_stats(T0 + 60.5, 60) == (None, None)
+
+
+def test_recent_mean_reports_when_the_oldest_ages_out() -> None:
+    s = EndpointStats()
+    for k in range(7):
+        s.observe(100.0 * (k + 1), T0 + k)
+    mean, ages_out = s.recent_mean(T0 + 6, 60)
+    assert mean == pytest.approx((300 + 400 + 500 + 600 + 700) / 5)
+    assert ages_out == T0 + 2 + 60  # the oldest of the last five was observed at T0 + 2
+
+
+def test_peak_ewma_rises_at_once_on_a_slow_sample() -> None:
+    s = EndpointStats()
+    for k in range(20):
+        s.observe(10.0, T0 + k * 0.1)
+    assert s.cost_ms(T0 + 2) == pytest.approx(10.0, rel=0.05)
+    s.observe(500.0, T0 + 2)
+    assert s.cost_ms(T0 + 2) == 500.0
+
+
+def test_peak_ewma_decays_while_idle() -> None:
+    s = EndpointStats()
+    s.observe(1000.0, T0)
+    costs = [s.cost_ms(T0 + dt) for dt in (0, 1, 5, 10, 30, 100)]
+    assert costs[0] == 1000.0
+    assert costs[3] == pytest.approx(1000.0 / math.e)
+    assert all(a > b for a, b in itertools.pairwise(costs))
+    assert costs[-1] < 1.0
+
+
+def test_peak_ewma_blends_down_on_a_faster_sample() -> None:
+    s = EndpointStats()
+    s.observe(1000.0, T0)
+    before = s.cost_ms(T0 + 1)
+    s.observe(100.0, T0 + 1)
+    after = s.cost_ms(T0 + 1)
+    assert 100.0 < after < before  # moved toward the sample, not all the way
+
+
+def test_penalty_makes_a_fast_failure_look_slow() -> None:
+    s = EndpointStats()
+    s.observe(5.0, T0, penalty_ms=2000.0)
+    assert s.cost_ms(T0) == 2000.0
+    assert s.p95_ms(T0, 60) == 5.0  # the latency itself is recorded as it was
+
+
+def test_penalize_raises_cost_without_a_sample() -> None:
+    s = EndpointStats()
+    s.observe(20.0, T0)
+    s.penalize(3000.0, T0 + 1)
+    assert s.cost_ms(T0 + 1) == 3000.0
+    assert s.recent_mean(T0 + 1, 60)[0] == 20.0
+    fresh = EndpointStats()
+    fresh.penalize(3000.0, T0)
+    assert fresh.p95_ms(T0, 60) is None
+    assert fresh.score(T0) > EndpointStats().score(T0)
+
+
+def test_score_grows_with_inflight() -> None:
+    s = EndpointStats()
+    s.observe(50.0, T0)
+    scores = []
+    for n in range(5):
+        s.inflight = n
+        scores.append(s.score(T0))
+    assert scores[0] == 51.0
+    assert scores == [51.0 * (n + 1) for n in range(5)]
+    idle = EndpointStats()
+    idle.inflight = 3
+    assert idle.score(T0) > EndpointStats().score(T0)  # in-flight counts with no history too
+
+
+# --- LivenessClock ----------------------------------------------------------------------------
+
+
+def test_ticks_on_time_credit_nothing() -> None:
+    lc = LivenessClock(tick_interval=0.25, tolerance=1.0)
+    mono = 100.0
+    for k in range(400):
+        # on time, early, or late within the tolerance
+        mono += 0.25 + (0.9 if k % 50 == 7 else 0.0) - (0.1 if k % 3 == 0 else 0.0)
+        lag = lc.tick(mono)
+        assert 0.0 <= lag <= 1.0
+    assert lc.credit == 0.0
+    assert lc.now(mono) == mono
+    assert lc.now(mono + 0.5) == mono + 0.5
+
+
+def test_first_tick_has_no_lag() -> None:
+    lc = LivenessClock(tick_interval=0.25, tolerance=1.0)
+    assert lc.now(50.0) == 50.0  # before any tick: plain monotonic time
+    assert lc.tick(100.0) == 0.0
+    assert lc.credit == 0.0
+
+
+@pytest.mark.parametrize(
+    ("gap", "lag", "credit"),
+    [
+        (0.25, 0.0, 0.0),
+        (1.25, 1.0, 0.0),  # exactly at the tolerance: nothing credited
+        (1.5, 1.25, 0.25),
+        (40.25, 40.0, 39.0),
+    ],
+)
+def test_stall_longer_than_tolerance_is_credited(gap: float, lag: float, credit: float) -> None:
+    lc = LivenessClock(tick_interval=0.25, tolerance=1.0)
+    lc.tick(100.0)
+    assert lc.tick(100.0 + gap) == pytest.approx(lag)
+    assert lc.credit == pytest.approx(credit)
+    assert lc.now(100.0 + gap) == pytest.approx(100.0 + gap - credit)
+
+
+def test_credit_accumulates_over_stalls() -> None:
+    lc = LivenessClock(tick_interval=1.0, tolerance=0.5)
+    lc.tick(0.0)
+    lc.tick(11.0)  # lag 10 -> 9.5
+    lc.tick(12.0)
+    lc.tick(18.0)  # lag 5 -> 4.5
+    assert lc.credit == pytest.approx(14.0)
+    assert lc.now(18.0) == pytest.approx(4.0)
+
+
+def test_endpoint_stays_healthy_across_a_40s_stall() -> None:
+    """SIGSTOP-like: the gateway freezes for 40 s right after an agent's heartbeat."""
+    t = Thresholds.from_interval(10)
+    lc = LivenessClock(tick_interval=0.25, tolerance=1.0)  # as the gateway sets it up
+    mono = 100.0
+    while mono < 200.0:
+        mono += 0.25
+        lc.tick(mono)
+    last_seen = lc.now(mono)  # heartbeat handled at mono == 200
+    assert derive(last_seen, None, lc.now(mono), t).status is Status.HEALTHY
+
+    resumed = mono + 40.25  # the next tick should have run at 200.25
+    # without the guard the agent would look dead to the first request after the stall
+    assert derive(last_seen, None, resumed - lc.credit, t).status is Status.DOWN
+    # the first request after the stall runs before the late tick: now() is capped
+    first = lc.now(resumed)
+    assert first == pytest.approx(last_seen + 0.25 + 1.0)
+    assert derive(last_seen, None, first, t).status is Status.HEALTHY
+    # the late tick credits the stall; time does not jump back or forward across it
+    assert lc.tick(resumed) == pytest.approx(40.0)
+    assert lc.credit == pytest.approx(39.0)
+    assert lc.now(resumed) == pytest.approx(first)
+    assert derive(last_seen, None, lc.now(resumed), t).status is Status.HEALTHY
+    # afterwards the lease runs on: degraded about 10 s after the heartbeat, liveness time
+    mono = resumed
+    while mono < resumed + 8.5:
+        mono += 0.25
+        lc.tick(mono)
+    assert derive(last_seen, None, lc.now(mono), t).status is Status.HEALTHY
+    while mono < resumed + 9.5:
+        mono += 0.25
+        lc.tick(mono)
+    assert derive(last_seen, None, lc.now(mono), t).status is Status.DEGRADED
+
+
+def test_now_is_capped_until_the_late_tick() -> None:
+    lc = LivenessClock(tick_interval=0.25, tolerance=1.0)
+    lc.tick(10.0)
+    assert lc.now(10.5) == 10.5
+    assert lc.now(11.25) == 11.25
+    assert lc.now(12.0) == 11.25
+    assert lc.now(500.0) == 11.25
+
+
+# Events: ("tick" | "read", gap to the previous event). Times on a 1/1024 s grid are exact in
+# binary floating point; the arbitrary-float case is test_now_never_goes_backwards_any_float.
+grid_gap = st.one_of(
+    st.integers(0, 1024).map(lambda n: n / 1024),
+    st.integers(0, 60 * 1024).map(lambda n: n / 1024),
+    st.sampled_from([0.0, 0.25, 1.0, 1.25, 40.25]),
+)
+grid_events = st.lists(st.tuples(st.sampled_from(["tick", "read"]), grid_gap), max_size=60)
+
+
+def run_events(
+    lc: LivenessClock, start: float, seq: list[tuple[str, float]]
+) -> list[tuple[float, float]]:
+    """Play ``seq`` on ``lc``; return (reading before, reading after) around each event."""
+    out = []
+    mono = start
+    for kind, gap in seq:
+        mono += gap
+        before = lc.now(mono)
+        if kind == "tick":
+            assert lc.tick(mono) >= 0.0
+        after = lc.now(mono)
+        assert after <= mono
+        assert lc.credit >= 0.0
+        out.append((before, after))
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    start=st.integers(0, 10**6 * 1024).map(lambda n: n / 1024),
+    interval=st.sampled_from([0.0625, 0.25, 1.0]),
+    tolerance=st.sampled_from([0.0, 0.125, 0.5, 1.0, 5.0]),
+    seq=grid_events,
+)
+def test_now_never_goes_backwards(
+    start: float, interval: float, tolerance: float, seq: list[tuple[str, float]]
+) -> None:
+    lc = LivenessClock(interval, tolerance)
+    readings = [lc.now(start)]
+    for before, after in run_events(lc, start, seq):
+        readings += [before, after]
+    assert readings == sorted(readings)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    start=st.floats(0.0, 1e6),
+    interval=st.floats(0.01, 2.0),
+    tolerance=st.floats(0.0, 5.0),
+    seq=st.lists(st.tuples(st.sampled_from(["tick", "read"]), st.floats(0.0, 60.0)), max_size=40),
+)
+def test_now_never_goes_backwards_any_float(
+    start: float, interval: float, tolerance: float, seq: list[tuple[str, float]]
+) -> None:
+    lc = LivenessClock(interval, tolerance)
+    prev = lc.now(start)
+    for before, after in run_events(lc, start, seq):
+        assert before >= prev
+        assert after >= before  # exactly, rounding included
+        prev = after
+
+
+def test_late_tick_rounding_does_not_move_now_back() -> None:
+    lc = LivenessClock(tick_interval=0.05, tolerance=0.0)
+    lc.tick(0.0)
+    before = lc.now(0.5)  # capped at 0.05
+    lc.tick(0.5)  # late by 0.45: credit 0.45
+    assert lc.now(0.5) >= before  # 0.5 - 0.45 == 0.04999999999999999 < 0.05
