@@ -195,11 +195,15 @@ async def test_agent_4xx_is_never_retried() -> None:
         {url("a"): [Behaviour(0.01, Outcome.AGENT_ERROR)], url("b"): [Behaviour(0.01)]}
     )
     await register(reacher, "a", "b")
+    refused = 0
     for _ in range(10):
         result, _ = await reach(reacher, clock, timeout_ms=8000)
         if isinstance(result, ReachError):
             assert isinstance(result, AgentError)
             assert len(result.fields["attempts"]) == 1
+            refused += 1
+    assert refused >= 1  # "a" was reached at least once (new endpoints look fast)
+    assert sum(u == url("a") for u, *_ in transport.calls) == refused  # never a second try
 
 
 async def test_connection_refused_ejects_at_once_and_is_not_charged_to_the_budget() -> None:
