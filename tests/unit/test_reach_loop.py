@@ -139,7 +139,8 @@ async def test_the_answer_never_comes_after_the_deadline(
     assert len(transport.calls) <= 4  # at most 3 retries
     for _, headers, timeout_s, _ in transport.calls:
         assert int(headers["X-Reach-Deadline-Ms"]) == int(timeout_s * 1000)
-        assert timeout_s <= 2.0  # per-try timeout: 2000 ms without history
+        # per-try timeout: 2000 ms without history, 1.5 x p95 of answered deliveries after
+        assert timeout_s <= max(2.0, 1.5 * max(b.latency for s in scripts for b in s))
     if isinstance(result, AgentError):
         assert len(transport.calls) == len(result.fields["attempts"])
         assert result.fields["attempts"][-1].outcome == "agent_error"

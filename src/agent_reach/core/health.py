@@ -13,6 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -44,11 +45,12 @@ class EndpointStats:
     choice, and the passive-check ejection mark.
     """
 
-    __slots__ = ("_ewma_at", "_p95", "_samples", "ejected_at", "ewma_ms", "inflight")
+    __slots__ = ("_answered", "_ewma_at", "_samples", "_sum", "ejected_at", "ewma_ms", "inflight")
 
     def __init__(self) -> None:
         self._samples: deque[tuple[float, float, bool]] = deque(maxlen=P95_WINDOW)
-        self._p95: float | None = None
+        self._answered: list[float] = []  # answered samples' latencies, sorted (for p95)
+        self._sum = 0.0  # of every kept sample (for avg)
         self.ewma_ms = 0.0  # optimistic prior: a new endpoint looks fast until it answers
         self._ewma_at = 0.0
         self.inflight = 0
@@ -64,9 +66,16 @@ class EndpointStats:
         ``penalty_ms`` is what a failure costs in the load-aware score, so that an endpoint that
         fails fast does not look fast.
         """
-        self._samples.append((now, latency_ms, answered))
-        ordered = sorted(ms for _, ms, ok in self._samples if ok)
-        self._p95 = ordered[math.ceil(0.95 * len(ordered)) - 1] if ordered else None
+        samples = self._samples
+        if len(samples) == samples.maxlen:
+            _, old_ms, old_answered = samples[0]
+            self._sum -= old_ms
+            if old_answered:
+                del self._answered[bisect.bisect_left(self._answered, old_ms)]
+        samples.append((now, latency_ms, answered))
+        self._sum += latency_ms
+        if answered:
+            bisect.insort(self._answered, latency_ms)
         self._observe_cost(max(latency_ms, penalty_ms), now)
 
     def penalize(self, penalty_ms: float, now: float) -> None:
@@ -111,13 +120,17 @@ class EndpointStats:
         """(avg, p95) in ms over the kept samples, or (None, None) when all are older than ttl."""
         if not self._samples or now - self._samples[-1][0] > ttl:
             return None, None
-        return sum(ms for _, ms, _ in self._samples) / len(self._samples), self._p95
+        return self._sum / len(self._samples), self._p95_of_kept()
+
+    def _p95_of_kept(self) -> float | None:
+        answered = self._answered
+        return answered[math.ceil(0.95 * len(answered)) - 1] if answered else None
 
     def p95_ms(self, now: float, ttl: float) -> float | None:
         """p95 latency of the kept samples (None with no recent history)."""
         if not self._samples or now - self._samples[-1][0] > ttl:
             return None
-        return self._p95
+        return self._p95_of_kept()
 
 
 def derive(last_seen: float, stats: EndpointStats | None, now: float, t: Thresholds) -> Health:

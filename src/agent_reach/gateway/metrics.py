@@ -93,6 +93,30 @@ class GatewayMetrics:
             registry=r,
         )
         r.register(_StatusCollector(status_counts))
+        self.heartbeats_ok = self.heartbeats.labels("ok")
+        self.heartbeats_unknown = self.heartbeats.labels("unknown")
+        self._requests: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
+        self._attempts: dict[str, Counter] = {}
+
+    def request_done(self, intent: str, outcome: str, seconds: float) -> None:
+        """Count one answered request (label children cached: this is on the hot path)."""
+        key = (intent, outcome)
+        child = self._requests.get(key)
+        if child is None:
+            child = self._requests[key] = (
+                self.requests.labels(intent, outcome),
+                self.request_seconds.labels(intent),
+            )
+        child[0].inc()
+        child[1].observe(seconds)
+
+    def attempt_done(self, outcome: str, seconds: float) -> None:
+        """Count one delivery attempt."""
+        child = self._attempts.get(outcome)
+        if child is None:
+            child = self._attempts[outcome] = self.attempts.labels(outcome)
+        child.inc()
+        self.attempt_seconds.observe(seconds)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -12,8 +12,8 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import os
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -42,8 +42,8 @@ _TRACE_CANDIDATES = 16  # candidates listed by name in a trace's route event
 
 
 def new_id(prefix: str) -> str:
-    """A fresh random id such as ``trace_5f1c...``."""
-    return f"{prefix}_{uuid.uuid4().hex}"
+    """A fresh random id such as ``trace_5f1c...`` (128 random bits, as hex)."""
+    return f"{prefix}_{os.urandom(16).hex()}"
 
 
 @dataclass(slots=True)
@@ -185,8 +185,7 @@ class Reacher:
         )
 
     def _finish(self, intent: str, outcome: str, elapsed_ms: float) -> None:
-        self.metrics.requests.labels(intent, outcome).inc()
-        self.metrics.request_seconds.labels(intent).observe(elapsed_ms / 1000.0)
+        self.metrics.request_done(intent, outcome, elapsed_ms / 1000.0)
 
     async def _attempts(
         self,
@@ -255,8 +254,7 @@ class Reacher:
                 eject=delivery.eject,
             )
             attempts.append(Attempt(target, delivery.outcome.value, round(latency_ms, 3)))
-            self.metrics.attempts.labels(delivery.outcome.value).inc()
-            self.metrics.attempt_seconds.observe(latency_ms / 1000.0)
+            self.metrics.attempt_done(delivery.outcome.value, latency_ms / 1000.0)
             self._trace(
                 trace_id,
                 "attempt",

@@ -102,10 +102,13 @@ class Gateway:
     def _on_change(self, change: RegistryChange) -> None:
         before, after = change.before, change.after
         if before is not None and after is not None and before.capabilities == after.capabilities:
-            # a heartbeat or same-shape upsert: tiers change only if it was not healthy
+            # A heartbeat or same-shape upsert changes the tiers only if the heartbeat was late
+            # or the endpoint was ejected (a heartbeat ends both); slowness it does not change.
+            stats = self.stats.get(change.endpoint_id)
             if (
                 before.endpoint_url == after.endpoint_url
-                and self.health(before).status is Status.HEALTHY
+                and self.now() - before.last_seen <= self.thresholds.degraded_after
+                and (stats is None or stats.ejected_at is None)
             ):
                 return
             self._invalidate(after.capabilities)

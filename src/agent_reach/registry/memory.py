@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
-from dataclasses import replace
 
 from agent_reach.core.model import EndpointRecord
 from agent_reach.registry.base import RegistryChange, RegistryListener
@@ -58,7 +57,14 @@ class MemoryRegistry:
         before = self._records.get(endpoint_id)
         if before is None:
             return None
-        after = replace(before, last_seen=last_seen, last_seen_at=last_seen_at)
+        after = EndpointRecord(  # positional: cheaper than dataclasses.replace on this path
+            endpoint_id,
+            before.capabilities,
+            before.endpoint_url,
+            before.description,
+            last_seen,
+            last_seen_at,
+        )
         self._records[endpoint_id] = after
         self._announce(RegistryChange(endpoint_id, before, after))
         return after

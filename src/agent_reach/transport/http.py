@@ -51,6 +51,7 @@ class HttpTransport:
                 timeout=aiohttp.ClientTimeout(total=None),
                 auto_decompress=True,
                 skip_auto_headers=("User-Agent",),
+                cookie_jar=aiohttp.DummyCookieJar(),  # agents' cookies are not the gateway's
             )
 
     async def close(self) -> None:
