@@ -117,10 +117,9 @@ def test_build_tiers_valid_until_with_only_down_is_infinite() -> None:
 
 
 def test_build_tiers_empty() -> None:
-    tiers = build_tiers([], {}.get, {}, NOW, T, generation=7)
+    tiers = build_tiers([], {}.get, {}, NOW, T)
     assert (tiers.healthy, tiers.degraded, tiers.probe, tiers.unavailable) == ([], [], [], 0)
     assert tiers.valid_until == INF
-    assert tiers.generation == 7
 
 
 def test_tiers_are_stable_until_valid_until() -> None:

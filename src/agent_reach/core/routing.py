@@ -8,11 +8,14 @@ Invariants:
   equal endpoints share load and the single fastest one is not flooded.
 - A slow (degraded only by latency) endpoint gets at most ``probe_share`` of its intent's
   requests while healthy ones exist, so that it can show it is fast again.
-- :class:`Tiers` is valid while ``now < valid_until`` and no event changed its members.
+- :class:`Tiers` holds each member in the tier of its health at the last time it was placed;
+  the owner re-places a member on every event that touches it, and :meth:`Tiers.expire`
+  re-places members whose status may have changed by time alone.
 """
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -28,14 +31,62 @@ PROBE_SHARE = 0.02  # contract: at most 5 % of an intent's requests
 
 @dataclass(slots=True)
 class Tiers:
-    """The routable endpoints of one intent, split by health, with when that may change."""
+    """The routable endpoints of one intent, split by health, kept up to date incrementally.
+
+    A member is re-placed when an event touches it (:meth:`place`) or when its own next status
+    change by time comes (:meth:`expire`), so neither a heartbeat nor the passing of time costs
+    a rebuild of the whole intent.
+    """
 
     healthy: list[str] = field(default_factory=list)
     degraded: list[str] = field(default_factory=list)
     probe: list[str] = field(default_factory=list)  # degraded only for slowness
     unavailable: int = 0  # suspect, down or ejected candidates
-    valid_until: float = INF
-    generation: int = 0
+    placed: dict[str, Health] = field(default_factory=dict)  # member -> health when placed
+    due: list[tuple[float, str]] = field(default_factory=list)  # heap of (changes_at, member)
+
+    @property
+    def valid_until(self) -> float:
+        """Every member keeps its tier for ``now <= valid_until`` (conservative)."""
+        return self.due[0][0] if self.due else INF
+
+    def place(self, endpoint_id: str, h: Health | None) -> None:
+        """Put ``endpoint_id`` in the tier of ``h``; None removes it."""
+        old = self.placed.pop(endpoint_id, None)
+        if old is not None:
+            if old.status is Status.HEALTHY:
+                self.healthy.remove(endpoint_id)
+            elif old.status is Status.DEGRADED:
+                self.degraded.remove(endpoint_id)
+                if old.slow_only:
+                    self.probe.remove(endpoint_id)
+            else:
+                self.unavailable -= 1
+        if h is None:
+            return
+        self.placed[endpoint_id] = h
+        if h.status is Status.HEALTHY:
+            self.healthy.append(endpoint_id)
+        elif h.status is Status.DEGRADED:
+            self.degraded.append(endpoint_id)
+            if h.slow_only:
+                self.probe.append(endpoint_id)
+        else:
+            self.unavailable += 1
+        if h.changes_at < INF:
+            heapq.heappush(self.due, (h.changes_at, endpoint_id))
+            if len(self.due) > 4 * len(self.placed) + 64:  # drop stale entries now and then
+                self.due = [(p.changes_at, e) for e, p in self.placed.items() if p.changes_at < INF]
+                heapq.heapify(self.due)
+
+    def expire(self, now: float, rederive: Callable[[str], Health | None]) -> None:
+        """Re-place every member whose status may have changed by ``now``."""
+        due = self.due
+        while due and due[0][0] < now:
+            at, endpoint_id = heapq.heappop(due)
+            h = self.placed.get(endpoint_id)
+            if h is not None and h.changes_at == at:  # else a stale entry: re-placed since
+                self.place(endpoint_id, rederive(endpoint_id))
 
 
 def build_tiers(
@@ -44,24 +95,13 @@ def build_tiers(
     stats: Mapping[str, EndpointStats],
     now: float,
     t: Thresholds,
-    generation: int = 0,
 ) -> Tiers:
     """Split candidate ``ids`` into health tiers at ``now`` (liveness clock)."""
-    tiers = Tiers(generation=generation)
+    tiers = Tiers()
     for endpoint_id in ids:
         record = get(endpoint_id)
-        if record is None:
-            continue
-        h: Health = derive(record.last_seen, stats.get(endpoint_id), now, t)
-        tiers.valid_until = min(tiers.valid_until, h.changes_at)
-        if h.status is Status.HEALTHY:
-            tiers.healthy.append(endpoint_id)
-        elif h.status is Status.DEGRADED:
-            tiers.degraded.append(endpoint_id)
-            if h.slow_only:
-                tiers.probe.append(endpoint_id)
-        else:
-            tiers.unavailable += 1
+        if record is not None:
+            tiers.place(endpoint_id, derive(record.last_seen, stats.get(endpoint_id), now, t))
     return tiers
 
 

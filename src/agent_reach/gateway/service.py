@@ -5,9 +5,9 @@ loop) lives in :mod:`agent_reach.gateway.reach`.
 
 Invariants:
 - Status is derived in one place (:func:`agent_reach.core.health.derive`) on the liveness clock.
-- The per-intent tier cache is dropped whenever an event may change its members or their tiers
-  (registry change that is not a routine heartbeat of a healthy endpoint, slow flag flip,
-  ejection, recovery); otherwise it is valid until the first status change by time alone.
+- The per-intent tiers are kept up to date incrementally: an event that may change an endpoint's
+  tier (registry change other than a timely heartbeat, slow flag flip, ejection, recovery)
+  re-places that endpoint; a status change by time alone re-places it when it comes due.
 """
 
 from __future__ import annotations
@@ -95,31 +95,38 @@ class Gateway:
             self.thresholds,
         )
 
-    def _invalidate(self, intents: Collection[str]) -> None:
+    def _replace_member(self, endpoint_id: str, intents: Collection[str]) -> None:
+        """Re-place ``endpoint_id`` in the cached tiers of ``intents`` after an event."""
+        record = self.registry.get(endpoint_id)
+        h: Health | None = None
         for intent in intents:
-            self._tiers.pop(intent, None)
+            tiers = self._tiers.get(intent)
+            if tiers is None:
+                continue
+            if record is None or intent not in record.capabilities:
+                tiers.place(endpoint_id, None)
+                if not tiers.placed:
+                    del self._tiers[intent]
+                continue
+            if h is None:
+                h = self.health(record)
+            tiers.place(endpoint_id, h)
 
     def _on_change(self, change: RegistryChange) -> None:
         before, after = change.before, change.after
-        if before is not None and after is not None and before.capabilities == after.capabilities:
-            # A heartbeat or same-shape upsert changes the tiers only if the heartbeat was late
-            # or the endpoint was ejected (a heartbeat ends both); slowness it does not change.
-            stats = self.stats.get(change.endpoint_id)
-            if (
-                before.endpoint_url == after.endpoint_url
-                and self.now() - before.last_seen <= self.thresholds.degraded_after
-                and (stats is None or stats.ejected_at is None)
+        endpoint_id = change.endpoint_id
+        if after is None or (before is not None and before.endpoint_url != after.endpoint_url):
+            self.stats.pop(endpoint_id, None)  # gone, or another process: its latencies go too
+        elif before is not None and before.capabilities == after.capabilities:
+            stats = self.stats.get(endpoint_id)
+            if self.now() - before.last_seen <= self.thresholds.degraded_after and (
+                stats is None or stats.ejected_at is None
             ):
-                return
-            self._invalidate(after.capabilities)
-            return
-        self._fallback.clear()
-        if before is not None:
-            self._invalidate(before.capabilities)
-        if after is not None:
-            self._invalidate(after.capabilities)
-        else:
-            self.stats.pop(change.endpoint_id, None)
+                return  # a timely heartbeat keeps the tier (slowness is not its business)
+        if before is None or after is None or before.capabilities != after.capabilities:
+            self._fallback.clear()
+        intents = {*(before.capabilities if before else ()), *(after.capabilities if after else ())}
+        self._replace_member(endpoint_id, intents)
 
     # --- registry operations ---------------------------------------------------------------
 
@@ -134,8 +141,6 @@ class Gateway:
             last_seen_at=self.clock.wall(),
         )
         before = await self.registry.upsert(record)
-        if before is not None and before.endpoint_url != record.endpoint_url:
-            self.stats.pop(record.endpoint_id, None)  # another process: old latencies do not apply
         log(
             logging.INFO,
             "agent.registered",
@@ -193,12 +198,22 @@ class Gateway:
 
     def _intent_tiers(self, intent: str, now: float) -> Tiers:
         tiers = self._tiers.get(intent)
-        if tiers is None or now >= tiers.valid_until:
+        if tiers is None:
             registry = self.registry
             tiers = build_tiers(
                 registry.by_intent(intent), registry.get, self.stats, now, self.thresholds
             )
-            self._tiers[intent] = tiers
+            if tiers.placed:
+                self._tiers[intent] = tiers
+        elif tiers.valid_until < now:
+
+            def rederive(endpoint_id: str) -> Health | None:
+                record = self.registry.get(endpoint_id)
+                if record is None or intent not in record.capabilities:
+                    return None
+                return self.health(record, now)
+
+            tiers.expire(now, rederive)
         return tiers
 
     def plan(self, intent: str, hint: str | None) -> RoutePlan:
@@ -363,4 +378,4 @@ class Gateway:
         if eject or was_slow != is_slow or (was_ejected and stats.ejected_at is None):
             record = self.registry.get(endpoint_id)
             if record is not None:
-                self._invalidate(record.capabilities)
+                self._replace_member(endpoint_id, record.capabilities)
