@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import sys
 from collections.abc import Callable
@@ -124,6 +125,10 @@ async def _serve(settings: GatewaySettings) -> None:
         raise click.UsageError(str(exc)) from exc
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
+    # Long-lived start-up objects leave the collector's view, and young collections run less
+    # often: cyclic GC was ~6 % of the gateway's CPU under load with the defaults (700, 10, 10).
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
     site = web.TCPSite(runner, settings.host, settings.port, backlog=1024, reuse_address=True)
     try:
         await site.start()

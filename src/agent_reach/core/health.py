@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from agent_reach.core.model import Status, Thresholds
 
@@ -28,8 +28,7 @@ EWMA_DECAY_S = 10.0  # peak-EWMA time constant (Finagle/Linkerd use 10 s)
 INF = math.inf
 
 
-@dataclass(frozen=True, slots=True)
-class Health:
+class Health(NamedTuple):  # a tuple: made on every status read, far cheaper than a dataclass
     """A derived status with the reason in words and when it may next change by itself."""
 
     status: Status

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["EndpointRecord", "Outcome", "Status", "Thresholds"]
 
@@ -33,9 +34,8 @@ class Outcome(enum.StrEnum):
     SERVER_ERROR = "server_error"
 
 
-@dataclass(frozen=True, slots=True)
-class EndpointRecord:
-    """What the registry knows of one endpoint."""
+class EndpointRecord(NamedTuple):
+    """What the registry knows of one endpoint (a tuple: one is made per heartbeat)."""
 
     endpoint_id: str
     capabilities: tuple[str, ...]

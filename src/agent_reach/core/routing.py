@@ -53,6 +53,14 @@ class Tiers:
     def place(self, endpoint_id: str, h: Health | None) -> None:
         """Put ``endpoint_id`` in the tier of ``h``; None removes it."""
         old = self.placed.pop(endpoint_id, None)
+        if (
+            old is not None
+            and h is not None
+            and (old.status, old.slow_only) == (h.status, h.slow_only)
+        ):
+            self.placed[endpoint_id] = h  # same tier (the common case): only its due time moves
+            self._schedule(endpoint_id, h)
+            return
         if old is not None:
             if old.status is Status.HEALTHY:
                 self.healthy.remove(endpoint_id)
@@ -73,6 +81,9 @@ class Tiers:
                 self.probe.append(endpoint_id)
         else:
             self.unavailable += 1
+        self._schedule(endpoint_id, h)
+
+    def _schedule(self, endpoint_id: str, h: Health) -> None:
         if h.changes_at < INF:
             heapq.heappush(self.due, (h.changes_at, endpoint_id))
             if len(self.due) > 4 * len(self.placed) + 64:  # drop stale entries now and then

@@ -14,16 +14,14 @@ the view has been updated. Listeners must be quick and must not raise.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from agent_reach.core.model import EndpointRecord
 
 __all__ = ["RegistryBackend", "RegistryChange", "RegistryListener"]
 
 
-@dataclass(frozen=True, slots=True)
-class RegistryChange:
+class RegistryChange(NamedTuple):
     """One record changed: ``before`` is None for a new record, ``after`` None for a removal."""
 
     endpoint_id: str

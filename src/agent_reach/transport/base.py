@@ -7,16 +7,14 @@ A transport never raises for what an agent does: every result, good or bad, is a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from agent_reach.core.model import Outcome
 
 __all__ = ["Delivery", "Transport"]
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
+class Delivery(NamedTuple):
     """The result of one attempt.
 
     ``reached`` is False when nothing reached the agent (connection refused): such a retry is

@@ -112,9 +112,11 @@ class HttpTransport:
 
     async def _read_capped(self, resp: aiohttp.ClientResponse) -> bytes:
         limit = self.max_response_bytes
-        if resp.content_length is not None and resp.content_length > limit:
-            raise _TooLarge
-        chunks: list[bytes] = []
+        if resp.content_length is not None:
+            if resp.content_length > limit:
+                raise _TooLarge
+            return await resp.read()  # the length is known and within the limit
+        chunks: list[bytes] = []  # chunked: count while reading, stop past the limit
         size = 0
         async for chunk in resp.content.iter_any():
             size += len(chunk)
