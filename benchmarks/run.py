@@ -1,0 +1,635 @@
+"""Agent-Reach benchmarks against the seed-style baseline, measured in the same run.
+
+    .venv/bin/python benchmarks/run.py                   # all: route latency e2e heartbeat
+    .venv/bin/python benchmarks/run.py route --runs 5
+    .venv/bin/python benchmarks/run.py e2e heartbeat --duration 3 --floor
+
+Sub-benchmarks (benchmarks/README.md says more):
+
+- ``route``: in-process route decision at 100k endpoints / 1,000 intents, and memory per
+  endpoint (benchmarks/route_bench.py, in a child process).
+- ``latency``: p50 at one caller (wrk -c1 -t1): direct to the agent, through Agent-Reach,
+  through the seed gateway.
+- ``e2e``: good answers/s of ``POST /v1/send`` at 32 and 128 connections (wrk).
+- ``heartbeat``: ``POST /v1/heartbeat`` answered per second at 32 connections (wrk).
+
+Every figure is the median over ``--runs`` runs with min-max; ratios are taken run by run (the
+gateways are measured alternately within each run) and then their median. With 2+ CPUs and
+``taskset``, gateways run on CPU 0 and wrk + the trivial agent on CPU 1. Before each measured
+wrk run the runner waits (within ``--quiet-budget``) until processes outside the benchmark leave
+the CPUs alone, and says how much CPU they took anyway. Output: a markdown table on stdout and in
+benchmarks/out/latest.md, raw figures in benchmarks/out/latest.json, child logs in
+benchmarks/out/logs/. When a target is missed and py-spy is installed, the Agent-Reach gateway is
+profiled under the same load and the summary is appended.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness import (
+    HERE,
+    NOISY_PCT,
+    OUT,
+    PY,
+    QUIET,
+    Child,
+    Cores,
+    die_with_parent,
+    fmt,
+    machine,
+    med,
+    pin,
+    profile,
+    source_revision,
+    start,
+    versions,
+    wait_http,
+    wrk,
+)
+
+BENCHES = ("route", "latency", "e2e", "heartbeat")  # run in this order: latency before load
+STEAL_PCT = 5.0  # steal time, in % of one core, above which a run is noted as noisy
+INTENT = "bench.echo"
+AGENT_ID = "agent://bench-agent"
+SEND_BODY = json.dumps({"intent": INTENT, "payload": {"city": "Chengdu", "n": 1}})
+DIRECT_BODY = json.dumps(  # what a gateway delivers to the agent
+    {
+        "msg_id": "msg_bench",
+        "trace_id": "trace_bench",
+        "sender": None,
+        "recipient_hint": None,
+        "intent": INTENT,
+        "payload": {"city": "Chengdu", "n": 1},
+        "priority": "normal",
+        "timeout_ms": 8000,
+    }
+)
+HEARTBEAT_BODY = json.dumps({"endpoint_id": AGENT_ID})
+TARGETS = {
+    "route_p50_us": 10.0,  # below
+    "route_ratio": 1000.0,  # at least
+    "route_mem_b": 2048.0,  # below
+    "e2e_ratio": 8.0,  # at least
+    "added_ms": 0.6,  # at most
+    "heartbeat_ratio": 4.0,  # at least
+}
+
+
+@dataclass
+class Stack:
+    """Agent-Reach, the seed gateway, optionally the floor, and one trivial agent."""
+
+    reach: Child
+    seed: Child
+    agent: Child
+    floor: Child | None = None
+
+    def pids(self) -> set[int]:
+        return {c.pid for c in (self.reach, self.seed, self.agent, self.floor) if c}
+
+    def gateways(self) -> list[tuple[str, Child]]:
+        out = [("agent_reach", self.reach), ("seed", self.seed)]
+        return out + ([("floor", self.floor)] if self.floor else [])
+
+
+@contextlib.contextmanager
+def stack(cores: Cores, *, floor: bool = False, seed_as_installed: bool = False) -> Iterator[Stack]:
+    gw_core, load_core = cores
+    children: list[Child] = []
+    try:
+        bindir = Path(PY).parent
+        cli = (
+            [str(bindir / "agent-reach")]
+            if (bindir / "agent-reach").exists()
+            else [PY, "-m", "agent_reach"]
+        )
+        serve = ["serve", "--port", "0", "--log-level", "WARNING"]
+        reach = start("agent-reach", [*cli, *serve, "--heartbeat-interval", "3600"], gw_core)
+        children.append(reach)
+        seed_cmd = [PY, str(HERE / "seed_gateway.py"), "--port", "0"]
+        seed_cmd += ["--heartbeat-interval", "3600"]
+        seed = start("seed", seed_cmd + (["--as-installed"] if seed_as_installed else []), gw_core)
+        children.append(seed)
+        reach.url = reach.wait_line(r"listening on (http://\S+)")
+        seed.url = seed.wait_line(r"listening on (http://\S+)")
+        wait_http(reach.url + "/healthz")
+        wait_http(seed.url + "/openapi.json")
+        agent_cmd = [PY, str(HERE / "trivial_agent.py"), "--id", AGENT_ID, "--intent", INTENT]
+        agent_cmd += ["--register", reach.url, "--register", seed.url]
+        agent = start("agent", agent_cmd, load_core)
+        children.append(agent)
+        agent.url = agent.wait_line(r"listening on (http://\S+)")
+        st = Stack(reach, seed, agent)
+        if floor:
+            st.floor = start(
+                "floor", [PY, str(HERE / "floor_gateway.py"), "--agent", agent.url], gw_core
+            )
+            children.append(st.floor)
+            st.floor.url = st.floor.wait_line(r"listening on (http://\S+)")
+        yield st
+    finally:
+        for child in reversed(children):
+            child.stop()
+
+
+@dataclass
+class Report:
+    rows: list[dict[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    verdicts: list[tuple[str, bool, str]] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+    profiles: dict[str, str] = field(default_factory=dict)
+
+    def row(
+        self,
+        bench: str,
+        metric: str,
+        ar: str,
+        seed: str = "",
+        ratio: str = "",
+        target: str = "",
+        floor: str = "",
+    ) -> None:
+        self.rows.append(
+            {
+                "bench": bench,
+                "metric": metric,
+                "ar": ar,
+                "seed": seed,
+                "ratio": ratio,
+                "target": target,
+                "floor": floor,
+            }
+        )
+
+    def verdict(self, name: str, ok: bool, detail: str) -> None:
+        self.verdicts.append((name, ok, detail))
+
+    def noise(self, name: str, runs: list[dict[str, Any]]) -> None:
+        worst = max(runs, key=lambda r: r["foreign_cpu_pct"])
+        if worst["foreign_cpu_pct"] >= NOISY_PCT:
+            self.notes.append(
+                f"{name}: processes outside the benchmark took up to {worst['foreign_cpu_pct']}% "
+                f"of a core during a measured run ({worst['foreign_top']}): figures are noisy."
+            )
+        steal = max(r["steal_pct"] for r in runs)
+        if steal >= STEAL_PCT:
+            self.notes.append(
+                f"{name}: the hypervisor took up to {steal}% of a core from this machine during a "
+                "measured run (steal time): figures are noisy."
+            )
+
+
+# --- sub-benchmarks ---------------------------------------------------------------------------
+
+
+def bench_route(args: argparse.Namespace, rep: Report, cores: Cores) -> None:
+    QUIET.wait(set())
+    cmd = [*pin(cores[0]), PY, str(HERE / "route_bench.py"), "--runs", str(args.runs)]
+    cmd += ["--profile", args.profile, "--target-us", str(TARGETS["route_p50_us"])]
+    proc = subprocess.run(
+        cmd, capture_output=True, timeout=900, cwd=HERE.parent, preexec_fn=die_with_parent
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"route_bench failed: {proc.stderr.decode()[-2000:]}")
+    d = json.loads(proc.stdout)
+    rep.data["route"] = d
+    runs = d["runs"]
+
+    def us(key: str) -> dict[str, float]:
+        return med([r[key] / 1000 for r in runs])
+
+    warm = us("warm_p50_ns")
+    ratio = med([r["seed_p50_ns"] / r["warm_p50_ns"] for r in runs])
+    n = f"{d['endpoints'] // 1000}k endpoints, {d['candidates_per_intent']:.0f} per intent"
+    target = f"< {TARGETS['route_p50_us']:.0f} µs, ≥ {TARGETS['route_ratio']:.0f}x"
+    rep.row(
+        "route",
+        f"decision p50 ({n})",
+        fmt(warm, " µs", 2),
+        fmt(us("seed_p50_ns"), " µs"),
+        fmt(ratio, "x"),
+        target,
+    )
+    rep.row(
+        "route", "  decision p99", fmt(us("warm_p99_ns"), " µs", 2), fmt(us("seed_p99_ns"), " µs")
+    )
+    if runs[0].get("cold_p50_ns") is not None:
+        rep.row(
+            "route",
+            "  p50 on a tier cache miss (first request of an intent)",
+            fmt(us("cold_p50_ns"), " µs"),
+            target="info",
+        )
+    live = d.get("live")
+    for name, label in (("sdk", "every 6-8 s, as the SDK"), ("on_time", "every 10 s exactly")):
+        if live and f"live_{name}_p50_ns" in runs[0]:
+            share = med([100 * r[f"live_{name}_slow_share"] for r in runs])
+            rep.row(
+                "route",
+                f"  live registry, heartbeats {label} ({live[f'{name}_heartbeats_per_s']:,}/s), "
+                f"{live['routes_per_s']:,.0f} routes/s: p50 / p99 / mean; share > 50 µs",
+                f"{fmt(us(f'live_{name}_p50_ns'), ' µs')} / {fmt(us(f'live_{name}_p99_ns'), ' µs')}"
+                f" / {fmt(us(f'live_{name}_mean_ns'), ' µs')}; {fmt(share, ' %')}",
+                target="info",
+            )
+    mem = d["mem_per_endpoint_warm_b"]
+    rep.row(
+        "route",
+        "memory per registered endpoint (tracemalloc, 100k)",
+        f"{d['mem_per_endpoint_b']:,.0f} B ({mem:,.0f} B, tier caches warm)",
+        f"{d['seed_mem_per_endpoint_b']:,.0f} B",
+        "",
+        f"< {TARGETS['route_mem_b']:.0f} B",
+    )
+    for key, title in (
+        ("profile_warm", "route decision, warm (cProfile)"),
+        ("profile_live_sdk", "route decision, live registry, SDK heartbeats (cProfile, 1 s)"),
+        ("profile_live_on_time", "route decision, live registry, on-time heartbeats (cProfile)"),
+    ):
+        if key in d:
+            rep.profiles[title] = d.pop(key)
+    rep.notes.append(
+        f"route: 100k registrations took {d['register_s']} s under tracemalloc; the timer pair "
+        f"({d['timer_ns']:.0f} ns) is included in the per-call figures; RSS grew "
+        f"{d['rss_delta_per_endpoint_b']:,.0f} B per endpoint while registering (tracemalloc's "
+        "own bookkeeping included)."
+    )
+    rep.verdict(
+        "route decision p50 < 10 µs", warm["median"] < TARGETS["route_p50_us"], fmt(warm, " µs", 2)
+    )
+    rep.verdict(
+        "route decision ≥ 1000x faster than the seed's",
+        ratio["median"] >= TARGETS["route_ratio"],
+        fmt(ratio, "x"),
+    )
+    rep.verdict("memory < 2 KB per endpoint", mem < TARGETS["route_mem_b"], f"{mem:,.0f} B")
+
+
+def _alternate(
+    args: argparse.Namespace,
+    st: Stack,
+    cores: Cores,
+    targets: list[tuple[str, str, str, int]],
+    conns: int,
+) -> dict[str, list[dict[str, Any]]]:
+    """``targets`` = (name, url, body, pid or 0), measured in rotating order, ``args.runs``
+    times each, after a 1 s warm-up each (pools filled, code paths hot)."""
+    ours = st.pids()
+    out: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in targets}
+    for _, url, body, pid in targets:
+        wrk(url, body, conns, 1, core=cores[1], gateway_pid=pid or None, ours=ours, measured=False)
+    for i in range(args.runs):
+        k = i % len(targets)
+        for name, url, body, pid in targets[k:] + targets[:k]:
+            r = wrk(
+                url, body, conns, args.duration, core=cores[1], gateway_pid=pid or None, ours=ours
+            )
+            out[name].append(r)
+    return out
+
+
+def _ratio(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, float]:
+    return med([x["rps"] / max(y["rps"], 1e-9) for x, y in zip(a, b, strict=True)])
+
+
+def bench_latency(args: argparse.Namespace, rep: Report, st: Stack, cores: Cores) -> None:
+    targets = [("direct", st.agent.url, DIRECT_BODY, 0)]
+    targets += [(name, c.url + "/v1/send", SEND_BODY, c.pid) for name, c in st.gateways()]
+    runs = _alternate(args, st, cores, targets, 1)
+    rep.data["latency"] = runs
+    floor = "floor" in runs
+
+    def ms(name: str, key: str = "p50_us", digits: int = 3) -> str:
+        return fmt(med([r[key] / 1000 for r in runs[name]]), " ms", digits)
+
+    def added(name: str) -> dict[str, float]:
+        pairs = zip(runs[name], runs["direct"], strict=True)
+        return med([(a["p50_us"] - d["p50_us"]) / 1000 for a, d in pairs])
+
+    def cpu(name: str) -> str:
+        return fmt(med([r["gw_cpu_us_per_req"] for r in runs[name]]), " µs")
+
+    def errors(name: str) -> str:
+        return str(sum(r["errors"] for r in runs[name]))
+
+    rep.row(
+        "latency",
+        "p50 at 1 caller (wrk -c1), through the gateway",
+        ms("agent_reach"),
+        ms("seed"),
+        floor=ms("floor") if floor else "",
+    )
+    rep.row(
+        "latency",
+        "  p50 direct to the agent",
+        ms("direct"),
+        ms("direct"),
+        floor=ms("direct") if floor else "",
+    )
+    ar_added = added("agent_reach")
+    rep.row(
+        "latency",
+        "  added p50 over direct",
+        fmt(ar_added, " ms", 3),
+        fmt(added("seed"), " ms", 3),
+        "",
+        f"≤ {TARGETS['added_ms']} ms",
+        fmt(added("floor"), " ms", 3) if floor else "",
+    )
+    rep.row(
+        "latency",
+        "  p99 through the gateway",
+        ms("agent_reach", "p99_us", 2),
+        ms("seed", "p99_us", 2),
+        floor=ms("floor", "p99_us", 2) if floor else "",
+    )
+    rep.row(
+        "latency",
+        "  gateway CPU per request at 1 caller",
+        cpu("agent_reach"),
+        cpu("seed"),
+        target="info",
+        floor=cpu("floor") if floor else "",
+    )
+    rep.row(
+        "latency",
+        "  errors",
+        errors("agent_reach"),
+        errors("seed"),
+        target=f"0 (direct: {errors('direct')})",
+        floor=errors("floor") if floor else "",
+    )
+    rep.noise("latency", [r for v in runs.values() for r in v])
+    rep.verdict(
+        "added p50 ≤ 0.6 ms at 1 caller",
+        ar_added["median"] <= TARGETS["added_ms"],
+        fmt(ar_added, " ms", 3),
+    )
+
+
+def bench_e2e(args: argparse.Namespace, rep: Report, st: Stack, cores: Cores) -> None:
+    rep.data["e2e"] = {}
+    for conns in (32, 128):
+        targets = [(name, c.url + "/v1/send", SEND_BODY, c.pid) for name, c in st.gateways()]
+        runs = _alternate(args, st, cores, targets, conns)
+        rep.data["e2e"][str(conns)] = runs
+        floor = "floor" in runs
+        ratio = _ratio(runs["agent_reach"], runs["seed"])
+        errors = sum(r["errors"] for r in runs["agent_reach"])
+
+        def col(name: str, key: str, unit: str = "", digits: int = 0, div: float = 1) -> str:
+            if name not in runs:  # noqa: B023 - used at once, inside the loop
+                return ""
+            return fmt(med([r[key] / div for r in runs[name]]), unit, digits)  # noqa: B023
+
+        def lat(name: str) -> str:
+            if name not in runs:  # noqa: B023 - used at once, inside the loop
+                return ""
+            p50, p99 = col(name, "p50_us", " ms", 1, 1000), col(name, "p99_us", " ms", 1, 1000)
+            return f"{p50} / {p99}"
+
+        rep.row(
+            "e2e",
+            f"POST /v1/send, good answers/s, {conns} connections",
+            col("agent_reach", "rps"),
+            col("seed", "rps"),
+            fmt(ratio, "x", 1),
+            f"≥ {TARGETS['e2e_ratio']:.0f}x, 0 errors",
+            col("floor", "rps"),
+        )
+        rep.row("e2e", "  latency p50 / p99", lat("agent_reach"), lat("seed"), floor=lat("floor"))
+        rep.row(
+            "e2e",
+            "  errors (non-200, bad body, socket)",
+            str(errors),
+            str(sum(r["errors"] for r in runs["seed"])),
+            target="0",
+            floor=str(sum(r["errors"] for r in runs["floor"])) if floor else "",
+        )
+        rep.row(
+            "e2e",
+            "  gateway CPU per request",
+            col("agent_reach", "gw_cpu_us_per_req", " µs"),
+            col("seed", "gw_cpu_us_per_req", " µs"),
+            target="info",
+            floor=col("floor", "gw_cpu_us_per_req", " µs"),
+        )
+        rep.noise(f"e2e at {conns} connections", [r for v in runs.values() for r in v])
+        rep.verdict(
+            f"e2e ≥ 8x the seed at {conns} connections",
+            ratio["median"] >= TARGETS["e2e_ratio"],
+            fmt(ratio, "x", 1),
+        )
+        rep.verdict(f"e2e zero errors at {conns} connections", errors == 0, f"{errors} errors")
+
+
+def bench_heartbeat(args: argparse.Namespace, rep: Report, st: Stack, cores: Cores) -> None:
+    targets = [(n, c.url + "/v1/heartbeat", HEARTBEAT_BODY, c.pid) for n, c in st.gateways()]
+    runs = _alternate(args, st, cores, targets, 32)
+    rep.data["heartbeat"] = runs
+    ratio = _ratio(runs["agent_reach"], runs["seed"])
+
+    def col(name: str, key: str, unit: str = "") -> str:
+        return fmt(med([r[key] for r in runs[name]]), unit) if name in runs else ""
+
+    def errors(name: str) -> str:
+        return str(sum(r["errors"] for r in runs[name])) if name in runs else ""
+
+    rep.row(
+        "heartbeat",
+        "POST /v1/heartbeat answered/s, 32 connections",
+        col("agent_reach", "rps"),
+        col("seed", "rps"),
+        fmt(ratio, "x", 1),
+        f"≥ {TARGETS['heartbeat_ratio']:.0f}x",
+        col("floor", "rps"),
+    )
+    rep.row(
+        "heartbeat",
+        "  gateway CPU per heartbeat",
+        col("agent_reach", "gw_cpu_us_per_req", " µs"),
+        col("seed", "gw_cpu_us_per_req", " µs"),
+        target="info",
+        floor=col("floor", "gw_cpu_us_per_req", " µs"),
+    )
+    rep.row(
+        "heartbeat",
+        "  errors",
+        errors("agent_reach"),
+        errors("seed"),
+        target="0",
+        floor=errors("floor"),
+    )
+    rep.noise("heartbeat", [r for v in runs.values() for r in v])
+    rep.verdict(
+        "heartbeats ≥ 4x the seed",
+        ratio["median"] >= TARGETS["heartbeat_ratio"],
+        fmt(ratio, "x", 1),
+    )
+
+
+def render(rep: Report, meta: dict[str, Any]) -> str:
+    m = meta["machine"]
+    floor = any(r["floor"] for r in rep.rows)
+    head = ["benchmark", "metric", "Agent-Reach", "seed gateway", "ratio", "target"]
+    head += ["aiohttp floor"] if floor else []
+    lines = [
+        f"# Agent-Reach benchmarks, {meta['date']}",
+        "",
+        f"- Command: `{meta['command']}` on commit {meta['revision']}",
+        f"- Machine: {m['nproc']} CPUs ({m['cpu']}), {m['memory']}, Linux {m['kernel']}, "
+        f"load average {m['loadavg_at_start']} at start",
+        "- Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
+        f"- Placement: {meta['placement']}",
+        f"- Seed gateway: {meta['seed']}",
+        f"- {meta['runs']} runs per figure: median (min-max); {meta['duration']} s per wrk run; "
+        "ratios taken run by run, then their median; req/s counts good answers only",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for r in rep.rows:
+        cells = [r["bench"], r["metric"], r["ar"], r["seed"], r["ratio"], r["target"]]
+        lines.append("| " + " | ".join(cells + ([r["floor"]] if floor else [])) + " |")
+    lines += ["", "## Targets", ""]
+    lines += [f"- {'MET' if ok else 'MISSED'}: {n} ({d})" for n, ok, d in rep.verdicts]
+    if rep.notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in rep.notes]
+    for name, text in rep.profiles.items():
+        lines += ["", f"## Profile: {name}", "", "```", text]
+        lines += ["```"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description="Agent-Reach benchmarks vs the seed-style gateway.")
+    p.add_argument(
+        "benches", nargs="*", metavar="BENCH", help=f"any of {', '.join(BENCHES)} (default: all)"
+    )
+    p.add_argument("--runs", type=int, default=3, help="runs per figure (default 3)")
+    p.add_argument("--duration", type=int, default=4, help="seconds per wrk run (default 4)")
+    p.add_argument("--no-pin", action="store_true", help="do not pin processes with taskset")
+    p.add_argument(
+        "--quiet-budget",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds the whole run may wait for other processes to leave the CPUs "
+        "alone before measured wrk runs (0: never wait; default 60)",
+    )
+    p.add_argument(
+        "--profile",
+        choices=["auto", "always", "never"],
+        default="auto",
+        help="py-spy profile of the Agent-Reach gateway under load: when a target "
+        "is missed (auto, the default), always, or never",
+    )
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="also measure the cheapest aiohttp forwarder (benchmarks/"
+        "floor_gateway.py) as a reference column",
+    )
+    p.add_argument(
+        "--seed-as-installed",
+        action="store_true",
+        help="run the seed gateway without its sniffio stand-in (see "
+        "seed_gateway.py): slower, as a fresh install of the bench extra is",
+    )
+    args = p.parse_args()
+    unknown = set(args.benches) - {*BENCHES, "all"}
+    if unknown:
+        p.error(f"unknown benchmark {', '.join(sorted(unknown))}: use {', '.join(BENCHES)}")
+    if args.runs < 1 or not 1 <= args.duration <= 60:
+        p.error("--runs must be >= 1 and --duration within 1-60 s")
+    every = not args.benches or "all" in args.benches
+    selected = [b for b in BENCHES if every or b in args.benches]
+    if any(b != "route" for b in selected) and not shutil.which("wrk"):
+        p.error("wrk is not installed (apt-get install -y wrk)")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the finally blocks run
+    QUIET.budget_s = max(0.0, args.quiet_budget)
+
+    can_pin = not args.no_pin and (os.cpu_count() or 1) >= 2 and shutil.which("taskset")
+    cores: Cores = (0, 1) if can_pin else (None, None)
+    OUT.mkdir(parents=True, exist_ok=True)
+    meta: dict[str, Any] = {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": " ".join(["python benchmarks/run.py", *sys.argv[1:]]).strip(),
+        "revision": source_revision(),
+        "versions": versions(),
+        "machine": machine(),
+        "placement": "gateways and the route benchmark pinned to CPU 0, wrk and the trivial "
+        "agent to CPU 1 (taskset)"
+        if can_pin
+        else "not pinned",
+        "seed": "FastAPI + one httpx.AsyncClient + dict scanned and sorted per request, plain "
+        "uvicorn (its defaults: uvloop, h11), access log off, "
+        + ("as installed (no sniffio)" if args.seed_as_installed else "sniffio stand-in"),
+        "runs": args.runs,
+        "duration": args.duration,
+        "benches": selected,
+    }
+    rep = Report()
+    t0 = time.monotonic()
+    if "route" in selected:
+        print("== route", flush=True)
+        bench_route(args, rep, cores)
+    http = [b for b in ("latency", "e2e", "heartbeat") if b in selected]
+    if http:
+        with stack(cores, floor=args.floor, seed_as_installed=args.seed_as_installed) as st:
+            fns = {"latency": bench_latency, "e2e": bench_e2e, "heartbeat": bench_heartbeat}
+            for name in http:
+                print(f"== {name}", flush=True)
+                fns[name](args, rep, st, cores)
+            missed = [n for n, ok, _ in rep.verdicts if not ok]
+            loads = {
+                "latency": ("added p50", st.reach.url + "/v1/send", SEND_BODY, 1),
+                "e2e": ("e2e ≥", st.reach.url + "/v1/send", SEND_BODY, 32),
+                "heartbeat": ("heartbeats", st.reach.url + "/v1/heartbeat", HEARTBEAT_BODY, 32),
+            }
+            for name in http:
+                prefix, url, body, conns = loads[name]
+                if args.profile == "always" or (
+                    args.profile == "auto" and any(m.startswith(prefix) for m in missed)
+                ):
+                    print(f"== profile {name}", flush=True)
+                    title = (
+                        f"Agent-Reach gateway, POST /v1/{url.rsplit('/', 1)[1]} at {conns} "
+                        "connection(s) (py-spy)"
+                    )
+                    rep.profiles[title] = profile(st.reach.pid, url, body, conns, cores)
+    meta["elapsed_s"] = round(time.monotonic() - t0, 1)
+    meta["quiet_wait_s"] = round(QUIET.waited_s, 1)
+    meta["noisy_reruns"] = QUIET.reruns
+    rep.notes.append(
+        f"the run took {meta['elapsed_s']} s, {meta['quiet_wait_s']} s of it waiting for other "
+        f"processes to leave the CPUs alone; {QUIET.reruns} noisy run(s) measured again."
+    )
+    text = render(rep, meta)
+    (OUT / "latest.md").write_text(text)
+    verdicts = [{"target": n, "met": ok, "value": d} for n, ok, d in rep.verdicts]
+    payload = {"meta": meta, "verdicts": verdicts, "data": rep.data, "profiles": rep.profiles}
+    (OUT / "latest.json").write_text(json.dumps(payload, indent=1, ensure_ascii=False))
+    print()
+    print(text)
+    print(f"written: {OUT / 'latest.md'}, {OUT / 'latest.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
