@@ -1,8 +1,8 @@
 """A test agent process with a chosen behaviour, built on the agent SDK.
 
 Modes: ok (echo what it was given), fail (answer 500), hang (never answer), slow (answer after
---delay-ms), reject (answer 422). Every answer says which agent and process answered and what
-trace headers it saw; every request is logged as JSON with its trace id (stderr).
+--delay-ms), reject (answer 422), big (answer 2 MiB). Every answer says which agent and process
+answered and what trace headers it saw; every request is logged as JSON with its trace id.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--gateway", required=True)
 parser.add_argument("--id", required=True)
 parser.add_argument("--intents", default="test.echo")
-parser.add_argument("--mode", choices=["ok", "fail", "hang", "slow", "reject"], default="ok")
+parser.add_argument("--mode", choices=["ok", "fail", "hang", "slow", "reject", "big"], default="ok")
 parser.add_argument("--delay-ms", type=float, default=0.0)
 args = parser.parse_args()
 
@@ -34,6 +34,8 @@ async def handle(payload: Any, ctx: ReachContext) -> dict[str, Any]:
         raise Reject("told to reject", status=422)
     if args.mode == "hang":
         await asyncio.sleep(3600)
+    if args.mode == "big":
+        return {"blob": "x" * (2 << 20)}  # 2 MiB: over the gateway's default answer limit
     if args.mode == "slow":
         await asyncio.sleep(args.delay_ms / 1000)
     return {
