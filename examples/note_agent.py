@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import itertools
 
+from agent_reach import logs
 from agent_reach.sdk import Agent, ReachContext, Reject
 
 parser = argparse.ArgumentParser()
@@ -43,4 +44,5 @@ def query(payload: dict[str, str], ctx: ReachContext) -> dict[str, object]:
 
 
 if __name__ == "__main__":
+    logs.configure("INFO")  # JSON lines on stderr, with each request's trace id
     agent.run()

@@ -23,6 +23,16 @@ GATEWAY = f"http://{HOST}:{PORT}"
 AGENTS = ("agent://weather-cn-01", "agent://note-01")
 
 
+def _wait_gateway(deadline: float) -> None:
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{GATEWAY}/healthz", timeout=1):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"the gateway did not answer on {GATEWAY} within 15 s")
+
+
 def _wait_registered(deadline: float) -> list[dict[str, object]]:
     while time.monotonic() < deadline:
         try:
@@ -40,6 +50,7 @@ def main() -> None:
     procs: list[subprocess.Popen[bytes]] = []
     try:
         procs.append(subprocess.Popen([sys.executable, "-m", "agent_reach", "serve"]))
+        _wait_gateway(time.monotonic() + 15)
         for script in ("weather_agent.py", "note_agent.py"):
             procs.append(
                 subprocess.Popen([sys.executable, str(HERE / script), "--gateway", GATEWAY])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 
+from agent_reach import logs
 from agent_reach.sdk import Agent, ReachContext, Reject
 
 parser = argparse.ArgumentParser()
@@ -50,4 +51,5 @@ def forecast(payload: dict[str, object], ctx: ReachContext) -> dict[str, object]
 
 
 if __name__ == "__main__":
+    logs.configure("INFO")  # JSON lines on stderr, with each request's trace id
     agent.run()

@@ -80,7 +80,8 @@ def _start(cmd: list[str], timeout: float = 15.0) -> Proc:
 @contextmanager
 def gateway(*flags: str) -> Iterator[Proc]:
     """A real `agent-reach serve` process on a free port."""
-    proc = _start([sys.executable, "-m", "agent_reach", "serve", "--port", "0", *flags])
+    port = [] if "--port" in flags else ["--port", "0"]
+    proc = _start([sys.executable, "-m", "agent_reach", "serve", *port, *flags])
     try:
         yield proc
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 import threading
 import time
@@ -13,7 +14,16 @@ from typing import Any
 
 import pytest
 
-from tests.support import ROOT, Proc, _start, gateway, http, start_agent, status_of
+from tests.support import (
+    ROOT,
+    Proc,
+    _start,
+    gateway,
+    http,
+    start_agent,
+    status_of,
+    wait_until,
+)
 
 
 @pytest.fixture
@@ -179,6 +189,18 @@ def test_equal_agents_share_the_load(agents: list[Proc]) -> None:
         shares = Counter(body["endpoint_id"] for _, body in answers)
         for name in names:
             assert 0.10 <= shares[name] / 300 <= 0.60, shares
+
+
+def test_an_agent_started_before_its_gateway_registers_once_it_is_up(agents: list[Proc]) -> None:
+    with socket.socket() as s:  # a free port for the gateway that is not running yet
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    agents.append(start_agent(f"http://127.0.0.1:{port}", "agent://e2e-early-01", "ok"))
+    with gateway("--port", str(port)) as gw:
+        assert gw.url.endswith(f":{port}")
+        wait_until(lambda: status_of(gw.url, "agent://e2e-early-01") == "healthy", timeout=10)
+        status, body = send(gw, intent="test.echo")
+        assert (status, body["endpoint_id"]) == (200, "agent://e2e-early-01")
 
 
 def test_trace_id_reaches_the_agent_the_trace_store_and_both_logs(agents: list[Proc]) -> None:

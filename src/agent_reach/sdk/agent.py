@@ -92,6 +92,7 @@ class Agent:
         self.handlers: dict[str, Handler] = {}
         self.heartbeat_interval = 10.0
         self.url: str | None = None
+        self._registered = False
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._beat: asyncio.Task[None] | None = None
@@ -175,20 +176,32 @@ class Agent:
         if status != 200:
             raise RuntimeError(f"registration refused ({status}): {answer}")
         self.heartbeat_interval = float(answer["heartbeat_interval_s"])
+        self._registered = True
         log(logging.INFO, "agent.registered", endpoint_id=self.endpoint_id, url=self.url)
 
     async def _heartbeats(self) -> None:
         while True:
-            # a little early and jittered, so agents do not beat in step or arrive late
-            await asyncio.sleep(self.heartbeat_interval * random.uniform(0.6, 0.8))
+            # a little early and jittered, so agents do not beat in step or arrive late;
+            # while unregistered (gateway not up yet, or restarted), try again every second
+            period = self.heartbeat_interval if self._registered else 1.0 / 0.7
+            await asyncio.sleep(period * random.uniform(0.6, 0.8))
             try:
+                if not self._registered:
+                    await self.register()
+                    continue
                 status, _ = await self._post("/v1/heartbeat", {"endpoint_id": self.endpoint_id})
                 if status == 404:
+                    self._registered = False
                     await self.register()
             except asyncio.CancelledError:
                 raise
             except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError) as exc:
-                log(logging.WARNING, "agent.heartbeat_failed", error=str(exc))
+                log(
+                    logging.WARNING,
+                    "agent.heartbeat_failed",
+                    error=str(exc),
+                    registered=self._registered,
+                )
 
     async def start(self) -> None:
         """Serve, register and start heartbeating."""
@@ -203,7 +216,11 @@ class Agent:
         port = self._runner.addresses[0][1]
         self.url = f"http://{self.host}:{port}{self.path}"
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
-        await self.register()
+        try:
+            await self.register()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            # the gateway may start after its agents: keep serving, register when it is up
+            log(logging.WARNING, "agent.register_failed", error=str(exc), retry="every ~1 s")
         self._beat = asyncio.create_task(self._heartbeats())
 
     async def stop(self) -> None:
@@ -213,8 +230,9 @@ class Agent:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._beat
         if self._session is not None:
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                await self._post("/v1/deregister", {"endpoint_id": self.endpoint_id})
+            if self._registered:
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    await self._post("/v1/deregister", {"endpoint_id": self.endpoint_id})
             await self._session.close()
         if self._runner is not None:
             await self._runner.cleanup()
