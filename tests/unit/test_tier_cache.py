@@ -17,7 +17,7 @@ from agent_reach.core.model import Outcome
 from agent_reach.core.routing import build_tiers
 from agent_reach.errors import ReachError
 from agent_reach.gateway.schemas import RegisterBody
-from agent_reach.gateway.service import Gateway
+from agent_reach.gateway.service import FALLBACK_CACHE_SIZE, Gateway
 from agent_reach.registry.memory import MemoryRegistry
 from agent_reach.settings import GatewaySettings
 from agent_reach.testing import FakeClock
@@ -110,3 +110,14 @@ async def test_cached_tiers_equal_fresh_tiers(steps: list[tuple[object, ...]]) -
             )
             cached = gw._intent_tiers(intent, now)
             assert snapshot(cached) == snapshot(fresh), (step, intent)
+
+
+async def test_caller_chosen_intents_cannot_grow_the_fallback_cache() -> None:
+    gw = Gateway(GatewaySettings(), MemoryRegistry(), FakeClock())
+    await gw.register(
+        RegisterBody(endpoint_id="agent://x", capabilities=["t.a"], endpoint_url="http://h/")
+    )
+    for i in range(FALLBACK_CACHE_SIZE + 500):
+        with contextlib.suppress(ReachError):
+            gw.plan(f"t.unknown{i}", None)
+    assert 0 < len(gw._fallback) <= FALLBACK_CACHE_SIZE

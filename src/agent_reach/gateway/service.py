@@ -41,6 +41,7 @@ __all__ = ["Gateway", "RoutePlan"]
 STALL_TICK_S = 0.25
 LATENCY_WINDOW_S = 300.0  # samples older than this no longer count for avg/p95
 FAILURE_PENALTY_MS = 2000.0  # what a failed attempt costs in the load-aware score
+FALLBACK_CACHE_SIZE = 4096  # fallback answers kept (bounded: the keys are callers' strings)
 
 
 @dataclass(slots=True)
@@ -235,12 +236,15 @@ class Gateway:
             confidence = {intent: 1.0}
             ids: tuple[str, ...] = ()
         else:
-            confidence = self._fallback.get(intent)  # type: ignore[assignment]
-            if confidence is None:
-                confidence = fallback_tags(
+            cached = self._fallback.get(intent)
+            if cached is None:
+                cached = fallback_tags(
                     self.matcher, intent, registry.intents(), self.settings.confidence_threshold
                 )
-                self._fallback[intent] = confidence
+                if len(self._fallback) >= FALLBACK_CACHE_SIZE:  # keys are callers' strings
+                    self._fallback.clear()
+                self._fallback[intent] = cached
+            confidence = cached
             if not confidence:
                 raise NoCapableAgent(f"no agent declares intent {intent!r}")
             ids = tuple(dict.fromkeys(e for tag in confidence for e in registry.by_intent(tag)))
