@@ -29,6 +29,11 @@ __all__ = ["PROBE_SHARE", "Tiers", "build_tiers", "fallback_tags", "pick"]
 PROBE_SHARE = 0.02  # contract: at most 5 % of an intent's requests
 
 
+def _tier_of(h: Health) -> tuple[bool, bool, bool]:
+    degraded = h.status is Status.DEGRADED
+    return (h.status is Status.HEALTHY, degraded, degraded and h.slow_only)
+
+
 @dataclass(slots=True)
 class Tiers:
     """The routable endpoints of one intent, split by health, kept up to date incrementally.
@@ -53,35 +58,31 @@ class Tiers:
     def place(self, endpoint_id: str, h: Health | None) -> None:
         """Put ``endpoint_id`` in the tier of ``h``; None removes it."""
         old = self.placed.pop(endpoint_id, None)
-        if (
-            old is not None
-            and h is not None
-            and (old.status, old.slow_only) == (h.status, h.slow_only)
-        ):
+        if old is not None and h is not None and _tier_of(old) == _tier_of(h):
             self.placed[endpoint_id] = h  # same tier (the common case): only its due time moves
             self._schedule(endpoint_id, h)
             return
         if old is not None:
-            if old.status is Status.HEALTHY:
-                self.healthy.remove(endpoint_id)
-            elif old.status is Status.DEGRADED:
-                self.degraded.remove(endpoint_id)
-                if old.slow_only:
-                    self.probe.remove(endpoint_id)
-            else:
-                self.unavailable -= 1
+            lists = self._lists(old)
+            for members in lists:
+                members.remove(endpoint_id)
+            self.unavailable -= not lists
         if h is None:
             return
         self.placed[endpoint_id] = h
-        if h.status is Status.HEALTHY:
-            self.healthy.append(endpoint_id)
-        elif h.status is Status.DEGRADED:
-            self.degraded.append(endpoint_id)
-            if h.slow_only:
-                self.probe.append(endpoint_id)
-        else:
-            self.unavailable += 1
+        lists = self._lists(h)
+        for members in lists:
+            members.append(endpoint_id)
+        self.unavailable += not lists
         self._schedule(endpoint_id, h)
+
+    def _lists(self, h: Health) -> tuple[list[str], ...]:
+        """The tier lists a member of health ``h`` belongs in (none: unavailable)."""
+        if h.status is Status.HEALTHY:
+            return (self.healthy,)
+        if h.status is Status.DEGRADED:
+            return (self.degraded, self.probe) if h.slow_only else (self.degraded,)
+        return ()
 
     def _schedule(self, endpoint_id: str, h: Health) -> None:
         if h.changes_at < INF:
