@@ -43,7 +43,9 @@ def query(payload: dict[str, str], ctx: ReachContext) -> dict[str, object]:
 def forecast(payload: dict[str, object], ctx: ReachContext) -> dict[str, object]:
     if not isinstance(payload, dict) or "city" not in payload:
         raise Reject("payload needs a city", status=422)
-    days = int(payload.get("days", 3))  # type: ignore[call-overload]
+    days = payload.get("days", 3)
+    if not isinstance(days, int) or not 1 <= days <= 14:
+        raise Reject("days must be a whole number from 1 to 14", status=422)
     return {
         "city": payload["city"],
         "days": [_fake(str(payload["city"]), f"+{d}") for d in range(days)],

@@ -51,14 +51,17 @@ class GatewaySettings:
 
     def check(self) -> None:
         """Raise ValueError naming the first setting that cannot work."""
-        self.thresholds  # noqa: B018 - validates the health thresholds
+        t = self.thresholds  # validates the health thresholds
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0-65535, got {self.port}")
         if not 0 < self.confidence_threshold <= 1:
             raise ValueError("confidence-threshold must be in (0, 1]")
         if self.overhead_reserve_ms < 0:
             raise ValueError("overhead-reserve-ms must be >= 0")
-        if self.purge_after <= 0:
-            raise ValueError("purge-after must be > 0")
+        if self.purge_after < t.down_after:
+            raise ValueError(
+                f"purge-after ({self.purge_after}) must be at least down-after ({t.down_after}):"
+                " only down records are purged"
+            )
         if self.max_body_bytes < 1024:
             raise ValueError("max-body-bytes must be at least 1024")

@@ -139,8 +139,8 @@ def test_an_answer_over_the_size_limit_is_a_failed_attempt(gw: Proc) -> None:
     agent = start_agent(gw.url, "agent://api-big-01", "big", intents="api.big")
     try:
         status, body = http("POST", f"{gw.url}/v1/send", {"intent": "api.big", "timeout_ms": 3000})
-        assert (status, body["error"]) == (502, "all_attempts_failed")
-        assert [a["outcome"] for a in body["attempts"]] == ["server_error"]
+        assert (status, body["error"]) == (502, "agent_error")  # it did the work: no retry
+        assert [a["outcome"] for a in body["attempts"]] == ["agent_error"]
         _, trace = http("GET", f"{gw.url}/v1/traces/{body['trace_id']}")
         attempt = next(e for e in trace["events"] if e["kind"] == "attempt")
         assert "larger than 1048576 bytes" in attempt["detail"]

@@ -53,6 +53,12 @@ def test_inconsistent_thresholds_are_refused_with_a_clear_message() -> None:
     assert "degraded-after <= suspect-after" in result.stderr
 
 
+def test_purge_before_down_is_refused() -> None:
+    result = run("--port", "0", "--heartbeat-interval", "10", "--purge-after", "20")
+    assert result.returncode == 2
+    assert "must be at least down-after (30.0)" in result.stderr
+
+
 def test_bad_values_and_unknown_registry_are_refused() -> None:
     assert run("--port", "70000").returncode == 2
     assert run("--confidence-threshold", "1.5").returncode == 2

@@ -365,8 +365,8 @@ def test_changes_at_is_where_the_age_status_changes(last_seen: float, age: float
 
 def test_fresh_stats_have_no_history() -> None:
     s = EndpointStats()
-    assert s.p95_ms(T0, 60) is None
-    assert s.window_stats(T0, 60) == (None, None)
+    assert s.p95_ms() is None
+    assert s.latency_stats() == (None, None)
     assert s.recent_mean(T0, 60) == (None, INF)
     assert s.cost_ms(T0) == 0.0
     assert s.score(T0) == 1.0
@@ -385,15 +385,15 @@ def test_fresh_stats_have_no_history() -> None:
 )
 def test_p95_and_avg(latencies: list[float], p95: float, avg: float) -> None:
     s = stats_with(latencies, T0)
-    assert s.p95_ms(T0, 60) == p95
-    assert s.window_stats(T0, 60) == (avg, p95)
+    assert s.p95_ms() == p95
+    assert s.latency_stats() == (avg, p95)
 
 
-def test_p95_and_avg_expire_with_the_newest_sample() -> None:
+def test_p95_and_avg_stay_known_however_old_and_skip_timeouts() -> None:
     s = stats_with([100.0, 300.0], T0)
-    assert s.p95_ms(T0 + 60, 60) == 300.0
-    assert s.p95_ms(T0 + 60.5, 60) is None
-    assert s.window_stats(T0 + 60.5, 60) == (None, None)
+    s.observe(5000.0, T0 + 1, answered=False)  # a timeout: "slow", but no latency shown
+    assert s.latency_stats() == (200.0, 300.0)
+    assert s.recent_mean(T0 + 1, 60)[0] == pytest.approx(1800.0)
 
 
 def test_recent_mean_reports_when_the_oldest_ages_out() -> None:
@@ -437,7 +437,7 @@ def test_penalty_makes_a_fast_failure_look_slow() -> None:
     s = EndpointStats()
     s.observe(5.0, T0, penalty_ms=2000.0)
     assert s.cost_ms(T0) == 2000.0
-    assert s.p95_ms(T0, 60) == 5.0  # the latency itself is recorded as it was
+    assert s.p95_ms() == 5.0  # the latency itself is recorded as it was
 
 
 def test_penalize_raises_cost_without_a_sample() -> None:
@@ -448,7 +448,7 @@ def test_penalize_raises_cost_without_a_sample() -> None:
     assert s.recent_mean(T0 + 1, 60)[0] == 20.0
     fresh = EndpointStats()
     fresh.penalize(3000.0, T0)
-    assert fresh.p95_ms(T0, 60) is None
+    assert fresh.p95_ms() is None
     assert fresh.score(T0) > EndpointStats().score(T0)
 
 

@@ -49,7 +49,7 @@ class EndpointStats:
     def __init__(self) -> None:
         self._samples: deque[tuple[float, float, bool]] = deque(maxlen=P95_WINDOW)
         self._answered: list[float] = []  # answered samples' latencies, sorted (for p95)
-        self._sum = 0.0  # of every kept sample (for avg)
+        self._sum = 0.0  # of the answered samples (for avg)
         self.ewma_ms = 0.0  # optimistic prior: a new endpoint looks fast until it answers
         self._ewma_at = 0.0
         self.inflight = 0
@@ -68,12 +68,12 @@ class EndpointStats:
         samples = self._samples
         if len(samples) == samples.maxlen:
             _, old_ms, old_answered = samples[0]
-            self._sum -= old_ms
             if old_answered:
+                self._sum -= old_ms
                 del self._answered[bisect.bisect_left(self._answered, old_ms)]
         samples.append((now, latency_ms, answered))
-        self._sum += latency_ms
         if answered:
+            self._sum += latency_ms
             bisect.insort(self._answered, latency_ms)
         self._observe_cost(max(latency_ms, penalty_ms), now)
 
@@ -115,21 +115,19 @@ class EndpointStats:
             return None, INF
         return total / n, oldest + ttl
 
-    def window_stats(self, now: float, ttl: float) -> tuple[float | None, float | None]:
-        """(avg, p95) in ms over the kept samples, or (None, None) when all are older than ttl."""
-        if not self._samples or now - self._samples[-1][0] > ttl:
-            return None, None
-        return self._sum / len(self._samples), self._p95_of_kept()
+    def latency_stats(self) -> tuple[float | None, float | None]:
+        """(avg, p95) in ms of the answered deliveries kept (None, None before any answer).
 
-    def _p95_of_kept(self) -> float | None:
+        Timeouts count for "slow" but not here: a timeout is not a latency the agent showed.
+        """
         answered = self._answered
-        return answered[math.ceil(0.95 * len(answered)) - 1] if answered else None
+        if not answered:
+            return None, None
+        return self._sum / len(answered), answered[math.ceil(0.95 * len(answered)) - 1]
 
-    def p95_ms(self, now: float, ttl: float) -> float | None:
-        """p95 latency of the kept samples (None with no recent history)."""
-        if not self._samples or now - self._samples[-1][0] > ttl:
-            return None
-        return self._p95_of_kept()
+    def p95_ms(self) -> float | None:
+        """p95 latency of the answered deliveries kept (None with no history)."""
+        return self.latency_stats()[1]
 
 
 def derive(last_seen: float, stats: EndpointStats | None, now: float, t: Thresholds) -> Health:

@@ -27,6 +27,7 @@ from agent_reach.core.model import EndpointRecord, Status, Thresholds
 __all__ = ["PROBE_SHARE", "Tiers", "build_tiers", "fallback_tags", "pick"]
 
 PROBE_SHARE = 0.02  # contract: at most 5 % of an intent's requests
+FALLBACK_TAGS = 16  # tags a fallback match may draw candidates from
 
 
 def _tier_of(h: Health) -> tuple[bool, bool, bool]:
@@ -159,11 +160,19 @@ def pick(
 
 
 def fallback_tags(
-    matcher: FallbackMatcher, intent: str, known: Iterable[str], threshold: float
+    matcher: FallbackMatcher,
+    intent: str,
+    known: Iterable[str],
+    threshold: float,
+    limit: int = FALLBACK_TAGS,
 ) -> dict[str, float]:
-    """The best-scoring known tags at or above ``threshold`` (ties kept), with their scores."""
+    """The best-scoring known tags at or above ``threshold``, with their scores.
+
+    Ties at the best score are kept, up to ``limit`` tags (in sorted order), so that one
+    request cannot pull thousands of tags into a route.
+    """
     scores = {tag: s for tag, s in matcher.scores(intent, known).items() if s >= threshold}
     if not scores:
         return {}
     best = max(scores.values())
-    return {tag: s for tag, s in scores.items() if s == best}
+    return dict.fromkeys(sorted(t for t, s in scores.items() if s == best)[:limit], best)

@@ -26,7 +26,7 @@ from agent_reach.errors import (
 )
 from agent_reach.gateway.metrics import GatewayMetrics
 from agent_reach.gateway.monitor import run_purger, run_ticker
-from agent_reach.gateway.reach import Reacher
+from agent_reach.gateway.reach import Reacher, new_id
 from agent_reach.gateway.schemas import (
     EndpointIdBody,
     RegisterBody,
@@ -84,7 +84,8 @@ async def _body(request: web.Request) -> bytes:
     try:
         return await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
-        raise PayloadTooLarge(f"body over the {request.app._client_max_size} byte limit") from exc
+        limit = request.app[GATEWAY].settings.max_body_bytes
+        raise PayloadTooLarge(f"body over the {limit} byte limit") from exc
 
 
 async def register(request: web.Request) -> web.Response:
@@ -128,40 +129,46 @@ async def agents(request: web.Request) -> web.Response:
 async def agent(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     endpoint_id = f"agent://{name}"
-    if not is_endpoint_id(endpoint_id):
-        raise InvalidRequest(f"{name!r} is not a valid endpoint name", field="name")
     gw = request.app[GATEWAY]
-    record = gw.registry.get(endpoint_id)
-    if record is None:
-        raise EndpointNotRegistered(f"{endpoint_id} is not registered")
+    record = gw.registry.get(endpoint_id) if is_endpoint_id(endpoint_id) else None
+    if record is None:  # a malformed name cannot be registered either
+        raise EndpointNotRegistered(f"{endpoint_id!r} is not registered")
     return _json(gw.describe(record, gw.now()))
+
+
+def _with_ids(exc: AgentReachError) -> AgentReachError:
+    """Every error answer of /v1/send (and its dry run) carries msg_id, trace_id, attempts."""
+    exc.fields.setdefault("msg_id", new_id("msg"))
+    exc.fields.setdefault("trace_id", new_id("trace"))
+    exc.fields.setdefault("attempts", [])
+    return exc
 
 
 async def send(request: web.Request) -> web.Response:
     reacher = request.app[_REACHER]
     received_at = reacher.clock.monotonic()
-    body = decode(await _body(request), SendBody)
-    result = await reacher.send(body, received_at)
+    try:
+        if "X-Reach-Attempt" in request.headers:
+            raise InvalidRequest(
+                "this request is a gateway's delivery (X-Reach-Attempt): an endpoint_url points "
+                "at a gateway's /v1/send, and the gateway will not deliver to itself",
+                field="X-Reach-Attempt",
+            )
+        body = decode(await _body(request), SendBody)
+        result = await reacher.send(body, received_at)
+    except AgentReachError as exc:
+        raise _with_ids(exc) from None
     return _json(result.to_body())
 
 
 async def route(request: web.Request) -> web.Response:
-    query = convert(dict(request.query), RouteQuery)
     gw = request.app[GATEWAY]
-    plan = gw.plan(query.intent, query.recipient_hint)
-    chosen = gw.choose(plan)
-    per_try = gw.per_try_ms(chosen) if chosen else None
-    timeout_ms = query.timeout_ms or gw.settings.default_timeout_ms
-    return _json(
-        {
-            "ok": True,
-            "intent": query.intent,
-            "chosen": chosen,
-            "per_try_timeout_ms": per_try,
-            "max_retries": gw.max_retries(timeout_ms, per_try) if per_try else 0,
-            "candidates": gw.explain(plan, chosen),
-        }
-    )
+    try:
+        query = convert(dict(request.query), RouteQuery)
+        answer = gw.explain_route(query.intent, query.recipient_hint, query.timeout_ms)
+    except AgentReachError as exc:
+        raise _with_ids(exc) from None
+    return _json(answer)
 
 
 async def trace(request: web.Request) -> web.Response:

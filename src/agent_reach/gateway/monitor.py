@@ -21,8 +21,14 @@ async def run_ticker(gateway: Gateway, metrics: GatewayMetrics) -> None:
     liveness = gateway.liveness
     while True:
         await clock.sleep(STALL_TICK_S)
-        lag = liveness.tick(clock.monotonic())
-        metrics.loop_lag.set(lag)
+        try:
+            lag = liveness.tick(clock.monotonic())
+            metrics.loop_lag.set(lag)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the ticker must outlive any fault: liveness time depends on it
+            log(logging.ERROR, "gateway.ticker_failed", exc_info=True)
+            continue
         if lag > liveness.tolerance:
             metrics.stall_credit.set(liveness.credit)
             log(

@@ -279,7 +279,7 @@ class Reacher:
             )
             if delivery.outcome is Outcome.AGENT_ERROR:
                 raise AgentError(
-                    f"{target} refused the request: {delivery.detail}",
+                    f"{target}: {delivery.detail} (not retried)",
                     agent_status=delivery.status,
                     agent_answer=_json_or_none(delivery.body),
                 )
@@ -299,21 +299,23 @@ class Reacher:
                 raise AllAttemptsFailed(f"{n} attempt(s) failed and no other candidate is eligible")
             target = chosen
             per_try = gw.per_try_ms(target)
-            if target == previous:
+            again = target in tried  # a retry of an endpoint already tried waits; failover not
+            wait = shortest = 0.0
+            if again:
                 same_count += 1
                 wait = backoff_s(same_count, per_try, gw.rng.random())
-            else:
-                same_count = 0
-                wait = 0.0
-            if wait + per_try / 1000.0 > remaining:
-                raise DeadlineExceeded(
-                    f"{remaining * 1000:.0f} ms left of the {timeout_ms} ms deadline: not enough "
-                    f"for another attempt ({per_try:.0f} ms per try)"
+                shortest = backoff_s(same_count, per_try, 0.0)
+            room = remaining - per_try / 1000.0  # what a wait may take and still fit the try
+            if shortest > room:
+                raise AllAttemptsFailed(
+                    f"{n} attempt(s) failed; {remaining * 1000:.0f} ms left of the {timeout_ms} ms "
+                    f"deadline is not enough for another attempt ({per_try:.0f} ms per try)"
                 )
+            wait = min(wait, room)
             if delivery.reached and not gw.budget.try_spend(now):
                 self.metrics.retry_budget_exhausted.inc()
                 raise AllAttemptsFailed(f"{n} attempt(s) failed and the retry budget is used up")
-            kind = "same_endpoint" if target == previous else "failover"
+            kind = "same_endpoint" if again else "failover"
             self.metrics.retries.labels(kind).inc()
             if kind == "failover":
                 log(logging.INFO, "route.failover", from_endpoint=previous, to_endpoint=target)
@@ -330,7 +332,7 @@ class Reacher:
         if len(t.healthy) + len(t.degraded) <= _TRACE_CANDIDATES:
             out["candidates"] = {"healthy": list(t.healthy), "degraded": list(t.degraded)}
         if plan.fallback_ids:
-            out["fallback"] = plan.confidence
+            out["fallback"] = {"tags": sorted(plan.confidence)[:4], "matched": len(plan.confidence)}
         return out
 
 

@@ -49,7 +49,8 @@ class RegisterBody(msgspec.Struct, forbid_unknown_fields=True):
             raise ValueError("must be an http or https URL with a host - at `$.endpoint_url`")
         try:
             parts.port  # noqa: B018 - raises on a bad port
-        except ValueError as exc:
+            parts.hostname.encode("idna")  # raises on a host no resolver takes ("a..b")
+        except (ValueError, UnicodeError) as exc:
             raise ValueError(f"{exc} - at `$.endpoint_url`") from None
         # one declaration per tag, in the order given
         self.capabilities = list(dict.fromkeys(self.capabilities))

@@ -39,7 +39,6 @@ from agent_reach.settings import GatewaySettings
 __all__ = ["Gateway", "RoutePlan"]
 
 STALL_TICK_S = 0.25
-LATENCY_WINDOW_S = 300.0  # samples older than this no longer count for avg/p95
 FAILURE_PENALTY_MS = 2000.0  # what a failed attempt costs in the load-aware score
 FALLBACK_CACHE_SIZE = 4096  # fallback answers kept (bounded: the keys are callers' strings)
 
@@ -175,7 +174,7 @@ class Gateway:
     def describe(self, record: EndpointRecord, now: float) -> dict[str, Any]:
         """The contract's AGENT object."""
         stats = self.stats.get(record.endpoint_id)
-        avg, p95 = stats.window_stats(now, LATENCY_WINDOW_S) if stats else (None, None)
+        avg, p95 = stats.latency_stats() if stats else (None, None)
         return {
             "endpoint_id": record.endpoint_id,
             "capabilities": list(record.capabilities),
@@ -269,8 +268,8 @@ class Gateway:
     def choose(self, plan: RoutePlan, tried: Collection[str] = ()) -> str | None:
         """The endpoint for the next attempt (None when no eligible one is left).
 
-        Prefers an endpoint not yet tried (failover); falls back to the last tried one when it
-        is still eligible (a retry of the same endpoint).
+        Prefers an endpoint not yet tried (failover); otherwise the most recently tried one
+        that is still eligible (a retry of an endpoint already tried).
         """
         if plan.hint is not None:
             record = self.registry.get(plan.hint)
@@ -281,20 +280,38 @@ class Gateway:
         assert tiers is not None
         now = self.now()
         choice = pick(tiers, self.stats, now, self.rng, exclude=tried)
-        if choice is None and tried:
-            last = list(tried)[-1]
-            if last in tiers.healthy or last in tiers.degraded:
-                choice = last
+        if choice is None and tried:  # every eligible one was tried: the latest still eligible
+            for endpoint_id in reversed(list(tried)):
+                h = tiers.placed.get(endpoint_id)
+                if h is not None and h.status in (Status.HEALTHY, Status.DEGRADED):
+                    return endpoint_id
         return choice
 
     def per_try_ms(self, endpoint_id: str) -> float:
         """The contract's per-try timeout for ``endpoint_id`` from its recent p95."""
         stats = self.stats.get(endpoint_id)
-        return per_try_timeout_ms(stats.p95_ms(self.now(), LATENCY_WINDOW_S) if stats else None)
+        return per_try_timeout_ms(stats.p95_ms() if stats else None)
 
     def max_retries(self, timeout_ms: float, per_try_ms: float) -> int:
         """The contract's retry count for this deadline."""
         return max_retries(timeout_ms, self.settings.overhead_reserve_ms, per_try_ms)
+
+    def explain_route(
+        self, intent: str, hint: str | None, timeout_ms: int | None
+    ) -> dict[str, Any]:
+        """The ``/v1/route`` answer: the route a send would take now, delivering nothing."""
+        plan = self.plan(intent, hint)
+        chosen = self.choose(plan)
+        per_try = self.per_try_ms(chosen) if chosen else None
+        timeout = timeout_ms or self.settings.default_timeout_ms
+        return {
+            "ok": True,
+            "intent": intent,
+            "chosen": chosen,
+            "per_try_timeout_ms": per_try,
+            "max_retries": self.max_retries(timeout, per_try) if per_try else 0,
+            "candidates": self.explain(plan, chosen),
+        }
 
     def explain(self, plan: RoutePlan, chosen: str | None) -> list[dict[str, Any]]:
         """Every candidate of ``plan`` with its status and why it is (not) eligible."""
@@ -312,7 +329,7 @@ class Gateway:
                 continue
             h = self.health(record, now)
             stats = self.stats.get(endpoint_id)
-            avg, p95 = stats.window_stats(now, LATENCY_WINDOW_S) if stats else (None, None)
+            avg, p95 = stats.latency_stats() if stats else (None, None)
             tag = next((t for t in plan.confidence if t in record.capabilities), plan.intent)
             if plan.hint is not None:
                 eligible = h.status is not Status.DOWN

@@ -68,6 +68,11 @@ def _json(body: Any, status: int = 200) -> web.Response:
     )
 
 
+def _header_int(request: web.Request, name: str, default: int) -> int:
+    value = request.headers.get(name, "")
+    return int(value) if value.isdigit() else default
+
+
 class Agent:
     """An agent process: ``@agent.handle("weather.query")`` then ``agent.run()``."""
 
@@ -131,8 +136,8 @@ class Agent:
                 intent=d.intent,
                 sender=d.sender,
                 priority=d.priority,
-                attempt=int(request.headers.get("X-Reach-Attempt", "1")),
-                deadline_ms=int(request.headers.get("X-Reach-Deadline-Ms", "0")),
+                attempt=_header_int(request, "X-Reach-Attempt", 1),
+                deadline_ms=_header_int(request, "X-Reach-Deadline-Ms", 0),
             )
             log(
                 logging.INFO,

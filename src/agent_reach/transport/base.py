@@ -45,7 +45,8 @@ class Transport(Protocol):
     ) -> Delivery:
         """POST ``body`` to ``url`` and wait at most ``timeout_s`` for the whole answer.
 
-        Outcomes: ``ok`` (2xx with a JSON body), ``agent_error`` (4xx), ``server_error`` (5xx,
-        or a 2xx whose body is not JSON or too large), ``timeout``, ``connect_error``.
+        Outcomes: ``ok`` (2xx with a JSON body); ``agent_error`` (4xx, or an answer the gateway
+        cannot use: 1xx/3xx, a 2xx that is not JSON, compressed or too large; never retried);
+        ``server_error`` (5xx); ``timeout``; ``connect_error``.
         """
         ...

@@ -49,8 +49,9 @@ class HttpTransport:
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 timeout=aiohttp.ClientTimeout(total=None),
-                auto_decompress=True,
-                skip_auto_headers=("User-Agent",),
+                # no compression: the answer-size limit counts the bytes that are really held
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent", "Accept-Encoding"),
                 cookie_jar=aiohttp.DummyCookieJar(),  # agents' cookies are not the gateway's
             )
 
@@ -67,8 +68,11 @@ class HttpTransport:
             raise RuntimeError("HttpTransport.start() was not called")
         try:
             async with asyncio.timeout(timeout_s):
-                async with session.post(url, data=body, headers={**_JSON, **headers}) as resp:
+                async with session.post(
+                    url, data=body, headers={**_JSON, **headers}, allow_redirects=False
+                ) as resp:
                     status = resp.status
+                    encoding = resp.headers.get("Content-Encoding", "identity").lower()
                     data = await self._read_capped(resp)
         except TimeoutError:
             return Delivery(Outcome.TIMEOUT, detail=f"no answer within {timeout_s * 1000:.0f} ms")
@@ -87,9 +91,14 @@ class HttpTransport:
             reset = exc.errno in (errno.ECONNRESET, errno.EPIPE)
             return Delivery(Outcome.CONNECT_ERROR, detail=f"connection error: {exc}", eject=reset)
         except _TooLarge:
+            # the agent did the work: a retry could repeat its side effects, so none is made
             return Delivery(
-                Outcome.SERVER_ERROR,
+                Outcome.AGENT_ERROR,
                 detail=f"answer larger than {self.max_response_bytes} bytes",
+            )
+        except (ValueError, UnicodeError) as exc:  # a URL the resolver cannot encode
+            return Delivery(
+                Outcome.CONNECT_ERROR, detail=f"cannot connect: {exc}", reached=False, eject=True
             )
         except aiohttp.ClientError as exc:
             return Delivery(Outcome.SERVER_ERROR, detail=f"bad HTTP answer: {exc}")
@@ -97,16 +106,26 @@ class HttpTransport:
             return Delivery(Outcome.SERVER_ERROR, status, data, f"agent answered {status}")
         if status >= 400:
             return Delivery(Outcome.AGENT_ERROR, status, data, f"agent answered {status}")
+        # Past here the agent took the request: an unusable answer is not retried, so that a
+        # side effect is not repeated (only timeouts, connection errors and 5xx are retryable).
         if status < 200 or status >= 300:
-            return Delivery(Outcome.SERVER_ERROR, status, None, f"agent answered {status}")
+            note = " (redirects are not followed)" if 300 <= status < 400 else ""
+            return Delivery(Outcome.AGENT_ERROR, status, None, f"agent answered {status}{note}")
+        if encoding != "identity":
+            return Delivery(
+                Outcome.AGENT_ERROR,
+                status,
+                None,
+                f"agent answered with Content-Encoding {encoding}",
+            )
         try:
             msgspec.json.decode(data)
         except (msgspec.DecodeError, RecursionError):
             return Delivery(
-                Outcome.SERVER_ERROR,
+                Outcome.AGENT_ERROR,
                 status,
                 None,
-                "agent answered 2xx with a body that is not JSON",
+                f"agent answered {status} with a body that is not JSON",
             )
         return Delivery(Outcome.OK, status, data)
 
