@@ -80,9 +80,9 @@ def main() -> None:
 )
 @_option(
     "purge-after",
-    click.FloatRange(min=1),
-    3600.0,
-    "seconds without a heartbeat after which a down record is deleted",
+    click.FloatRange(min=0.01),
+    None,
+    "seconds without a heartbeat after which a down record is deleted [max(3600, down-after)]",
 )
 @_option(
     "max-body-bytes",

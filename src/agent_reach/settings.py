@@ -8,6 +8,8 @@ from agent_reach.core.model import Thresholds
 
 __all__ = ["GatewaySettings"]
 
+DEFAULT_PURGE_AFTER_S = 3600.0
+
 
 @dataclass(frozen=True, slots=True)
 class GatewaySettings:
@@ -27,7 +29,7 @@ class GatewaySettings:
     slow_threshold_ms: float = 2000.0
     overhead_reserve_ms: float = 1000.0
     confidence_threshold: float = 0.8
-    purge_after: float = 3600.0
+    purge_after: float | None = None  # None: max(1 hour, down-after)
     max_body_bytes: int = 1 << 20
     default_timeout_ms: int = 8000
     answer_margin_ms: float = 5.0
@@ -49,6 +51,13 @@ class GatewaySettings:
         t.check()
         return t
 
+    @property
+    def purge_after_s(self) -> float:
+        """Seconds without a heartbeat after which a (down) record is deleted."""
+        if self.purge_after is not None:
+            return self.purge_after
+        return max(DEFAULT_PURGE_AFTER_S, self.thresholds.down_after)
+
     def check(self) -> None:
         """Raise ValueError naming the first setting that cannot work."""
         t = self.thresholds  # validates the health thresholds
@@ -58,7 +67,7 @@ class GatewaySettings:
             raise ValueError("confidence-threshold must be in (0, 1]")
         if self.overhead_reserve_ms < 0:
             raise ValueError("overhead-reserve-ms must be >= 0")
-        if self.purge_after < t.down_after:
+        if self.purge_after is not None and self.purge_after < t.down_after:
             raise ValueError(
                 f"purge-after ({self.purge_after}) must be at least down-after ({t.down_after}):"
                 " only down records are purged"

@@ -41,8 +41,8 @@ async def run_ticker(gateway: Gateway, metrics: GatewayMetrics) -> None:
 
 
 async def run_purger(gateway: Gateway) -> None:
-    """Delete records whose last heartbeat is older than ``purge_after``."""
-    period = min(60.0, gateway.settings.purge_after / 4)
+    """Delete records whose last heartbeat is older than the purge time."""
+    period = min(60.0, gateway.settings.purge_after_s / 4)
     while True:
         await gateway.clock.sleep(period)
         try:

@@ -165,8 +165,8 @@ class Gateway:
         log(logging.INFO, "agent.deregistered", endpoint_id=endpoint_id)
 
     async def purge(self) -> int:
-        """Delete records that have not heartbeat for ``purge_after`` seconds."""
-        purged = await self.registry.purge(self.now() - self.settings.purge_after)
+        """Delete records that have not heartbeat for the purge time (never before down)."""
+        purged = await self.registry.purge(self.now() - self.settings.purge_after_s)
         if purged:
             log(logging.INFO, "registry.purged", count=purged)
         return purged
