@@ -19,6 +19,7 @@ async def run_ticker(gateway: Gateway, metrics: GatewayMetrics) -> None:
     """Tick the liveness clock; a late tick is a gateway stall credited to every lease."""
     clock = gateway.clock
     liveness = gateway.liveness
+    liveness.tick(clock.monotonic())  # the baseline: a stall right after start counts too
     while True:
         await clock.sleep(STALL_TICK_S)
         try:
