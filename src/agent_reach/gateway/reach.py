@@ -26,7 +26,6 @@ from agent_reach.errors import (
     AgentError,
     AllAttemptsFailed,
     DeadlineExceeded,
-    NoCapableAgent,
     ReachError,
 )
 from agent_reach.gateway.metrics import GatewayMetrics
@@ -135,12 +134,25 @@ class Reacher:
                     timeout_ms=timeout_ms,
                 )
             )
-            result = await self._attempts(
+            endpoint_id, answer = await self._attempts(
                 plan, deadline, timeout_ms, msg_id, trace_id, payload, attempts
             )
+            elapsed = round((self.clock.monotonic() - received_at) * 1000.0, 3)
+            self._finish(intent_label, "ok", elapsed)
+            self._trace(trace_id, "answer", ok=True, endpoint_id=endpoint_id, latency_ms=elapsed)
+            log(
+                logging.INFO,
+                "reach.completed",
+                msg_id=msg_id,
+                intent=body.intent,
+                endpoint_id=endpoint_id,
+                attempts=len(attempts),
+                latency_ms=elapsed,
+            )
+            return ReachResult(
+                msg_id, trace_id, body.intent, endpoint_id, answer, attempts, elapsed
+            )
         except ReachError as exc:
-            if isinstance(exc, NoCapableAgent):
-                intent_label = "_unroutable"
             exc.fields.update(msg_id=msg_id, trace_id=trace_id, attempts=attempts)
             elapsed = (self.clock.monotonic() - received_at) * 1000.0
             self._finish(intent_label, exc.code, elapsed)
@@ -165,24 +177,6 @@ class Reacher:
             raise
         finally:
             TRACE_ID.reset(token)
-        elapsed = (self.clock.monotonic() - received_at) * 1000.0
-        self._finish(intent_label, "ok", elapsed)
-        self._trace(
-            trace_id, "answer", ok=True, endpoint_id=result[0], latency_ms=round(elapsed, 3)
-        )
-        log(
-            logging.INFO,
-            "reach.completed",
-            trace_id=trace_id,
-            msg_id=msg_id,
-            intent=body.intent,
-            endpoint_id=result[0],
-            attempts=len(attempts),
-            latency_ms=round(elapsed, 3),
-        )
-        return ReachResult(
-            msg_id, trace_id, body.intent, result[0], result[1], attempts, round(elapsed, 3)
-        )
 
     def _finish(self, intent: str, outcome: str, elapsed_ms: float) -> None:
         self.metrics.request_done(intent, outcome, elapsed_ms / 1000.0)
