@@ -10,6 +10,8 @@ renders any of them as ``{"ok": false, "error": code, "detail": str(exc), ...}``
     ├── PayloadTooLarge                  payload_too_large      413
     ├── EndpointNotRegistered            endpoint_not_registered 404
     ├── TraceNotFound                    trace_not_found        404
+    ├── NotFound                         not_found              404 (no such path)
+    ├── MethodNotAllowed                 method_not_allowed     405
     └── ReachError                       (+ msg_id, trace_id, attempts): answers of /v1/send
         ├── NoCapableAgent               no_capable_agent       404
         ├── RecipientNotFound            recipient_not_found    404
@@ -34,8 +36,10 @@ __all__ = [
     "DeadlineExceeded",
     "EndpointNotRegistered",
     "InvalidRequest",
+    "MethodNotAllowed",
     "NoAvailableAgent",
     "NoCapableAgent",
+    "NotFound",
     "PayloadTooLarge",
     "ReachError",
     "RecipientIncapable",
@@ -90,6 +94,20 @@ class TraceNotFound(AgentReachError):
 
     code = "trace_not_found"
     status = 404
+
+
+class NotFound(AgentReachError):
+    """No such path in the HTTP API."""
+
+    code = "not_found"
+    status = 404
+
+
+class MethodNotAllowed(AgentReachError):
+    """The path exists, but not for this method."""
+
+    code = "method_not_allowed"
+    status = 405
 
 
 class ReachError(AgentReachError):

@@ -8,6 +8,7 @@ leave the machine.
 
 from __future__ import annotations
 
+import http.client as http_client
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -259,3 +260,36 @@ def test_gateway_survived_the_fuzzing(gw: Proc) -> None:
     assert [a[0] for a in snapshot(gw) if a[0].startswith("agent://fuzz-base")] == [
         f"agent://fuzz-base-{i}" for i in range(3)
     ]
+
+
+def _chunked_post(url: str, path: str, chunks: list[bytes]) -> tuple[int, Any]:
+    parts = urlsplit(url)
+    conn = http_client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        conn.request(
+            "POST",
+            path,
+            body=iter(chunks),
+            encode_chunked=True,
+            headers={"Content-Type": "application/json"},
+        )
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def test_chunked_bodies_are_read_and_capped(gw: Proc) -> None:
+    body = json.dumps({"endpoint_id": "agent://fuzz-base-0"}).encode()
+    status, answer = _chunked_post(gw.url, "/v1/heartbeat", [body[:5], body[5:]])
+    assert (status, answer["ok"]) == (200, True)
+    before = snapshot(gw)
+    big = [
+        b'{"endpoint_id": "agent://fuzz-big", "capabilities": ["a.b"], ',
+        b'"endpoint_url": "http://127.0.0.1:9/", "description": "',
+        *([b"x" * 65536] * 20),
+        b'"}',
+    ]
+    status, answer = _chunked_post(gw.url, "/v1/register", big)
+    assert (status, answer["error"]) == (413, "payload_too_large")
+    assert snapshot(gw) == before

@@ -153,10 +153,11 @@ class Gateway:
 
     async def heartbeat(self, endpoint_id: str) -> Health:
         """Note a heartbeat; EndpointNotRegistered when the id is unknown."""
-        record = await self.registry.touch(endpoint_id, self.now(), self.clock.wall())
+        now = self.now()
+        record = await self.registry.touch(endpoint_id, now, self.clock.wall())
         if record is None:
             raise EndpointNotRegistered(f"{endpoint_id} is not registered; register again")
-        return self.health(record)
+        return self.health(record, now)
 
     async def deregister(self, endpoint_id: str) -> None:
         """Remove a record at once; EndpointNotRegistered when the id is unknown."""
