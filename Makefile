@@ -32,8 +32,9 @@ run: $(VENV)/.installed-base
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
+# long load and fault scenarios (marked slow; none yet: pytest's "no tests" exit 5 is fine here)
 test-slow: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 ## bench: the benchmarks of benchmarks/, against the seed-style baseline, into benchmarks/out/
 bench: $(VENV)/.installed-bench $(VENV)/.installed-test
