@@ -117,10 +117,16 @@ class Gateway:
         endpoint_id = change.endpoint_id
         if after is None or (before is not None and before.endpoint_url != after.endpoint_url):
             self.stats.pop(endpoint_id, None)  # gone, or another process: its latencies go too
-        elif before is not None and before.capabilities == after.capabilities:
+        else:
             stats = self.stats.get(endpoint_id)
-            if self.now() - before.last_seen <= self.thresholds.degraded_after and (
-                stats is None or stats.ejected_at is None
+            ejected_at = stats.ejected_at if stats is not None else None
+            if stats is not None and ejected_at is not None and after.last_seen > ejected_at:
+                stats.ejected_at = None  # a heartbeat (or registration) ends a passive ejection
+            if (
+                before is not None
+                and before.capabilities == after.capabilities
+                and ejected_at is None
+                and self.now() - before.last_seen <= self.thresholds.degraded_after
             ):
                 return  # a timely heartbeat keeps the tier (slowness is not its business)
         if before is None or after is None or before.capabilities != after.capabilities:
