@@ -13,6 +13,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import math
 import random
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from agent_reach.settings import GatewaySettings
 __all__ = ["Gateway", "RoutePlan"]
 
 STALL_TICK_S = 0.25
+_JUST_SEEN = Health(Status.HEALTHY, "healthy", math.inf)  # only its status is read
 FAILURE_PENALTY_MS = 2000.0  # what a failed attempt costs in the load-aware score
 FALLBACK_CACHE_SIZE = 4096  # fallback answers kept (bounded: the keys are callers' strings)
 
@@ -126,7 +128,8 @@ class Gateway:
                 before is not None
                 and before.capabilities == after.capabilities
                 and ejected_at is None
-                and self.now() - before.last_seen <= self.thresholds.degraded_after
+                # the new last_seen is "now": was the previous heartbeat still on time?
+                and after.last_seen - before.last_seen <= self.thresholds.degraded_after
             ):
                 return  # a timely heartbeat keeps the tier (slowness is not its business)
         if before is None or after is None or before.capabilities != after.capabilities:
@@ -163,6 +166,8 @@ class Gateway:
         record = await self.registry.touch(endpoint_id, now, self.clock.wall())
         if record is None:
             raise EndpointNotRegistered(f"{endpoint_id} is not registered; register again")
+        if endpoint_id not in self.stats:
+            return _JUST_SEEN  # no deliveries yet: nothing but the heartbeat decides
         return self.health(record, now)
 
     async def deregister(self, endpoint_id: str) -> None:
