@@ -24,9 +24,10 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(PIP) install -e '.[test,dev]'
 	@touch $@
 
-## run: the gateway and the two example agents on the in-memory registry (Ctrl-C stops all)
+## run: the gateway and the demo agents on the in-memory registry, the scenarios, then serve
+## until Ctrl-C (port: AGENT_REACH_PORT, default 7700)
 run: $(VENV)/.installed-base
-	$(BIN)/python examples/run_all.py
+	$(BIN)/agent-reach demo --keep-running --port $${AGENT_REACH_PORT:-7700}
 
 ## test: the whole suite (unit, contract, integration, end-to-end); long scenarios: test-slow
 test: $(VENV)/.installed-test

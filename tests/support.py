@@ -52,9 +52,9 @@ class Proc:
         return self.popen.returncode
 
 
-def _start(cmd: list[str], timeout: float = 15.0) -> Proc:
+def _start(cmd: list[str], timeout: float = 15.0, env: dict[str, str] | None = None) -> Proc:
     log = Path(tempfile.mkstemp(prefix="agent-reach-", suffix=".log")[1])
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     with log.open("wb") as err:
         popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env, cwd=ROOT)
     assert popen.stdout is not None

@@ -8,15 +8,20 @@ from agent_reach.errors import (
     AllAttemptsFailed,
     DeadlineExceeded,
     EndpointNotRegistered,
+    Forbidden,
+    GatewayUnavailable,
     InvalidRequest,
     NoAvailableAgent,
     NoCapableAgent,
     PayloadTooLarge,
+    RateLimited,
     ReachError,
     RecipientIncapable,
     RecipientNotFound,
     TraceNotFound,
+    Unauthorized,
 )
+from agent_reach.sdk.client import ReachClient, SyncReachClient
 from agent_reach.settings import GatewaySettings
 
 __all__ = [
@@ -25,13 +30,19 @@ __all__ = [
     "AllAttemptsFailed",
     "DeadlineExceeded",
     "EndpointNotRegistered",
+    "Forbidden",
     "GatewaySettings",
+    "GatewayUnavailable",
     "InvalidRequest",
     "NoAvailableAgent",
     "NoCapableAgent",
     "PayloadTooLarge",
+    "RateLimited",
+    "ReachClient",
     "ReachError",
     "RecipientIncapable",
     "RecipientNotFound",
+    "SyncReachClient",
     "TraceNotFound",
+    "Unauthorized",
 ]

@@ -12,6 +12,10 @@ renders any of them as ``{"ok": false, "error": code, "detail": str(exc), ...}``
     ├── TraceNotFound                    trace_not_found        404
     ├── NotFound                         not_found              404 (no such path)
     ├── MethodNotAllowed                 method_not_allowed     405
+    ├── Unauthorized                     unauthorized           401
+    ├── Forbidden                        forbidden              403
+    ├── RateLimited                      rate_limited           429 (+ retry_after_s)
+    ├── GatewayUnavailable               gateway_unavailable    (client side: no usable answer)
     └── ReachError                       (+ msg_id, trace_id, attempts): answers of /v1/send
         ├── NoCapableAgent               no_capable_agent       404
         ├── RecipientNotFound            recipient_not_found    404
@@ -20,6 +24,9 @@ renders any of them as ``{"ok": false, "error": code, "detail": str(exc), ...}``
         ├── AgentError                   agent_error            502
         ├── AllAttemptsFailed            all_attempts_failed    502
         └── DeadlineExceeded             deadline_exceeded      504
+
+The client SDK turns an error answer back into the same class with :func:`error_from_answer`,
+so a caller catches ``NoCapableAgent`` whether it runs in the gateway or talks to one.
 
 Adapters (registry, transport) translate third-party exceptions into these with
 ``raise ... from exc``; nothing from aiohttp or redis leaks past them.
@@ -35,16 +42,21 @@ __all__ = [
     "AllAttemptsFailed",
     "DeadlineExceeded",
     "EndpointNotRegistered",
+    "Forbidden",
+    "GatewayUnavailable",
     "InvalidRequest",
     "MethodNotAllowed",
     "NoAvailableAgent",
     "NoCapableAgent",
     "NotFound",
     "PayloadTooLarge",
+    "RateLimited",
     "ReachError",
     "RecipientIncapable",
     "RecipientNotFound",
     "TraceNotFound",
+    "Unauthorized",
+    "error_from_answer",
 ]
 
 
@@ -110,6 +122,43 @@ class MethodNotAllowed(AgentReachError):
     status = 405
 
 
+class Unauthorized(AgentReachError):
+    """No or bad credentials, where the gateway requires them."""
+
+    code = "unauthorized"
+    status = 401
+
+
+class Forbidden(AgentReachError):
+    """The sender may not reach that intent or endpoint."""
+
+    code = "forbidden"
+    status = 403
+
+
+class RateLimited(AgentReachError):
+    """Too many requests; ``retry_after_s`` (from ``Retry-After``) says when to come back."""
+
+    code = "rate_limited"
+    status = 429
+
+    @property
+    def retry_after_s(self) -> float | None:
+        """Seconds to wait before trying again, when the gateway said."""
+        value = self.fields.get("retry_after_s")
+        return float(value) if isinstance(value, int | float) else None
+
+
+class GatewayUnavailable(AgentReachError):
+    """Client side: the gateway could not be reached, or its answer was not the contract's.
+
+    Never sent by a gateway. ``status`` is 503 for scripts that map errors to HTTP.
+    """
+
+    code = "gateway_unavailable"
+    status = 503
+
+
 class ReachError(AgentReachError):
     """An answer of ``/v1/send`` (or of the ``/v1/route`` dry run) that is not a success.
 
@@ -119,6 +168,24 @@ class ReachError(AgentReachError):
 
     def __init__(self, detail: str, **fields: Any) -> None:
         super().__init__(detail, **fields)
+
+    @property
+    def msg_id(self) -> str | None:
+        """The request's message id."""
+        value = self.fields.get("msg_id")
+        return value if isinstance(value, str) else None
+
+    @property
+    def trace_id(self) -> str | None:
+        """The request's trace id: look it up with ``GET /v1/traces/TRACE_ID``."""
+        value = self.fields.get("trace_id")
+        return value if isinstance(value, str) else None
+
+    @property
+    def attempts(self) -> list[Any]:
+        """The delivery attempts made before the error (empty when nothing was delivered)."""
+        value = self.fields.get("attempts")
+        return list(value) if isinstance(value, list) else []
 
 
 class NoCapableAgent(ReachError):
@@ -168,3 +235,38 @@ class DeadlineExceeded(ReachError):
 
     code = "deadline_exceeded"
     status = 504
+
+
+def _codes() -> dict[str, type[AgentReachError]]:
+    found: dict[str, type[AgentReachError]] = {}
+    todo: list[type[AgentReachError]] = [AgentReachError]
+    while todo:
+        cls = todo.pop()
+        found.setdefault(cls.code, cls)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+_BY_CODE = _codes()
+
+
+def error_from_answer(status: int, body: Any) -> AgentReachError:
+    """The typed error for a gateway's error answer ``{"ok": false, "error": CODE, ...}``.
+
+    An unknown code (a newer gateway) gives a plain :class:`AgentReachError` whose ``code`` and
+    ``status`` are the answer's; a body not of the contract's shape gives ``GatewayUnavailable``.
+    """
+    if not isinstance(body, dict) or not isinstance(body.get("error"), str):
+        return GatewayUnavailable(
+            f"the gateway answered HTTP {status} without a contract error body", http_status=status
+        )
+    code: str = body["error"]
+    detail = body.get("detail")
+    detail = detail if isinstance(detail, str) and detail else f"{code} (HTTP {status})"
+    fields = {k: v for k, v in body.items() if k not in ("ok", "error", "detail")}
+    cls = _BY_CODE.get(code)
+    exc = AgentReachError(detail, **fields) if cls is None else cls.__new__(cls)
+    if cls is not None:
+        AgentReachError.__init__(exc, detail, **fields)
+    exc.code, exc.status = code, status
+    return exc

@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agent_reach.core.model import Thresholds
 
-__all__ = ["GatewaySettings"]
+__all__ = ["DEFAULT_GATEWAY_URL", "GatewaySettings", "gateway_url"]
 
 DEFAULT_PURGE_AFTER_S = 3600.0
+DEFAULT_GATEWAY_URL = "http://127.0.0.1:7700"
+GATEWAY_ENV = "AGENT_REACH_GATEWAY"
+
+
+def gateway_url(explicit: str | None = None, env: Mapping[str, str] | None = None) -> str:
+    """The gateway URL clients and agents use: ``explicit``, else ``$AGENT_REACH_GATEWAY``,
+    else ``http://127.0.0.1:7700``; without a trailing slash.
+
+    The one place the SDKs read that variable (when called, never at import).
+    """
+    url = explicit or (os.environ if env is None else env).get(GATEWAY_ENV) or DEFAULT_GATEWAY_URL
+    url = url.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"gateway URL must start with http:// or https://, got {url!r}")
+    return url
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from tests.support import (
-    ROOT,
     Proc,
     _start,
     gateway,
@@ -38,11 +37,11 @@ def send(gw: Proc, **body: Any) -> tuple[int, dict[str, Any]]:
     return http("POST", f"{gw.url}/v1/send", body)
 
 
-def test_the_three_seed_scenarios_with_the_example_agents(agents: list[Proc]) -> None:
+def test_the_three_seed_scenarios_with_the_demo_agents(agents: list[Proc]) -> None:
     with gateway() as gw:
-        for script in ("weather_agent.py", "note_agent.py"):
+        for module in ("weather", "note"):
             agents.append(
-                _start([sys.executable, str(ROOT / "examples" / script), "--gateway", gw.url])
+                _start([sys.executable, "-m", f"agent_reach.demo.{module}", "--gateway", gw.url])
             )
         status, body = send(
             gw,

@@ -100,6 +100,7 @@ class GatewayHTTP:
             ("POST", "/v1/send"): self.send,
             ("GET", "/v1/route"): self.route,
             ("GET", "/v1/traces/"): self.trace,
+            ("GET", "/v1/diagnostics"): self.diagnostics,  # an extension beyond contract v1
             ("GET", "/healthz"): self.healthz,
             ("GET", "/metrics"): self.render_metrics,
         }
@@ -253,6 +254,9 @@ class GatewayHTTP:
         if events is None:
             raise TraceNotFound(f"no recent request with trace_id {trace_id!r}")
         return _json({"trace_id": trace_id, "events": events})
+
+    async def diagnostics(self, request: web.BaseRequest, _: str) -> web.Response:
+        return _json(self.gateway.diagnostics())
 
     async def healthz(self, request: web.BaseRequest, _: str) -> web.Response:
         return _json({"ok": True})

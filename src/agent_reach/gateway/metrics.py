@@ -61,7 +61,10 @@ class GatewayMetrics:
             registry=r,
         )
         self.attempts = Counter(
-            "agent_reach_attempts", "Delivery attempts by outcome", ["outcome"], registry=r
+            "agent_reach_attempts",
+            "Delivery attempts, by intent and outcome",
+            ["intent", "outcome"],
+            registry=r,
         )
         self.attempt_seconds = Histogram(
             "agent_reach_attempt_duration_seconds",
@@ -96,7 +99,7 @@ class GatewayMetrics:
         self.heartbeats_ok = self.heartbeats.labels("ok")
         self.heartbeats_unknown = self.heartbeats.labels("unknown")
         self._requests: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
-        self._attempts: dict[str, Counter] = {}
+        self._attempts: dict[tuple[str, str], Counter] = {}
 
     def request_done(self, intent: str, outcome: str, seconds: float) -> None:
         """Count one answered request (label children cached: this is on the hot path)."""
@@ -110,11 +113,12 @@ class GatewayMetrics:
         child[0].inc()
         child[1].observe(seconds)
 
-    def attempt_done(self, outcome: str, seconds: float) -> None:
-        """Count one delivery attempt."""
-        child = self._attempts.get(outcome)
+    def attempt_done(self, intent: str, outcome: str, seconds: float) -> None:
+        """Count one delivery attempt (``intent``: the registered tag, as for requests)."""
+        key = (intent, outcome)
+        child = self._attempts.get(key)
         if child is None:
-            child = self._attempts[outcome] = self.attempts.labels(outcome)
+            child = self._attempts[key] = self.attempts.labels(intent, outcome)
         child.inc()
         self.attempt_seconds.observe(seconds)
 

@@ -193,6 +193,7 @@ class Reacher:
     ) -> tuple[str, msgspec.Raw]:
         gw = self.gateway
         clock = self.clock
+        intent_label = next(iter(plan.confidence))  # the request's label (a registered tag)
         target = gw.choose(plan)
         if target is None:  # plan() found eligible candidates, so this is a race with a removal
             raise AllAttemptsFailed("no eligible candidate is left")
@@ -248,7 +249,7 @@ class Reacher:
                 eject=delivery.eject,
             )
             attempts.append(Attempt(target, delivery.outcome.value, round(latency_ms, 3)))
-            self.metrics.attempt_done(delivery.outcome.value, latency_ms / 1000.0)
+            self.metrics.attempt_done(intent_label, delivery.outcome.value, latency_ms / 1000.0)
             self._trace(
                 trace_id,
                 "attempt",

@@ -8,6 +8,8 @@ Invariants:
 - The per-intent tiers are kept up to date incrementally: an event that may change an endpoint's
   tier (registry change other than a timely heartbeat, slow flag flip, ejection, recovery)
   re-places that endpoint; a status change by time alone re-places it when it comes due.
+- A send refused with ``no_capable_agent`` is noted in a bounded record of unrouted intents
+  (:mod:`agent_reach.gateway.diagnostics`); dry runs are not, and routed requests cost nothing.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from agent_reach.errors import (
     RecipientIncapable,
     RecipientNotFound,
 )
+from agent_reach.gateway.diagnostics import UnroutedIntents
 from agent_reach.gateway.schemas import RegisterBody
 from agent_reach.logs import log
 from agent_reach.registry.base import RegistryBackend, RegistryChange
@@ -80,6 +83,7 @@ class Gateway:
         self.budget = RetryBudget(settings.retry_budget_ratio, settings.retry_budget_min_per_s)
         self._tiers: dict[str, Tiers] = {}
         self._fallback: dict[str, dict[str, float]] = {}
+        self.unrouted = UnroutedIntents()  # intents refused with no_capable_agent
         registry.subscribe(self._on_change)
 
     # --- time and health -------------------------------------------------------------------
@@ -228,8 +232,12 @@ class Gateway:
             tiers.expire(now, rederive)
         return tiers
 
-    def plan(self, intent: str, hint: str | None) -> RoutePlan:
-        """Validate where ``intent`` may go; raise the contract's routing errors."""
+    def plan(self, intent: str, hint: str | None, *, dry_run: bool = False) -> RoutePlan:
+        """Validate where ``intent`` may go; raise the contract's routing errors.
+
+        ``intent`` is a valid tag (checked at the edge). A refusal with ``no_capable_agent`` is
+        noted in :attr:`unrouted` unless ``dry_run`` (``/v1/route``, which doctor itself calls).
+        """
         registry = self.registry
         now = self.now()
         if hint is not None:
@@ -257,6 +265,8 @@ class Gateway:
                 self._fallback[intent] = cached
             confidence = cached
             if not confidence:
+                if not dry_run:
+                    self.unrouted.note(intent, self.clock.wall())
                 raise NoCapableAgent(f"no agent declares intent {intent!r}")
             ids = tuple(dict.fromkeys(e for tag in confidence for e in registry.by_intent(tag)))
             tiers = build_tiers(ids, registry.get, self.stats, now, self.thresholds)
@@ -312,7 +322,7 @@ class Gateway:
         self, intent: str, hint: str | None, timeout_ms: int | None
     ) -> dict[str, Any]:
         """The ``/v1/route`` answer: the route a send would take now, delivering nothing."""
-        plan = self.plan(intent, hint)
+        plan = self.plan(intent, hint, dry_run=True)
         chosen = self.choose(plan)
         per_try = self.per_try_ms(chosen) if chosen else None
         timeout = timeout_ms or self.settings.default_timeout_ms
@@ -366,6 +376,23 @@ class Gateway:
                 }
             )
         return out
+
+    def diagnostics(self) -> dict[str, Any]:
+        """The ``/v1/diagnostics`` answer: the settings that decide health and retries, and the
+        intents callers asked that no agent declares (most recently refused first)."""
+        t = self.thresholds
+        s = self.settings
+        return {
+            "ok": True,
+            "heartbeat_interval_s": float(s.heartbeat_interval),
+            "degraded_after_s": float(t.degraded_after),
+            "suspect_after_s": float(t.suspect_after),
+            "down_after_s": float(t.down_after),
+            "slow_threshold_ms": float(t.slow_threshold_ms),
+            "overhead_reserve_ms": float(s.overhead_reserve_ms),
+            "confidence_threshold": float(s.confidence_threshold),
+            "unrouted_intents": self.unrouted.to_list(),
+        }
 
     # --- what deliveries teach -------------------------------------------------------------
 

@@ -1,5 +1,6 @@
-"""SDKs for agents (and, later, callers)."""
+"""SDKs for agents (``Agent``) and for callers (``ReachClient``, ``SyncReachClient``)."""
 
 from agent_reach.sdk.agent import Agent, ReachContext, Reject
+from agent_reach.sdk.client import ReachClient, Reply, SyncReachClient
 
-__all__ = ["Agent", "ReachContext", "Reject"]
+__all__ = ["Agent", "ReachClient", "ReachContext", "Reject", "Reply", "SyncReachClient"]

@@ -1,249 +1,180 @@
-"""A small agent SDK: serve the contract's delivery endpoint, register, heartbeat.
+"""The agent SDK: declare an agent and its handlers, serve deliveries, keep the heartbeat line.
 
-This is the first cut, enough for the examples and the end-to-end tests: handlers per intent
-(sync or async), registration on start, deregistration on stop, heartbeats with jitter that
-re-register when the gateway answers ``endpoint_not_registered``. Sync handlers run in a worker
-thread so that they do not block the event loop the heartbeats run on.
+::
+
+    agent = Agent("agent://weather-cn-01", description="Weather for Chinese cities")
+
+    @agent.handle("weather.query")
+    def query(payload, ctx):                 # sync: runs on the agent's thread pool
+        return {"city": payload["city"], "temp_c": 21}
+
+    agent.run()                              # serve, register, heartbeat; SIGTERM deregisters
+
+The pieces, one module each: :mod:`._delivery` turns a delivery into an answer (context, dedup
+by ``msg_id``, error table) whatever the transport; :mod:`._beat` registers and heartbeats on a
+thread of its own; :mod:`.asgi` mounts the delivery endpoint into an existing ASGI app. This
+module wires them: its own aiohttp server (``run``/``start``/``stop``), or an existing app's
+lifespan (``asgi``/``lifespan``). Details and reasons: docs/agent-sdk.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
-import logging
-import random
 import signal
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
-import aiohttp
-import msgspec
-from aiohttp import web
+from aiohttp import StreamReader, web
 
 from agent_reach.core.intents import is_endpoint_id, is_intent
-from agent_reach.logs import TRACE_ID, log
+from agent_reach.sdk._beat import Lifeline
+from agent_reach.sdk._delivery import (
+    DEFAULT_WORKERS,
+    Dispatcher,
+    Handler,
+    not_allowed,
+    too_large,
+)
+from agent_reach.sdk.asgi import AsgiDelivery
+from agent_reach.sdk.client import EMPTY, ReachClient, Reply
+from agent_reach.sdk.context import ReachContext, Reject
+from agent_reach.settings import gateway_url
 
-__all__ = ["Agent", "ReachContext", "Reject"]
+__all__ = ["DEFAULT_WORKERS", "Agent", "Handler", "ReachContext", "Reject"]
 
-Handler = Callable[[Any, "ReachContext"], Any]
-
-
-@dataclass(frozen=True, slots=True)
-class ReachContext:
-    """What a handler knows of the request besides its payload."""
-
-    msg_id: str
-    trace_id: str
-    intent: str
-    sender: str | None
-    priority: str
-    attempt: int
-    deadline_ms: int
-
-
-class Reject(Exception):
-    """Raise in a handler to refuse a request with a 4xx (not retried by the gateway)."""
-
-    def __init__(self, detail: str, status: int = 400, code: str = "rejected") -> None:
-        super().__init__(detail)
-        if not 400 <= status < 500:
-            raise ValueError("Reject status must be 4xx")
-        self.detail, self.status, self.code = detail, status, code
-
-
-class _Delivery(msgspec.Struct):
-    intent: str
-    msg_id: str = ""
-    trace_id: str = ""
-    sender: str | None = None
-    payload: Any = None
-    priority: str = "normal"
-
-
-def _json(body: Any, status: int = 200) -> web.Response:
-    return web.Response(
-        body=msgspec.json.encode(body), status=status, content_type="application/json"
-    )
-
-
-def _header_int(request: web.Request, name: str, default: int) -> int:
-    value = request.headers.get(name, "")
-    return int(value) if value.isdigit() else default
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Agent:
-    """An agent process: ``@agent.handle("weather.query")`` then ``agent.run()``."""
+    """An agent: an endpoint id, a description, and one handler per intent.
+
+    ``gateway`` defaults to ``$AGENT_REACH_GATEWAY``, else ``http://127.0.0.1:7700`` (read when
+    the agent is made, by :func:`agent_reach.settings.gateway_url`). ``host``, ``port`` (0: a
+    free one) and ``path`` are where :meth:`start` serves deliveries. Sync handlers run on a pool
+    of ``workers`` threads. Repeated deliveries of a ``msg_id`` are answered from one run,
+    remembered for ``dedup_ttl_s`` seconds, ``dedup_size`` messages and ``dedup_max_bytes``
+    bytes of answers at most (0 turns the memory off; runs in flight are still joined). Bodies over
+    ``max_body_bytes`` get 413. ``shutdown_timeout`` bounds how long :meth:`stop` waits for
+    deliveries in flight. Calls to the gateway time out after ``request_timeout_s``; while it
+    cannot be reached, the agent retries with a backoff of up to ``retry_max_s``.
+    """
 
     def __init__(
         self,
         endpoint_id: str,
         *,
-        gateway: str = "http://127.0.0.1:7700",
+        gateway: str | None = None,
         description: str = "",
         host: str = "127.0.0.1",
         port: int = 0,
         path: str = "/reach",
         shutdown_timeout: float = 5.0,
+        workers: int = DEFAULT_WORKERS,
+        dedup_size: int = 1024,
+        dedup_ttl_s: float = 600.0,
+        dedup_max_bytes: int = 64 << 20,
+        max_body_bytes: int = 1 << 20,
+        request_timeout_s: float = 5.0,
+        retry_max_s: float = 5.0,
     ) -> None:
         if not is_endpoint_id(endpoint_id):
             raise ValueError(f"{endpoint_id!r} is not an agent://name endpoint id")
+        if not path.startswith("/"):
+            raise ValueError(f"path must start with '/', got {path!r}")
         self.endpoint_id = endpoint_id
-        self.gateway = gateway.rstrip("/")
+        self.gateway = gateway_url(gateway)
         self.description = description
         self.host, self.port, self.path = host, port, path
         self.shutdown_timeout = shutdown_timeout
+        self.max_body_bytes = max_body_bytes
+        self.request_timeout_s = request_timeout_s
+        self.retry_max_s = retry_max_s
         self.handlers: dict[str, Handler] = {}
-        self.heartbeat_interval = 10.0
-        self.url: str | None = None
-        self._registered = False
+        self.url: str | None = None  # the endpoint_url registered, once started
+        self._dispatcher = Dispatcher(
+            endpoint_id,
+            self.handlers,
+            workers=workers,
+            dedup_size=dedup_size,
+            dedup_ttl_s=dedup_ttl_s,
+            dedup_max_bytes=dedup_max_bytes,
+            owner=self,
+        )
+        self._lifeline: Lifeline | None = None
         self._runner: web.AppRunner | None = None
-        self._session: aiohttp.ClientSession | None = None
-        self._beat: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: ReachClient | None = None
 
-    def handle(self, intent: str) -> Callable[[Handler], Handler]:
-        """Register the decorated function as the handler of ``intent``."""
+    def handle(self, intent: str) -> Callable[[F], F]:
+        """Make the decorated function the handler of ``intent``.
+
+        It is called as ``fn(payload, ctx)`` with the request's payload (any JSON) and its
+        :class:`ReachContext`, and returns the JSON answer. ``async def`` handlers run on the
+        agent's event loop; plain functions on its thread pool. Raise :class:`Reject` to refuse
+        (4xx, final); any other exception answers 500 (the gateway may retry).
+        """
         if not is_intent(intent):
             raise ValueError(f"{intent!r} is not a valid intent tag")
+        if self._lifeline is not None:
+            raise RuntimeError("handlers are declared before the agent starts (and registers)")
 
-        def decorate(fn: Handler) -> Handler:
+        def decorate(fn: F) -> F:
             self.handlers[intent] = fn
             return fn
 
         return decorate
 
-    async def _serve(self, request: web.Request) -> web.Response:
-        try:
-            d = msgspec.json.decode(await request.read(), type=_Delivery)
-        except msgspec.DecodeError as exc:
-            return _json({"ok": False, "error": "invalid_request", "detail": str(exc)}, 400)
-        token = TRACE_ID.set(d.trace_id or request.headers.get("X-Reach-Trace-Id"))
-        try:
-            handler = self.handlers.get(d.intent)
-            if handler is None:
-                return _json(
-                    {
-                        "ok": False,
-                        "error": "unknown_intent",
-                        "detail": f"{self.endpoint_id} does not handle {d.intent!r}",
-                    },
-                    404,
-                )
-            ctx = ReachContext(
-                msg_id=d.msg_id,
-                trace_id=d.trace_id,
-                intent=d.intent,
-                sender=d.sender,
-                priority=d.priority,
-                attempt=_header_int(request, "X-Reach-Attempt", 1),
-                deadline_ms=_header_int(request, "X-Reach-Deadline-Ms", 0),
-            )
-            log(
-                logging.INFO,
-                "agent.request",
-                endpoint_id=self.endpoint_id,
-                intent=d.intent,
-                msg_id=d.msg_id,
-                attempt=ctx.attempt,
-            )
-            try:
-                if inspect.iscoroutinefunction(handler):
-                    result = await handler(d.payload, ctx)
-                else:
-                    result = await asyncio.to_thread(handler, d.payload, ctx)
-            except Reject as exc:
-                log(logging.INFO, "agent.rejected", detail=exc.detail, status=exc.status)
-                return _json({"ok": False, "error": exc.code, "detail": exc.detail}, exc.status)
-            except Exception as exc:
-                log(logging.ERROR, "agent.handler_failed", intent=d.intent, exc_info=True)
-                return _json({"ok": False, "error": "handler_failed", "detail": str(exc)}, 500)
-            return _json(result)
-        finally:
-            TRACE_ID.reset(token)
+    @property
+    def registered(self) -> bool:
+        """Whether the gateway has this agent registered, as far as the agent knows."""
+        return self._lifeline is not None and self._lifeline.registered
 
-    async def _post(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        assert self._session is not None
-        async with self._session.post(self.gateway + path, json=body) as resp:
-            return resp.status, await resp.json(content_type=None)
+    @property
+    def heartbeat_interval(self) -> float | None:
+        """The interval the gateway asked for at registration (None before it answered)."""
+        line = self._lifeline
+        return line.interval if line is not None and line.registered else None
 
-    async def register(self) -> None:
-        """Register (or register again) with the gateway; raises on refusal."""
-        status, answer = await self._post(
-            "/v1/register",
-            {
-                "endpoint_id": self.endpoint_id,
-                "capabilities": list(self.handlers),
-                "endpoint_url": self.url,
-                "description": self.description,
-            },
-        )
-        if status != 200:
-            raise RuntimeError(f"registration refused ({status}): {answer}")
-        self.heartbeat_interval = float(answer["heartbeat_interval_s"])
-        self._registered = True
-        log(logging.INFO, "agent.registered", endpoint_id=self.endpoint_id, url=self.url)
-
-    async def _heartbeats(self) -> None:
-        while True:
-            # a little early and jittered, so agents do not beat in step or arrive late;
-            # while unregistered (gateway not up yet, or restarted), try again every second
-            period = self.heartbeat_interval if self._registered else 1.0 / 0.7
-            await asyncio.sleep(period * random.uniform(0.6, 0.8))
-            try:
-                if not self._registered:
-                    await self.register()
-                    continue
-                status, _ = await self._post("/v1/heartbeat", {"endpoint_id": self.endpoint_id})
-                if status == 404:
-                    self._registered = False
-                    await self.register()
-            except asyncio.CancelledError:
-                raise
-            except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError) as exc:
-                log(
-                    logging.WARNING,
-                    "agent.heartbeat_failed",
-                    error=str(exc),
-                    registered=self._registered,
-                )
+    # -- serving on the agent's own aiohttp server ------------------------------------------
 
     async def start(self) -> None:
-        """Serve, register and start heartbeating."""
+        """Serve deliveries on ``host:port/path``, register, and start the heartbeat line.
+
+        Returns after the first registration attempt. A gateway that cannot be reached is not
+        an error (the agent keeps trying, and serves meanwhile); one that refuses the
+        registration (4xx) raises its error (e.g. :class:`~agent_reach.errors.InvalidRequest`).
+        """
+        self._check_startable()
         app = web.Application()
-        app.router.add_post(self.path, self._serve)
-        self._runner = web.AppRunner(
+        app.router.add_route("*", self.path, self._serve)
+        runner = web.AppRunner(
             app, access_log=None, handle_signals=False, shutdown_timeout=self.shutdown_timeout
         )
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        port = self._runner.addresses[0][1]
-        self.url = f"http://{self.host}:{port}{self.path}"
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+        await runner.setup()
+        self._runner = runner
         try:
-            await self.register()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            # the gateway may start after its agents: keep serving, register when it is up
-            log(logging.WARNING, "agent.register_failed", error=str(exc), retry="every ~1 s")
-        self._beat = asyncio.create_task(self._heartbeats())
+            await web.TCPSite(runner, self.host, self.port).start()
+            port = runner.addresses[0][1]
+            await self._begin(f"http://{self.host}:{port}{self.path}")
+        except BaseException:
+            self._runner = None
+            await runner.cleanup()
+            raise
 
     async def stop(self) -> None:
-        """Deregister, stop heartbeating and serving."""
-        if self._beat is not None:
-            self._beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._beat
-        if self._session is not None:
-            if self._registered:
-                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                    await self._post("/v1/deregister", {"endpoint_id": self.endpoint_id})
-            await self._session.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
+        """Deregister and stop heartbeating, then stop serving (deliveries in flight get up to
+        ``shutdown_timeout`` seconds). Safe to call twice."""
+        await self._end(close=False)
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+        await self._dispatcher.close()
 
     def run(self) -> None:
-        """Start, print the agent's URL, and run until SIGINT/SIGTERM."""
+        """Start, print the agent's URL, and run until SIGINT or SIGTERM, then stop."""
 
         async def main() -> None:
             await self.start()
@@ -252,7 +183,132 @@ class Agent:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
-            await stop.wait()
-            await self.stop()
+            try:
+                await stop.wait()
+            finally:
+                await self.stop()
 
         asyncio.run(main())
+
+    async def _serve(self, request: web.Request) -> web.Response:
+        limit = self.max_body_bytes
+        headers: dict[str, str] = {}
+        if request.method != "POST":
+            answer, headers = not_allowed(request.method), {"Allow": "POST"}
+        elif request.content_length is not None and request.content_length > limit:
+            answer = too_large(limit)
+        else:
+            body = await _read_capped(request.content, limit)
+            if body is None:
+                answer = too_large(limit)
+            else:
+                answer = await self._dispatcher.deliver(body, request.headers)
+        return web.Response(
+            body=answer.body, status=answer.status, headers=headers, content_type="application/json"
+        )
+
+    # -- mounted into an existing ASGI app ---------------------------------------------------
+
+    def asgi(self) -> AsgiDelivery:
+        """The delivery endpoint as a raw ASGI app, to mount into Starlette or FastAPI
+        (``Mount("/reach", app=agent.asgi())``); pair it with :meth:`lifespan`."""
+        return AsgiDelivery(self._dispatcher, self.max_body_bytes)
+
+    def lifespan(self, endpoint_url: str) -> Callable[[Any], AbstractAsyncContextManager[None]]:
+        """A lifespan for the app that mounts :meth:`asgi`: registers ``endpoint_url`` (where
+        the gateway reaches the mounted endpoint) and heartbeats while the app runs, and
+        deregisters when it stops. ``Starlette(..., lifespan=agent.lifespan(url))``."""
+        parts = urlsplit(endpoint_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"endpoint_url must be an http(s) URL, got {endpoint_url!r}")
+
+        @contextlib.asynccontextmanager
+        async def span(app: Any) -> AsyncIterator[None]:
+            self._check_startable()
+            await self._begin(endpoint_url)
+            try:
+                yield
+            finally:
+                await self._end(close=True)
+
+        return span
+
+    # -- reaching other agents --------------------------------------------------------------
+
+    async def reach(self, intent: str, payload: Any = EMPTY, **options: Any) -> Reply:
+        """Reach another agent through the gateway, as this agent (``sender``).
+
+        Takes :meth:`ReachClient.send`'s options. Inside a handler use ``ctx.reach``, which
+        also carries the request's trace id and keeps within its deadline. One pooled client
+        per agent, on the agent's event loop; closed when the agent stops.
+        """
+        if self._client is None:
+            self._client = ReachClient(self.gateway, sender=self.endpoint_id)
+        return await self._client.send(intent, payload, **options)
+
+    def reach_blocking(self, coro: Any) -> Any:
+        """Run an awaitable of :meth:`reach` on the agent's event loop from a worker thread."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            coro.close()
+            raise RuntimeError(f"{self.endpoint_id} is not running")
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            coro.close()
+            raise RuntimeError("reach_sync is for sync handlers; async handlers await ctx.reach")
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+    # -- shared ------------------------------------------------------------------------------
+
+    def _check_startable(self) -> None:
+        if not self.handlers:
+            raise ValueError(f"{self.endpoint_id} has no handlers: declare one with @handle")
+        if self._lifeline is not None:
+            raise RuntimeError(f"{self.endpoint_id} is already started")
+
+    async def _begin(self, url: str) -> None:
+        self.url = url
+        self._loop = asyncio.get_running_loop()
+        line = Lifeline(
+            self.gateway,
+            {
+                "endpoint_id": self.endpoint_id,
+                "capabilities": list(self.handlers),
+                "endpoint_url": url,
+                "description": self.description,
+            },
+            request_timeout_s=self.request_timeout_s,
+            retry_max_s=self.retry_max_s,
+        )
+        self._lifeline = line
+        try:
+            await asyncio.wrap_future(line.start())
+        except BaseException:  # refused, or start() cancelled: no thread left behind
+            self._lifeline = None
+            await asyncio.wrap_future(line.stop())
+            raise
+
+    async def _end(self, *, close: bool) -> None:
+        line, self._lifeline = self._lifeline, None
+        if line is not None:
+            await asyncio.wrap_future(line.stop())
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+        if close:
+            await self._dispatcher.close()
+
+
+async def _read_capped(stream: StreamReader, limit: int) -> bytes | None:
+    """The whole body, or None once it passes ``limit`` bytes (chunked bodies included)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in stream.iter_any():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)

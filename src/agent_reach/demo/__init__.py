@@ -1,0 +1,6 @@
+"""The demo agents and the stack that `make run` and `agent-reach demo` start.
+
+Shipped inside the package so that ``agent-reach demo`` works from an install, not only from a
+checkout. Each agent is a module runnable as ``python -m agent_reach.demo.weather`` (``note``,
+``scheduler``) with ``--gateway``, ``--id`` and ``--port``.
+"""

@@ -1,0 +1,151 @@
+"""``agent-reach demo`` and ``make run``: the stack, the seed's three scenarios, one more hop.
+
+The scenarios: a request routed by intent (``weather.query``), a side effect delivered once
+(``note.create``), a request refused rather than misdelivered (``unknown.action`` ->
+``no_capable_agent``), and an agent reaching two others through the gateway under one trace id
+(``schedule.plan``). ``run`` returns the exit code: 0 when every scenario ended as expected.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from rich.console import Console
+from rich.markup import escape
+
+from agent_reach.demo.stack import AGENTS, Stack, StackError, start
+from agent_reach.errors import ReachError
+from agent_reach.sdk.client import SyncReachClient
+
+__all__ = ["SCENARIOS", "Scenario", "run"]
+
+
+class Scenario(NamedTuple):
+    """One request of the demo and the outcome it should have."""
+
+    title: str
+    intent: str
+    payload: dict[str, Any]
+    expect: str  # "ok" or the contract error code expected
+
+
+SCENARIOS = (
+    Scenario("Route by intent", "weather.query", {"city": "成都", "date": "2025-01-02"}, "ok"),
+    Scenario("A side effect, once", "note.create", {"title": "todo", "text": "buy tea"}, "ok"),
+    Scenario("Refuse rather than misdeliver", "unknown.action", {}, "no_capable_agent"),
+    Scenario(
+        "Agent to agent, one trace id",
+        "schedule.plan",
+        {"task": "visit the panda base", "city": "成都", "date": "2025-01-02"},
+        "ok",
+    ),
+)
+
+
+def _play(client: SyncReachClient, n: int, sc: Scenario, out: Console) -> bool:
+    payload = escape(json.dumps(sc.payload, ensure_ascii=False))
+    out.print(f"\n[bold]{n}. {sc.title}[/]: send [cyan]{sc.intent}[/] {payload}")
+    try:
+        reply = client.send(sc.intent, sc.payload, timeout_ms=5000)
+    except ReachError as exc:
+        good = exc.code == sc.expect
+        mark = "[green]as expected[/]" if good else f"[red]expected {sc.expect}[/]"
+        out.print(f"   refused: [yellow]{exc.code}[/] ({escape(exc.detail)}) {mark}")
+        out.print(f"   trace {exc.trace_id}, attempts {len(exc.attempts)}")
+        return good
+    hops = " -> ".join(f"{a.endpoint_id} {a.outcome} {a.latency_ms:.1f} ms" for a in reply.attempts)
+    out.print(f"   answered by [green]{reply.endpoint_id}[/] in {reply.latency_ms:.1f} ms ({hops})")
+    result = escape(json.dumps(reply.result, ensure_ascii=False))
+    out.print(f"   result {result}", soft_wrap=True)
+    out.print(f"   trace {reply.trace_id}")
+    if sc.intent == "schedule.plan":
+        _timeline(client, reply.trace_id, out)
+    good = sc.expect == "ok"
+    if not good:
+        out.print(f"   [red]expected {sc.expect}[/]")
+    return good
+
+
+def _timeline(client: SyncReachClient, trace_id: str, out: Console) -> None:
+    """The gateway's events of one trace: the scheduler's request and its two onward hops."""
+    events = client.trace(trace_id).events
+    t0 = events[0]["ts"] if events else 0.0
+    for e in events:
+        what = e.get("intent") or e.get("endpoint_id") or ""
+        if e["kind"] == "route":
+            what = f"chose {e.get('chosen')}"
+        extra = f" {e['outcome']}" if e.get("outcome") else ""
+        out.print(f"     +{(e['ts'] - t0) * 1000:7.1f} ms  {e['kind']:<10} {what}{extra}")
+
+
+def _serve_until_stopped(stack: Stack, out: Console) -> None:
+    url = stack.url
+    out.print(
+        f"""
+[bold]Agent-Reach is running.[/]
+  gateway     {url}
+  dashboard   {url}/v1/agents  (JSON for now; the web dashboard comes with issue 4)
+  metrics     {url}/metrics
+  logs        {stack.log_dir}/  (JSON lines, one file per process)
+"""
+        + "".join(f"  {eid:<24}python -m {mod}\n" for eid, mod in AGENTS.items())
+        + f"""
+Try:
+  agent-reach agents --gateway {url}
+  agent-reach send weather.query '{{"city": "成都"}}' --gateway {url}
+  agent-reach route weather.query --gateway {url}
+  agent-reach doctor --gateway {url}
+
+Ctrl-C stops everything.""",
+        highlight=False,
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        gone = stack.exited()
+        if gone is not None:
+            out.print(f"[red]{gone} exited[/] (see {stack.log_dir}/{gone}.log); stopping the rest")
+            break
+
+
+def run(
+    out: Console,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    keep_running: bool = False,
+    log_dir: Path | None = None,
+) -> int:
+    """Start the stack, play the scenarios, then stop (or serve until Ctrl-C); the exit code."""
+    logs = log_dir or Path(tempfile.mkdtemp(prefix="agent-reach-demo-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    try:
+        stack = start(logs, host=host, port=port)
+    except StackError as exc:
+        out.print(f"[red]demo could not start:[/] {escape(str(exc))}")
+        return 3
+    try:
+        out.print(
+            f"gateway {stack.url} and {len(AGENTS)} agents registered"
+            f" in {time.monotonic() - started:.1f} s (logs in {logs})"
+        )
+        with SyncReachClient(stack.url) as client:
+            results = [_play(client, n, sc, out) for n, sc in enumerate(SCENARIOS, 1)]
+        ok = all(results)
+        out.print(
+            f"\n{sum(results)}/{len(results)} scenarios as expected"
+            + ("" if ok else " [red](see the logs)[/]")
+        )
+        if keep_running:
+            _serve_until_stopped(stack, out)
+        return 0 if ok else 1
+    finally:
+        stack.stop()

@@ -1,0 +1,143 @@
+"""Start a gateway and the demo agents as child processes, and stop them again.
+
+Used by ``agent-reach demo`` and ``make run``. Each process writes its JSON log lines to a file
+of its own in ``log_dir``; the gateway's URL is read from the line it prints when it listens.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+from agent_reach.errors import GatewayUnavailable
+from agent_reach.sdk.client import SyncReachClient
+
+__all__ = ["AGENTS", "Stack", "StackError", "start"]
+
+# endpoint id -> module run with ``python -m``
+AGENTS = {
+    "agent://weather-cn-01": "agent_reach.demo.weather",
+    "agent://note-01": "agent_reach.demo.note",
+    "agent://scheduler-01": "agent_reach.demo.scheduler",
+}
+_LISTENING = re.compile(r"listening on (http://\S+)")
+
+
+class StackError(Exception):
+    """The stack could not be started (port taken, a process exited, no registration)."""
+
+
+class Stack:
+    """The running processes: the gateway first, then the agents."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.url = ""
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def spawn(self, name: str, args: Sequence[str]) -> subprocess.Popen[bytes]:
+        """Start ``python args...`` with stderr (its JSON logs) in ``log_dir/NAME.log``."""
+        log_file = (self.log_dir / f"{name}.log").open("ab")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, *args], stdout=subprocess.PIPE, stderr=log_file, env=env
+            )
+        finally:
+            log_file.close()
+        self.procs[name] = proc
+        return proc
+
+    def exited(self) -> str | None:
+        """The name of a process that has exited, if any."""
+        return next((n for n, p in self.procs.items() if p.poll() is not None), None)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM every process, agents first (they deregister), then wait; kill stragglers."""
+        for proc in reversed(self.procs.values()):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for proc in reversed(self.procs.values()):
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+def _read_url(stdout: IO[bytes], proc: subprocess.Popen[bytes], deadline: float) -> str:
+    buf = b""
+    while time.monotonic() < deadline and proc.poll() is None:
+        ready, _, _ = select.select([stdout], [], [], 0.1)
+        if ready:
+            chunk = os.read(stdout.fileno(), 4096)
+            if not chunk:
+                break
+            buf += chunk
+            match = _LISTENING.search(buf.decode(errors="replace"))
+            if match:
+                return match.group(1)
+    raise StackError(f"the gateway did not start: {buf.decode(errors='replace').strip()}")
+
+
+def start(
+    log_dir: Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    serve_args: Sequence[str] = (),
+    timeout: float = 20.0,
+) -> Stack:
+    """Start the gateway, then every demo agent; return once all of them are registered."""
+    stack = Stack(log_dir)
+    deadline = time.monotonic() + timeout
+    try:
+        gw = stack.spawn(
+            "gateway",
+            ["-m", "agent_reach", "serve", "--host", host, "--port", str(port), *serve_args],
+        )
+        assert gw.stdout is not None
+        try:
+            stack.url = _read_url(gw.stdout, gw, deadline)
+        except StackError:
+            raise StackError(
+                f"the gateway did not start on {host}:{port} (see {log_dir}/gateway.log;"
+                " is the port taken?)"
+            ) from None
+        for endpoint_id, module in AGENTS.items():
+            name = endpoint_id.removeprefix("agent://")
+            stack.spawn(name, ["-m", module, "--gateway", stack.url, "--id", endpoint_id])
+        _wait_registered(stack, deadline)
+    except BaseException:
+        stack.stop()
+        raise
+    return stack
+
+
+def _wait_registered(stack: Stack, deadline: float) -> None:
+    with SyncReachClient(stack.url, timeout_s=2.0) as client:
+        while True:
+            gone = stack.exited()
+            if gone is not None:
+                raise StackError(f"{gone} exited (see {stack.log_dir}/{gone}.log)")
+            try:
+                listed = {a.endpoint_id for a in client.agents()}
+            except GatewayUnavailable:
+                listed = set()
+            if listed >= set(AGENTS):
+                return
+            if time.monotonic() > deadline:
+                missing = ", ".join(sorted(set(AGENTS) - listed))
+                raise StackError(f"not registered in time: {missing} (logs in {stack.log_dir})")
+            time.sleep(0.05)

@@ -1,0 +1,165 @@
+"""Run a delivery's handler once per message, however often the message arrives.
+
+The gateway may deliver the same ``msg_id`` twice: after a lost answer (the first run finished,
+its answer did not come back in time) or while the first run is still going (the gateway timed
+the attempt out and retried the same agent). :class:`RunOnce` answers both from one run:
+
+- a finished run's answer is kept in :class:`RecentResults`, a bounded LRU with a time to live,
+  when the caller says it is final (successes and deliberate rejections; not crashes, which a
+  retry should run again);
+- a run still going is joined: the second delivery awaits the same task.
+
+Invariants: at most one run per key is in flight; a run is never cancelled by the delivery that
+started it going away (it runs in its own task, awaited through :func:`asyncio.shield`), so its
+answer lands in the cache for the retry; the cache never holds more than ``max_entries``
+entries or ``max_bytes`` bytes of answers, and never answers with an entry past its TTL.
+State is in memory, per process: agents behind a load balancer, or restarted, do not share it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+from typing import Generic, Literal, Protocol, TypeVar
+
+__all__ = ["RecentResults", "RunOnce", "Sized"]
+
+Key = Hashable
+How = Literal["ran", "joined", "cached"]
+
+
+class Sized(Protocol):
+    """A result that knows how many bytes it holds (for the cache's byte bound)."""
+
+    @property
+    def size(self) -> int:
+        """Bytes held."""
+        ...
+
+
+R = TypeVar("R", bound=Sized)
+
+
+@dataclass(slots=True)
+class _Entry(Generic[R]):
+    value: R
+    expires_at: float
+
+
+class RecentResults(Generic[R]):
+    """Answers of recent runs by key: LRU eviction past ``max_entries`` or ``max_bytes``, and
+    entries older than ``ttl_s`` are never returned. ``now`` is passed in (no clock reads)."""
+
+    def __init__(self, max_entries: int = 1024, ttl_s: float = 600.0, max_bytes: int = 64 << 20):
+        if max_entries < 0 or ttl_s < 0 or max_bytes < 0:
+            raise ValueError("max_entries, ttl_s and max_bytes must not be negative")
+        self.max_entries, self.ttl_s, self.max_bytes = max_entries, ttl_s, max_bytes
+        self._entries: OrderedDict[Key, _Entry[R]] = OrderedDict()
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def bytes(self) -> int:
+        """Bytes held by the cached results."""
+        return self._bytes
+
+    def get(self, key: Key, now: float) -> R | None:
+        """The result kept for ``key``, if any and not expired (and mark it recently used)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        if now >= entry.expires_at:
+            self._drop(key)
+            return None
+        self._entries.move_to_end(key)
+        return entry.value
+
+    def put(self, key: Key, value: R, now: float) -> None:
+        """Keep ``value`` for ``key`` until ``now + ttl_s``, evicting the least recently used.
+
+        A result larger than ``max_bytes`` (or any, with a zero bound) is not kept.
+        """
+        if key in self._entries:
+            self._drop(key)
+        if value.size > self.max_bytes or self.max_entries == 0 or self.ttl_s == 0:
+            return
+        self._entries[key] = _Entry(value, now + self.ttl_s)
+        self._bytes += value.size
+        while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
+            self._drop(next(iter(self._entries)))
+
+    def _drop(self, key: Key) -> None:
+        entry = self._entries.pop(key)
+        self._bytes -= entry.value.size
+
+
+class RunOnce(Generic[R]):
+    """One run per key at a time, and finished final results answered from the cache."""
+
+    def __init__(
+        self,
+        cache: RecentResults[R],
+        is_final: Callable[[R], bool],
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cache = cache
+        self._is_final = is_final
+        self._now = now
+        self._running: dict[Key, asyncio.Task[R]] = {}
+
+    @property
+    def running(self) -> int:
+        """Runs in flight."""
+        return len(self._running)
+
+    def begin(self, key: Key, start: Callable[[], Awaitable[R]]) -> tuple[Awaitable[R], How]:
+        """What to await for ``key``'s result, and where it comes from: the cache, the run in
+        flight (joined), or a new run of ``start()`` (ran). Known at once, so that a repeat can
+        be logged when it arrives. Cancelling the await does not cancel the run.
+        """
+        loop = asyncio.get_running_loop()
+        hit = self.cache.get(key, self._now())
+        if hit is not None:
+            done = loop.create_future()
+            done.set_result(hit)
+            return done, "cached"
+        task = self._running.get(key)
+        how: How = "joined"
+        if task is None:
+            task = loop.create_task(self._first(key, start))
+            self._running[key] = task
+            # a callback, not a finally: a task cancelled before it started runs no finally
+            task.add_done_callback(functools.partial(self._forget, key))
+            how = "ran"
+        return asyncio.shield(task), how
+
+    async def run(self, key: Key, start: Callable[[], Awaitable[R]]) -> tuple[R, How]:
+        """:meth:`begin`, awaited: the result and where it came from."""
+        result, how = self.begin(key, start)
+        return await result, how
+
+    async def _first(self, key: Key, start: Callable[[], Awaitable[R]]) -> R:
+        result = await start()
+        if self._is_final(result):
+            self.cache.put(key, result, self._now())  # while still running: no gap between
+        return result
+
+    def _forget(self, key: Key, task: asyncio.Task[R]) -> None:
+        if self._running.get(key) is task:
+            del self._running[key]
+
+    async def close(self) -> None:
+        """Cancel the runs in flight and wait for them to end (at shutdown)."""
+        running = list(self._running.items())
+        for _, task in running:
+            task.cancel()
+        if running:
+            await asyncio.wait([task for _, task in running])
+        for key, task in running:
+            self._forget(key, task)

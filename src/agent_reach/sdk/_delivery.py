@@ -1,0 +1,294 @@
+"""The contract's delivery endpoint, with no transport: body bytes and headers in, an
+:class:`Answer` (status and JSON bytes) out.
+
+Both ways of serving an agent, its own aiohttp server and the ASGI app mounted into someone
+else's, read the body (capped) and call :meth:`Dispatcher.deliver`; everything else lives here:
+parsing, the handler table, the request context, trace-id binding, dedup by ``msg_id``, running
+sync handlers on the agent's bounded thread pool, and the error table:
+
+==========================  ======  ===================================================
+what                        status  body
+==========================  ======  ===================================================
+handler returned a value    200     the value as JSON
+handler raised ``Reject``   4xx     ``{"ok": false, "error": code, "detail": ...}`` (final)
+handler raised anything     500     ``handler_failed`` (retryable, not cached)
+answer is not JSON          500     ``bad_answer`` (retryable, not cached)
+body not JSON / bad shape   400/422 ``invalid_request`` naming the field
+body over the size limit    413     ``payload_too_large`` (decided by the adapter)
+intent not handled here     404     ``unknown_intent``
+not a POST                  405     ``method_not_allowed`` (decided by the adapter)
+==========================  ======  ===================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from agent_reach.errors import (
+    AgentReachError,
+    InvalidRequest,
+    MethodNotAllowed,
+    PayloadTooLarge,
+)
+from agent_reach.logs import TRACE_ID, log
+from agent_reach.sdk._dedup import RecentResults, RunOnce
+from agent_reach.sdk.context import ReachContext, Reject
+
+if TYPE_CHECKING:
+    from agent_reach.sdk.agent import Agent
+
+__all__ = [
+    "DEFAULT_WORKERS",
+    "Answer",
+    "Dispatcher",
+    "Handler",
+    "error_answer",
+    "from_error",
+    "not_allowed",
+    "too_large",
+]
+
+Handler = Callable[[Any, ReachContext], Any]
+# the standard library's default for I/O-bound pools: handlers mostly wait on other services
+DEFAULT_WORKERS = min(32, (os.cpu_count() or 1) + 4)
+_encode = msgspec.json.Encoder().encode
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An HTTP answer of the delivery endpoint: status and JSON body."""
+
+    status: int
+    body: bytes
+
+    @property
+    def size(self) -> int:
+        """Bytes held (for the dedup cache's bound)."""
+        return len(self.body)
+
+
+def error_answer(status: int, code: str, detail: str, **fields: Any) -> Answer:
+    """The contract's error shape ``{"ok": false, "error": code, "detail": detail, ...}``."""
+    return Answer(status, _encode({"ok": False, "error": code, "detail": detail, **fields}))
+
+
+def from_error(exc: AgentReachError) -> Answer:
+    """The error answer of one of our errors (its code, status and fields)."""
+    return Answer(exc.status, _encode(exc.to_body()))
+
+
+def too_large(limit: int) -> Answer:
+    """413 ``payload_too_large`` for a body over ``limit`` bytes."""
+    return from_error(PayloadTooLarge(f"delivery body over {limit} bytes"))
+
+
+def not_allowed(method: str) -> Answer:
+    """405 ``method_not_allowed``: deliveries are POSTed."""
+    return from_error(MethodNotAllowed(f"{method} is not allowed here; deliveries are POSTed"))
+
+
+class _Delivery(msgspec.Struct):
+    """What the gateway POSTs (fields this SDK does not use are ignored)."""
+
+    intent: str
+    msg_id: str | None = None
+    trace_id: str | None = None
+    sender: str | None = None
+    payload: Any = None
+    priority: str = "normal"
+
+
+_decoder = msgspec.json.Decoder(_Delivery)
+
+
+def _decode(body: bytes) -> _Delivery:
+    try:
+        return _decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        field = text.rsplit(" - at `$.", 1)[1].rstrip("`") if " - at `$." in text else None
+        if field is None and "required field `" in text:
+            field = text.rsplit("required field `", 1)[1].rstrip("`")
+        raise InvalidRequest(text, status=422, field=field) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"body is not valid JSON: {exc}", status=400) from None
+    except RecursionError:
+        raise InvalidRequest("body is nested too deeply", status=400) from None
+
+
+def _header_int(headers: Mapping[str, str], name: str) -> int | None:
+    value = headers.get(name, "").strip()
+    ok = value.isascii() and value.isdigit() and len(value) < 12  # "²".isdigit() is True
+    return int(value) if ok else None
+
+
+def _is_final(answer: Answer) -> bool:
+    # successes and deliberate rejections; a crash (5xx) should run again when retried
+    return answer.status < 500
+
+
+class Dispatcher:
+    """Turns one delivery into one answer; see the module docstring for the error table.
+
+    ``handlers`` is read at each delivery (the agent's table, filled by ``@agent.handle``).
+    Sync handlers run on a pool of ``workers`` threads made on first use, with the request's
+    contextvars (the trace id) copied in; async handlers run on the caller's event loop.
+    """
+
+    def __init__(
+        self,
+        endpoint_id: str,
+        handlers: Mapping[str, Handler],
+        *,
+        workers: int = DEFAULT_WORKERS,
+        dedup_size: int = 1024,
+        dedup_ttl_s: float = 600.0,
+        dedup_max_bytes: int = 64 << 20,
+        owner: Agent | None = None,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
+        self.endpoint_id = endpoint_id
+        self.handlers = handlers
+        self.workers = workers
+        self._owner = owner
+        self._now = now
+        self.once: RunOnce[Answer] = RunOnce(
+            RecentResults(dedup_size, dedup_ttl_s, dedup_max_bytes), _is_final, now
+        )
+        self._pool: ThreadPoolExecutor | None = None
+
+    async def deliver(self, body: bytes, headers: Mapping[str, str]) -> Answer:
+        """Answer one delivery. ``headers`` is looked up by lower-case name."""
+        arrived = self._now()
+        try:
+            d = _decode(body)
+        except InvalidRequest as exc:
+            log(logging.INFO, "agent.invalid_request", detail=exc.detail)
+            return from_error(exc)
+        trace_id = d.trace_id or headers.get("x-reach-trace-id") or _new_id("trace")
+        msg_id = d.msg_id or headers.get("x-reach-msg-id") or ""
+        token = TRACE_ID.set(trace_id)
+        try:
+            handler = self.handlers.get(d.intent)
+            if handler is None:
+                log(logging.INFO, "agent.unknown_intent", intent=d.intent, msg_id=msg_id)
+                return error_answer(
+                    404, "unknown_intent", f"{self.endpoint_id} does not handle {d.intent!r}"
+                )
+            deadline_ms = _header_int(headers, "x-reach-deadline-ms")
+            ctx = ReachContext(
+                msg_id=msg_id,
+                trace_id=trace_id,
+                intent=d.intent,
+                sender=d.sender,
+                priority=d.priority,
+                attempt=_header_int(headers, "x-reach-attempt") or 1,
+                deadline_ms=deadline_ms,
+                deadline_at=None if deadline_ms is None else arrived + deadline_ms / 1000.0,
+                endpoint_id=self.endpoint_id,
+                _agent=self._owner,
+            )
+            log(
+                logging.INFO,
+                "agent.request",
+                endpoint_id=self.endpoint_id,
+                intent=d.intent,
+                msg_id=msg_id,
+                attempt=ctx.attempt,
+                deadline_ms=deadline_ms,
+            )
+            start = functools.partial(self._call, handler, d.payload, ctx)
+            if not msg_id:  # nothing to recognise a repeat by
+                return await start()
+            result, how = self.once.begin((msg_id, d.intent), start)
+            if how != "ran":
+                log(
+                    logging.INFO,
+                    "agent.duplicate",
+                    msg_id=msg_id,
+                    intent=d.intent,
+                    attempt=ctx.attempt,
+                    answered_from=how,  # "cached": a finished run; "joined": one in flight
+                )
+            return await result
+        finally:
+            TRACE_ID.reset(token)
+
+    async def _call(self, handler: Handler, payload: Any, ctx: ReachContext) -> Answer:
+        started = self._now()
+        try:
+            if inspect.iscoroutinefunction(handler):
+                result = await handler(payload, ctx)
+            else:
+                run = contextvars.copy_context().run  # the trace id, into the worker thread
+                loop = asyncio.get_running_loop()
+                result = await loop.run_in_executor(self._executor(), run, handler, payload, ctx)
+                if inspect.isawaitable(result):
+                    result = await result
+        except Reject as exc:
+            log(
+                logging.INFO,
+                "agent.rejected",
+                intent=ctx.intent,
+                msg_id=ctx.msg_id,
+                status=exc.status,
+                error=exc.code,
+                detail=exc.detail,
+            )
+            return error_answer(exc.status, exc.code, exc.detail)
+        except Exception as exc:
+            log(
+                logging.ERROR,
+                "agent.handler_failed",
+                intent=ctx.intent,
+                msg_id=ctx.msg_id,
+                error=f"{type(exc).__name__}: {exc}",
+                exc_info=True,
+            )
+            return error_answer(500, "handler_failed", f"{type(exc).__name__}: {exc}")
+        try:
+            body = _encode(result)
+        except (TypeError, ValueError, OverflowError) as exc:
+            log(logging.ERROR, "agent.bad_answer", intent=ctx.intent, error=str(exc))
+            return error_answer(500, "bad_answer", f"the handler's answer is not JSON: {exc}")
+        log(
+            logging.INFO,
+            "agent.answered",
+            intent=ctx.intent,
+            msg_id=ctx.msg_id,
+            status=200,
+            handler_ms=round((self._now() - started) * 1000.0, 3),
+        )
+        return Answer(200, body)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="agent-reach-worker")
+        return self._pool
+
+    async def close(self) -> None:
+        """Cancel handler runs still going and let the pool go (sync handlers already running
+        cannot be interrupted: their threads end when they return)."""
+        await self.once.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(8)}"

@@ -1,0 +1,106 @@
+"""What a handler is given besides its payload (:class:`ReachContext`), and how it refuses
+a request on purpose (:class:`Reject`)."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from agent_reach.errors import DeadlineExceeded
+from agent_reach.sdk.client import EMPTY
+
+if TYPE_CHECKING:
+    from agent_reach.sdk.agent import Agent
+    from agent_reach.sdk.client import Reply
+
+# kept back from an onward reach's deadline: time to build this agent's own answer and send it
+ONWARD_MARGIN_MS = 50.0
+
+__all__ = ["ReachContext", "Reject"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReachContext:
+    """The request as the agent received it, for one handler call.
+
+    ``attempt`` is the gateway's ``X-Reach-Attempt`` (1 for the first delivery). The deadline
+    is taken from ``X-Reach-Deadline-Ms`` when the delivery arrived: ``deadline_ms`` is the
+    header's value (None without one), ``deadline_at`` the :func:`time.monotonic` time it
+    runs out, and :meth:`remaining_s` / :meth:`remaining_ms` what is left of it now. Work past
+    the deadline is wasted: the gateway has stopped waiting for this attempt.
+    """
+
+    msg_id: str
+    trace_id: str
+    intent: str
+    sender: str | None
+    priority: str
+    attempt: int
+    deadline_ms: int | None
+    deadline_at: float | None
+    endpoint_id: str = ""
+    # the agent that received the request, for helpers built on it (agent-to-agent reach)
+    _agent: Agent | None = field(default=None, repr=False, compare=False)
+
+    def remaining_s(self) -> float:
+        """Seconds left before the deadline (never negative; ``math.inf`` without one)."""
+        if self.deadline_at is None:
+            return math.inf
+        return max(0.0, self.deadline_at - time.monotonic())
+
+    def remaining_ms(self) -> float:
+        """Milliseconds left before the deadline (never negative; ``math.inf`` without one)."""
+        return self.remaining_s() * 1000.0
+
+    def expired(self) -> bool:
+        """True once the deadline has passed."""
+        return self.remaining_s() <= 0.0
+
+    async def reach(self, intent: str, payload: Any = EMPTY, **options: Any) -> Reply:
+        """Reach another agent through the gateway on behalf of this request (async handlers).
+
+        The onward request carries this request's ``trace_id`` (one trace across the hops) and
+        this agent as ``sender``, and its ``timeout_ms`` is cut to what is left of this
+        request's deadline, less ``ONWARD_MARGIN_MS`` for answering: a hop never outlives the
+        request it serves. Other options as :meth:`ReachClient.send`; raises its typed errors,
+        or ``DeadlineExceeded`` at once when no time is left.
+        """
+        if self._agent is None:
+            raise RuntimeError("this context belongs to no running agent")
+        options.setdefault("trace_id", self.trace_id)
+        left = self.remaining_ms() - ONWARD_MARGIN_MS
+        if left != math.inf:
+            if left < 1:
+                raise DeadlineExceeded(
+                    f"no time left for an onward reach of {intent!r}",
+                    trace_id=options["trace_id"],
+                    attempts=[],
+                )
+            wanted = options.get("timeout_ms")
+            options["timeout_ms"] = int(left if wanted is None else min(wanted, left))
+        return await self._agent.reach(intent, payload, **options)
+
+    def reach_sync(self, intent: str, payload: Any = EMPTY, **options: Any) -> Reply:
+        """:meth:`reach` for sync handlers (which run on the agent's worker threads): blocks
+        the worker, not the agent's event loop."""
+        if self._agent is None:
+            raise RuntimeError("this context belongs to no running agent")
+        reply: Reply = self._agent.reach_blocking(self.reach(intent, payload, **options))
+        return reply
+
+
+class Reject(Exception):
+    """Raise in a handler to refuse a request: a 4xx answer, which the gateway does not retry.
+
+    The answer is ``{"ok": false, "error": code, "detail": detail}`` with HTTP ``status``
+    (400-499); the caller gets ``agent_error`` (502) with that answer. A rejection is final for
+    its ``msg_id``: a repeated delivery gets the same answer without running the handler again.
+    """
+
+    def __init__(self, detail: str, status: int = 400, code: str = "rejected") -> None:
+        if not 400 <= status < 500:
+            raise ValueError("Reject status must be 4xx")
+        super().__init__(detail)
+        self.detail, self.status, self.code = detail, status, code

@@ -1,0 +1,94 @@
+"""`agent-reach demo` (and `make run`'s --keep-running) as a new user runs them."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.support import ROOT, http
+
+_GATEWAY = re.compile(r"gateway (http://127\.0\.0\.1:(\d+))")
+
+
+def _refused(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_demo_plays_the_scenarios_and_leaves_nothing_running(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "agent_reach", "demo", "--log-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=ROOT,
+        env={**os.environ, "COLUMNS": "200"},
+        check=False,
+    )
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert "4/4 scenarios as expected" in out
+    assert "answered by agent://weather-cn-01" in out
+    assert "refused: no_capable_agent" in out and "as expected" in out
+    # the scheduler's onward reaches, under its trace id, in the gateway's trace
+    assert "'agent://weather-cn-01', 'agent://note-01'" in out or (
+        '"hops": ["agent://weather-cn-01", "agent://note-01"]' in out
+    )
+    assert out.count("received") >= 3  # the scheduler's request and its two hops
+    match = _GATEWAY.search(out)
+    assert match, out
+    assert _refused(int(match.group(2)))  # the gateway is gone
+    logs = {p.name for p in tmp_path.iterdir()}
+    assert logs == {"gateway.log", "weather-cn-01.log", "note-01.log", "scheduler-01.log"}
+    scheduler_log = (tmp_path / "scheduler-01.log").read_text()
+    assert '"event":"agent.deregistered"' in scheduler_log.replace(" ", "") or (
+        "deregister" in scheduler_log
+    )
+
+
+def test_keep_running_serves_until_sigint(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent_reach", "demo", "--keep-running", "--log-dir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"},
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "Ctrl-C stops everything" in line:
+                break
+        text = "".join(lines)
+        assert "Agent-Reach is running" in text, text
+        match = _GATEWAY.search(text)
+        assert match, text
+        url, port = match.group(1), int(match.group(2))
+        code, body = http("GET", f"{url}/v1/agents")
+        assert code == 200
+        assert {a["endpoint_id"]: a["status"] for a in body["agents"]} == {
+            "agent://weather-cn-01": "healthy",
+            "agent://note-01": "healthy",
+            "agent://scheduler-01": "healthy",
+        }
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=15) == 0
+        assert _refused(port)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()

@@ -1,0 +1,265 @@
+"""The client SDK against a real gateway process and real agent processes."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from aiohttp import web
+
+from agent_reach import (
+    AgentError,
+    AllAttemptsFailed,
+    DeadlineExceeded,
+    EndpointNotRegistered,
+    GatewayUnavailable,
+    InvalidRequest,
+    NoAvailableAgent,
+    NoCapableAgent,
+    RecipientIncapable,
+    RecipientNotFound,
+    TraceNotFound,
+)
+from agent_reach.sdk import ReachClient, SyncReachClient
+from tests.support import Proc, gateway, start_agent
+
+
+@pytest.fixture(scope="module")
+def gw() -> Iterator[Proc]:
+    with gateway("--heartbeat-interval", "30") as proc:
+        agents = [
+            start_agent(proc.url, "agent://cl-ok-01", "ok", intents="cl.echo"),
+            start_agent(proc.url, "agent://cl-fail-01", "fail", intents="cl.fail"),
+            start_agent(proc.url, "agent://cl-hang-01", "hang", intents="cl.hang"),
+            start_agent(proc.url, "agent://cl-reject-01", "reject", intents="cl.reject"),
+        ]
+        try:
+            yield proc
+        finally:
+            for agent in agents:
+                agent.stop()
+
+
+@pytest.fixture
+async def client(gw: Proc) -> AsyncIterator[ReachClient]:
+    async with ReachClient(gw.url, sender="agent://cl-caller") as c:
+        yield c
+
+
+async def test_send_returns_the_agents_result_and_how_it_was_reached(client: ReachClient) -> None:
+    reply = await client.send("cl.echo", {"n": 1}, trace_id="trace_cl_ok")
+    assert reply.result["payload"] == {"n": 1}
+    assert reply.result["trace_id"] == "trace_cl_ok" == reply.trace_id
+    assert reply.endpoint_id == "agent://cl-ok-01"
+    assert reply.intent == "cl.echo"
+    assert [(a.endpoint_id, a.outcome) for a in reply.attempts] == [("agent://cl-ok-01", "ok")]
+    assert reply.msg_id.startswith("msg_") and reply.result["msg_id"] == reply.msg_id
+    assert reply.latency_ms >= reply.attempts[0].latency_ms > 0
+    # no payload is {}; an explicit None is JSON null, delivered as such
+    assert (await client.send("cl.echo")).result["payload"] == {}
+    assert (await client.send("cl.echo", None)).result["payload"] is None
+
+
+async def test_each_error_code_raises_its_typed_error_with_trace_id(client: ReachClient) -> None:
+    with pytest.raises(NoCapableAgent) as no_agent:
+        await client.send("cl.nobody", trace_id="trace_cl_none")
+    assert no_agent.value.trace_id == "trace_cl_none"
+    assert no_agent.value.attempts == [] and no_agent.value.status == 404
+
+    with pytest.raises(RecipientNotFound):
+        await client.send("cl.echo", recipient_hint="agent://cl-missing")
+    with pytest.raises(RecipientIncapable):
+        await client.send("cl.fail", recipient_hint="agent://cl-ok-01")
+
+    with pytest.raises(AgentError) as rejected:
+        await client.send("cl.reject")
+    assert [a["outcome"] for a in rejected.value.attempts] == ["agent_error"]
+
+    with pytest.raises(AllAttemptsFailed) as failed:
+        await client.send("cl.fail", timeout_ms=8000)
+    assert {a["outcome"] for a in failed.value.attempts} == {"server_error"}
+    assert failed.value.msg_id and failed.value.trace_id
+
+    with pytest.raises(InvalidRequest) as bad:
+        await client.send("Not A Tag")
+    assert bad.value.fields.get("field") == "intent"
+
+
+async def test_gateway_deadline_is_a_typed_deadline_exceeded(client: ReachClient) -> None:
+    start = time.monotonic()
+    with pytest.raises(DeadlineExceeded) as late:
+        await client.send("cl.hang", timeout_ms=400, trace_id="trace_cl_hang")
+    assert time.monotonic() - start < 0.4 + 0.5
+    assert late.value.trace_id == "trace_cl_hang"
+    assert [a["outcome"] for a in late.value.attempts] == ["timeout"]
+    assert late.value.status == 504
+
+
+async def test_listing_lookup_explain_and_trace(client: ReachClient) -> None:
+    agents = {a.endpoint_id: a for a in await client.agents()}
+    assert agents["agent://cl-ok-01"].capabilities == ["cl.echo"]
+    assert agents["agent://cl-ok-01"].status == "healthy"
+    one = await client.agent("cl-ok-01")
+    assert one.endpoint_id == "agent://cl-ok-01"
+    assert (await client.agent("agent://cl-ok-01")).endpoint_url == one.endpoint_url
+    with pytest.raises(EndpointNotRegistered):
+        await client.agent("cl-nobody")
+
+    route = await client.explain("cl.echo", timeout_ms=3000)
+    assert route.chosen == "agent://cl-ok-01"
+    assert route.per_try_timeout_ms == 2000 and route.max_retries == 0
+    assert [(c.endpoint_id, c.eligible) for c in route.candidates] == [("agent://cl-ok-01", True)]
+    with pytest.raises(NoCapableAgent):
+        await client.explain("cl.nobody")
+
+    reply = await client.send("cl.echo", trace_id="trace_cl_traced")
+    trace = await client.trace(reply.trace_id)
+    kinds = [e["kind"] for e in trace.events]
+    assert kinds[0] == "received" and "attempt" in kinds
+    with pytest.raises(TraceNotFound):
+        await client.trace("trace_cl_never_sent")
+
+
+async def test_register_heartbeat_deregister_for_agents_without_the_sdk(
+    client: ReachClient,
+) -> None:
+    reg = await client.register("agent://cl-manual", ["cl.manual"], "http://127.0.0.1:9/reach")
+    assert reg.heartbeat_interval_s == 30.0
+    assert await client.heartbeat("agent://cl-manual") == "healthy"
+    await client.deregister("agent://cl-manual")
+    with pytest.raises(EndpointNotRegistered):
+        await client.heartbeat("agent://cl-manual")
+    with pytest.raises(InvalidRequest):
+        await client.register("agent://cl-manual", [], "http://127.0.0.1:9/reach")
+    with pytest.raises(EndpointNotRegistered):
+        await client.agent("cl-manual")  # the refused registration changed nothing
+
+
+async def test_metrics_and_healthz(client: ReachClient) -> None:
+    assert await client.healthz() is True
+    assert "agent_reach_requests_total" in await client.metrics()
+
+
+async def test_unreachable_gateway_is_gateway_unavailable() -> None:
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()  # nothing listens there now: connection refused
+    async with ReachClient(f"http://127.0.0.1:{port}") as c:
+        with pytest.raises(GatewayUnavailable):
+            await c.agents()
+        with pytest.raises(GatewayUnavailable):
+            await c.send("cl.echo")
+
+
+async def _serve(handler: web.Handler) -> tuple[web.AppRunner, str]:
+    """A stand-in for a broken gateway or a proxy in front of one (an external edge)."""
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+async def test_a_silent_gateway_costs_the_deadline_plus_the_allowance_not_more() -> None:
+    release = asyncio.Event()
+
+    async def never(request: web.Request) -> web.Response:
+        await release.wait()
+        return web.Response()
+
+    runner, url = await _serve(never)
+    try:
+        async with ReachClient(url) as c:
+            start = time.monotonic()
+            with pytest.raises(DeadlineExceeded) as late:
+                await c.send("cl.echo", timeout_ms=300, trace_id="trace_cl_silent")
+            took = time.monotonic() - start
+        # one timeout: 300 ms + the 1 s allowance, not a default of many seconds stacked on it
+        assert 1.3 <= took < 1.3 + 0.7
+        assert late.value.trace_id == "trace_cl_silent" and late.value.attempts == []
+    finally:
+        release.set()
+        await runner.cleanup()
+
+
+async def test_a_non_contract_answer_is_gateway_unavailable() -> None:
+    async def proxy_error(request: web.Request) -> web.Response:
+        return web.Response(status=502, text="<html>bad gateway</html>", content_type="text/html")
+
+    runner, url = await _serve(proxy_error)
+    try:
+        async with ReachClient(url) as c:
+            with pytest.raises(GatewayUnavailable) as exc:
+                await c.send("cl.echo")
+            assert exc.value.fields["http_status"] == 502
+    finally:
+        await runner.cleanup()
+
+
+async def test_requests_share_pooled_connections() -> None:
+    peers: set[object] = set()
+
+    async def agents(request: web.Request) -> web.Response:
+        peers.add(request.transport.get_extra_info("peername") if request.transport else None)
+        return web.json_response({"agents": []})
+
+    runner, url = await _serve(agents)
+    try:
+        async with ReachClient(url) as c:
+            for _ in range(20):
+                assert await c.agents() == []
+            await asyncio.gather(*(c.agents() for _ in range(5)))
+        # 20 sequential calls on one kept-alive connection, then at most 5 in parallel
+        assert 1 <= len(peers) <= 5
+    finally:
+        await runner.cleanup()
+
+
+def test_sync_facade_from_several_threads(gw: Proc) -> None:
+    results: list[str] = []
+    errors: list[BaseException] = []
+    with SyncReachClient(gw.url) as c:
+
+        def work(i: int) -> None:
+            try:
+                results.append(c.send("cl.echo", {"i": i}).result["payload"]["i"])
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        assert not errors
+        assert sorted(results) == list(range(8))
+        with pytest.raises(NoCapableAgent):
+            c.send("cl.nobody")
+        assert c.agent("cl-ok-01").status == "healthy"
+    with pytest.raises(RuntimeError, match="closed"):
+        c.agents()
+
+
+async def test_no_available_agent_when_the_only_capable_one_is_down(gw: Proc) -> None:
+    async with ReachClient(gw.url) as c:
+        await c.register("agent://cl-gone", ["cl.gone"], "http://127.0.0.1:9/reach")
+        await c.deregister("agent://cl-gone")
+        with pytest.raises(NoCapableAgent):
+            await c.send("cl.gone")
+    # a down endpoint: interval 0.05 s makes it down in 0.15 s, and it is never routed to
+    with gateway("--heartbeat-interval", "0.05") as fast:
+        async with ReachClient(fast.url) as c:
+            await c.register("agent://cl-stale", ["cl.stale"], "http://127.0.0.1:9/reach")
+            deadline = time.monotonic() + 5
+            while (await c.agent("cl-stale")).status != "down":
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            with pytest.raises(NoAvailableAgent) as exc:
+                await c.send("cl.stale")
+            assert exc.value.status == 503
