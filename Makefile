@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: run test test-slow bench lint format clean
+.PHONY: run test test-e2e-redis test-slow bench lint format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,9 +29,16 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 run: $(VENV)/.installed-base
 	$(BIN)/agent-reach demo --keep-running --port $${AGENT_REACH_PORT:-7700}
 
-## test: the whole suite (unit, contract, integration, end-to-end); long scenarios: test-slow
+## test: the whole suite (unit, contract, integration, end-to-end), then the end-to-end suite
+## again with every gateway on the shared Redis registry; long scenarios: test-slow
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-e2e-redis
+
+## test-e2e-redis: the end-to-end suite with the gateways on redis://127.0.0.1:6379/0
+test-e2e-redis: $(VENV)/.installed-test
+	AGENT_REACH_TEST_REGISTRY=$${AGENT_REACH_TEST_REGISTRY:-redis://127.0.0.1:6379/0} \
+		$(BIN)/python -m pytest tests/e2e -m "not slow" $(PYTEST_ARGS)
 
 # long load and fault scenarios (marked slow; none yet: pytest's "no tests" exit 5 is fine here)
 test-slow: $(VENV)/.installed-test

@@ -18,6 +18,7 @@ from typing import Any
 from urllib import error, request
 
 ROOT = Path(__file__).resolve().parent.parent
+REDIS_URL = os.environ.get("AGENT_REACH_TEST_REDIS", "redis://127.0.0.1:6379/0")
 BEHAVE = ROOT / "tests" / "agents" / "behave.py"
 _URL = re.compile(rb"(http://127\.0\.0\.1:\d+\S*)")
 
@@ -79,13 +80,27 @@ def _start(cmd: list[str], timeout: float = 15.0, env: dict[str, str] | None = N
 
 @contextmanager
 def gateway(*flags: str) -> Iterator[Proc]:
-    """A real `agent-reach serve` process on a free port."""
+    """A real `agent-reach serve` process on a free port.
+
+    With ``AGENT_REACH_TEST_REGISTRY`` set (e.g. ``redis://127.0.0.1:6379/0``, as
+    ``make test-e2e-redis`` does), a gateway not given ``--registry`` runs on that registry
+    under a key prefix of its own, dropped afterwards.
+    """
     port = [] if "--port" in flags else ["--port", "0"]
-    proc = _start([sys.executable, "-m", "agent_reach", "serve", *port, *flags])
+    shared = os.environ.get("AGENT_REACH_TEST_REGISTRY")
+    prefix = f"test-{os.urandom(6).hex()}"
+    registry = (
+        ["--registry", shared, "--registry-prefix", prefix]
+        if shared and "--registry" not in flags
+        else []
+    )
+    proc = _start([sys.executable, "-m", "agent_reach", "serve", *port, *registry, *flags])
     try:
         yield proc
     finally:
         proc.stop()
+        if registry:
+            _drop_prefix_now(prefix, shared or REDIS_URL)
 
 
 def start_agent(
@@ -149,3 +164,28 @@ def wait_until(predicate: Any, timeout: float, interval: float = 0.02) -> Any:
 def status_of(gw: str, endpoint_id: str) -> str:
     code, body = http("GET", f"{gw}/v1/agents/{endpoint_id.removeprefix('agent://')}")
     return body["status"] if code == 200 else f"http {code}"
+
+
+async def drop_prefix(prefix: str, url: str = REDIS_URL) -> int:
+    """Delete every key of a registry prefix (a test's own), return how many."""
+    from redis import asyncio as aioredis
+
+    client = aioredis.Redis.from_url(url)
+    try:
+        keys = [k async for k in client.scan_iter(match="{" + prefix + "}*", count=1000)]
+        return int(await client.delete(*keys)) if keys else 0
+    finally:
+        await client.aclose()
+
+
+def _drop_prefix_now(prefix: str, url: str) -> None:
+    """:func:`drop_prefix` for sync code (which may run inside an event loop's test)."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        keys = list(client.scan_iter(match="{" + prefix + "}*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()

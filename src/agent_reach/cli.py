@@ -26,7 +26,13 @@ from rich.console import Console
 from agent_reach import logs, render
 from agent_reach.errors import AgentReachError, GatewayUnavailable
 from agent_reach.sdk.client import DEFAULT_TIMEOUT_MS, Priority, ReachClient
-from agent_reach.settings import DEFAULT_GATEWAY_URL, GATEWAY_ENV, GatewaySettings, gateway_url
+from agent_reach.settings import (
+    DEFAULT_GATEWAY_URL,
+    GATEWAY_ENV,
+    GatewaySettings,
+    gateway_url,
+    redacted,
+)
 
 __all__ = ["ExitCode", "main"]
 
@@ -95,7 +101,25 @@ def main() -> None:
 @main.command()
 @_option("host", str, "127.0.0.1", "bind address")
 @_option("port", click.IntRange(0, 65535), 7700, "port (0 picks a free one)")
-@_option("registry", str, "memory://", "registry URL")
+@_option(
+    "registry",
+    str,
+    "memory://",
+    "registry URL: memory:// (one process) or redis://HOST:PORT/DB (shared by many gateways)",
+)
+@_option(
+    "registry-prefix",
+    str,
+    "agent-reach",
+    "key prefix in a shared registry: several agent networks can share one Redis",
+)
+@_option(
+    "workers",
+    click.IntRange(1, 64),
+    1,
+    "gateway processes sharing the port (needs a shared registry such as redis://)",
+)
+@click.option("--reuse-port", is_flag=True, hidden=True)  # set by the --workers supervisor
 @_option(
     "heartbeat-interval",
     click.FloatRange(min=0.01),
@@ -146,15 +170,19 @@ def main() -> None:
     "INFO",
     "JSON log lines at this level and above go to stderr",
 )
-def serve(**flags: Any) -> None:
-    """Start a gateway on the embedded in-memory registry."""
+def serve(reuse_port: bool, **flags: Any) -> None:
+    """Start a gateway (on the embedded in-memory registry unless --registry says otherwise)."""
     settings = GatewaySettings(**flags)
     try:
         settings.check()
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     logs.configure(settings.log_level)
-    _run(_serve(settings))
+    if settings.workers > 1:
+        from agent_reach.gateway.workers import supervise
+
+        raise click.exceptions.Exit(supervise(settings, sys.argv))
+    _run(_serve(settings, reuse_port=reuse_port))
 
 
 def _run(main_coro: Any) -> None:
@@ -167,14 +195,18 @@ def _run(main_coro: Any) -> None:
         runner.run(main_coro)
 
 
-async def _serve(settings: GatewaySettings) -> None:
+async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None:
     from agent_reach.gateway.app import GatewayHTTP
 
     try:
         http = GatewayHTTP(settings)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    await http.start()
+    try:
+        await http.start()
+    except ConnectionError as exc:  # the shared registry cannot be reached
+        await http.close()
+        raise click.ClickException(str(exc)) from exc
     # on SIGTERM, requests in flight get SHUTDOWN_S to finish (their deadlines may be longer)
     runner = web.ServerRunner(
         web.Server(http.handle, access_log=None),
@@ -186,7 +218,14 @@ async def _serve(settings: GatewaySettings) -> None:
     # often: cyclic GC was ~6 % of the gateway's CPU under load with the defaults (700, 10, 10).
     gc.freeze()
     gc.set_threshold(50_000, 20, 20)
-    site = web.TCPSite(runner, settings.host, settings.port, backlog=1024, reuse_address=True)
+    site = web.TCPSite(
+        runner,
+        settings.host,
+        settings.port,
+        backlog=1024,
+        reuse_address=True,
+        reuse_port=reuse_port or None,
+    )
     try:
         await site.start()
     except OSError as exc:
@@ -198,8 +237,9 @@ async def _serve(settings: GatewaySettings) -> None:
     port = runner.addresses[0][1] if runner.addresses else settings.port
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     url = f"http://{host}:{port}"
-    logs.log(logging.INFO, "gateway.listening", url=url, registry=settings.registry)
-    print(f"agent-reach gateway listening on {url} (registry {settings.registry})", flush=True)
+    registry = redacted(settings.registry)
+    logs.log(logging.INFO, "gateway.listening", url=url, registry=registry)
+    print(f"agent-reach gateway listening on {url} (registry {registry})", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -3,28 +3,77 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from agent_reach.core.model import Thresholds
 
-__all__ = ["DEFAULT_GATEWAY_URL", "GatewaySettings", "gateway_url"]
+__all__ = ["DEFAULT_GATEWAY_URL", "GatewaySettings", "gateway_url", "gateway_urls", "redacted"]
 
 DEFAULT_PURGE_AFTER_S = 3600.0
 DEFAULT_GATEWAY_URL = "http://127.0.0.1:7700"
 GATEWAY_ENV = "AGENT_REACH_GATEWAY"
 
 
+def redacted(url: str) -> str:
+    """``url`` without its password (for log lines and start-up messages)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    userinfo, host = rest.rsplit("@", 1)
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user + ':' if user else ''}***@{host}"
+
+
 def gateway_url(explicit: str | None = None, env: Mapping[str, str] | None = None) -> str:
     """The gateway URL clients and agents use: ``explicit``, else ``$AGENT_REACH_GATEWAY``,
     else ``http://127.0.0.1:7700``; without a trailing slash.
 
+    For callers that talk to one gateway: when several are given (a comma-separated list), the
+    first one. :func:`gateway_urls` gives them all.
+    """
+    return gateway_urls(explicit, env)[0]
+
+
+def gateway_urls(
+    explicit: str | Sequence[str] | None = None, env: Mapping[str, str] | None = None
+) -> tuple[str, ...]:
+    """The gateway URLs clients and agents use, in the order to try them.
+
+    ``explicit`` is one URL, a comma-separated list of URLs, or a sequence of them; when it is
+    None or empty, ``$AGENT_REACH_GATEWAY`` (same forms, e.g.
+    ``http://10.0.0.1:7700,http://10.0.0.2:7700``), else ``http://127.0.0.1:7700``. Each URL
+    must be http(s) with a host (and a valid port, if any); spaces and trailing slashes are
+    stripped, empty items between commas skipped, and repeats dropped (the first place counts).
+    Raises ValueError naming the first URL that is not usable.
+
     The one place the SDKs read that variable (when called, never at import).
     """
-    url = explicit or (os.environ if env is None else env).get(GATEWAY_ENV) or DEFAULT_GATEWAY_URL
-    url = url.strip().rstrip("/")
+    given: Sequence[str] = (explicit,) if isinstance(explicit, str) else explicit or ()
+    if not any(item.strip(" ,") for item in given):
+        given = ((os.environ if env is None else env).get(GATEWAY_ENV) or DEFAULT_GATEWAY_URL,)
+    urls: list[str] = []
+    for item in given:
+        for part in item.split(","):
+            url = part.strip()
+            if url and (url := _check_gateway_url(url).rstrip("/")) not in urls:
+                urls.append(url)
+    if not urls:
+        raise ValueError(f"no gateway URL in {given!r}")
+    return tuple(urls)
+
+
+def _check_gateway_url(url: str) -> str:
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"gateway URL must start with http:// or https://, got {url!r}")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises ValueError for a port that is not a number or too big)
+    except ValueError as exc:
+        raise ValueError(f"gateway URL {url!r} is not a valid URL: {exc}") from None
+    if not parts.hostname:
+        raise ValueError(f"gateway URL {url!r} has no host")
     return url
 
 
@@ -39,6 +88,8 @@ class GatewaySettings:
     host: str = "127.0.0.1"
     port: int = 7700
     registry: str = "memory://"
+    registry_prefix: str = "agent-reach"
+    workers: int = 1
     heartbeat_interval: float = 10.0
     degraded_after: float | None = None
     suspect_after: float | None = None
@@ -88,6 +139,12 @@ class GatewaySettings:
             raise ValueError(
                 f"purge-after ({self.purge_after}) must be at least down-after ({t.down_after}):"
                 " only down records are purged"
+            )
+        if self.workers > 1 and self.registry.startswith("memory:"):
+            raise ValueError(
+                f"--workers {self.workers} needs a shared registry: each process would have its"
+                " own memory:// registry, and an agent registered through one would be unknown to"
+                " the others; use --registry redis://HOST:PORT/DB"
             )
         if self.max_body_bytes < 1024:
             raise ValueError("max-body-bytes must be at least 1024")

@@ -1,21 +1,28 @@
-"""One contract suite for every registry backend (the Redis backend joins the parameter list)."""
+"""One contract suite for every registry backend: the in-memory one and Redis (the real server
+on 127.0.0.1:6379, a unique key prefix per test)."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import AsyncIterator
 
 import pytest
 
 from agent_reach.core.model import EndpointRecord
 from agent_reach.registry import RegistryBackend, RegistryChange, open_registry
+from tests.support import REDIS_URL, drop_prefix
 
 
-@pytest.fixture(params=["memory://"])
+@pytest.fixture(params=["memory://", REDIS_URL])
 async def registry(request: pytest.FixtureRequest) -> AsyncIterator[RegistryBackend]:
-    backend = open_registry(request.param)
+    prefix = f"test-{secrets.token_hex(6)}"
+    backend = open_registry(request.param, prefix=prefix)
+    backend.bind(lambda: 100.0)  # the records below are on this (frozen) liveness clock
     await backend.start()
     yield backend
     await backend.close()
+    if request.param != "memory://":
+        await drop_prefix(prefix)
 
 
 def rec(name: str, caps: tuple[str, ...] = ("t.a",), seen: float = 100.0) -> EndpointRecord:

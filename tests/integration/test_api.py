@@ -194,7 +194,17 @@ def test_traces_metrics_and_healthz(gw: Proc) -> None:
     assert body["events"][1]["error"] == "no_capable_agent"
     status, body = http("GET", f"{gw.url}/v1/traces/trace_never_seen")
     assert (status, body["error"]) == (404, "trace_not_found")
-    assert http("GET", f"{gw.url}/healthz") == (200, {"ok": True})
+    assert http("GET", f"{gw.url}/healthz") == (
+        200,
+        {
+            "ok": True,
+            "registry": {
+                "backend": "memory",
+                "available": True,
+                "detail": "embedded in-memory registry",
+            },
+        },
+    )
     status, text = http("GET", f"{gw.url}/metrics")
     assert status == 200
     assert 'agent_reach_requests_total{intent="_unroutable",outcome="no_capable_agent"}' in text

@@ -256,7 +256,17 @@ def test_deeply_nested_json_is_refused_not_crashed_on(gw: Proc) -> None:
 
 def test_gateway_survived_the_fuzzing(gw: Proc) -> None:
     assert gw.popen.poll() is None
-    assert http("GET", f"{gw.url}/healthz") == (200, {"ok": True})
+    assert http("GET", f"{gw.url}/healthz") == (
+        200,
+        {
+            "ok": True,
+            "registry": {
+                "backend": "memory",
+                "available": True,
+                "detail": "embedded in-memory registry",
+            },
+        },
+    )
     assert [a[0] for a in snapshot(gw) if a[0].startswith("agent://fuzz-base")] == [
         f"agent://fuzz-base-{i}" for i in range(3)
     ]

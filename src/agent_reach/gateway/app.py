@@ -81,10 +81,12 @@ class GatewayHTTP:
         settings.check()
         clock = clock or SystemClock()
         self.settings = settings
-        self.registry = registry or open_registry(settings.registry)
+        self.registry = registry or open_registry(
+            settings.registry, prefix=settings.registry_prefix
+        )
         self.transport = transport or HttpTransport(max_response_bytes=settings.max_body_bytes)
         self.gateway = Gateway(settings, self.registry, clock, rng=rng)
-        self.metrics = GatewayMetrics(self.gateway.status_counts)
+        self.metrics = GatewayMetrics(self.gateway.status_counts, self.registry.state)
         self.traces = TraceStore(settings.trace_capacity)
         self.reacher = Reacher(
             self.gateway, self.transport, self.metrics, self.traces, wall=clock.wall
@@ -259,7 +261,17 @@ class GatewayHTTP:
         return _json(self.gateway.diagnostics())
 
     async def healthz(self, request: web.BaseRequest, _: str) -> web.Response:
-        return _json({"ok": True})
+        # always 200 while the gateway serves: with its shared registry away it still routes on
+        # its last view, and says so here (and in the metric agent_reach_registry_available)
+        state = self.registry.state()
+        registry: dict[str, Any] = {
+            "backend": state.backend,
+            "available": state.available,
+            "detail": state.detail,
+        }
+        if state.last_sync_age_s is not None:
+            registry["last_sync_age_s"] = round(state.last_sync_age_s, 3)
+        return _json({"ok": True, "registry": registry})
 
     async def render_metrics(self, request: web.BaseRequest, _: str) -> web.Response:
         return web.Response(body=self.metrics.render(), headers=_METRICS_TYPE)

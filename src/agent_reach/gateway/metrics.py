@@ -8,6 +8,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from agent_reach.registry.base import RegistryState
+
 __all__ = ["GatewayMetrics"]
 
 _LATENCY_BUCKETS = (
@@ -42,10 +44,35 @@ class _StatusCollector(Collector):
         yield family
 
 
+class _RegistryCollector(Collector):
+    def __init__(self, state: Callable[[], RegistryState]) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        state = self._state()
+        available = GaugeMetricFamily(
+            "agent_reach_registry_available",
+            "1 while the registry's shared store is reachable (0: routing on the last view)",
+            labels=["backend"],
+        )
+        available.add_metric([state.backend], 1.0 if state.available else 0.0)
+        yield available
+        if state.last_sync_age_s is not None:
+            yield GaugeMetricFamily(
+                "agent_reach_registry_sync_age_seconds",
+                "Age of the local view's last successful sync with the shared registry",
+                value=state.last_sync_age_s,
+            )
+
+
 class GatewayMetrics:
     """Counters and histograms of requests, attempts, retries and heartbeats."""
 
-    def __init__(self, status_counts: Callable[[], dict[str, int]]) -> None:
+    def __init__(
+        self,
+        status_counts: Callable[[], dict[str, int]],
+        registry_state: Callable[[], RegistryState] | None = None,
+    ) -> None:
         r = self.registry = CollectorRegistry(auto_describe=False)
         self.requests = Counter(
             "agent_reach_requests",
@@ -96,6 +123,8 @@ class GatewayMetrics:
             registry=r,
         )
         r.register(_StatusCollector(status_counts))
+        if registry_state is not None:
+            r.register(_RegistryCollector(registry_state))
         self.heartbeats_ok = self.heartbeats.labels("ok")
         self.heartbeats_unknown = self.heartbeats.labels("unknown")
         self._requests: dict[tuple[str, str], tuple[Counter, Histogram]] = {}

@@ -84,6 +84,7 @@ class Gateway:
         self._tiers: dict[str, Tiers] = {}
         self._fallback: dict[str, dict[str, float]] = {}
         self.unrouted = UnroutedIntents()  # intents refused with no_capable_agent
+        registry.bind(self.now)  # records' last_seen are on this gateway's liveness clock
         registry.subscribe(self._on_change)
 
     # --- time and health -------------------------------------------------------------------

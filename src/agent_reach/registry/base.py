@@ -18,7 +18,7 @@ from typing import NamedTuple, Protocol
 
 from agent_reach.core.model import EndpointRecord
 
-__all__ = ["RegistryBackend", "RegistryChange", "RegistryListener"]
+__all__ = ["RegistryBackend", "RegistryChange", "RegistryListener", "RegistryState"]
 
 
 class RegistryChange(NamedTuple):
@@ -32,11 +32,33 @@ class RegistryChange(NamedTuple):
 RegistryListener = Callable[[RegistryChange], None]
 
 
+class RegistryState(NamedTuple):
+    """Whether the backend's shared store is reachable, for ``/healthz`` and the metrics.
+
+    ``last_sync_age_s`` is how old the view's last successful sync is (None: nothing to sync).
+    """
+
+    backend: str
+    available: bool
+    detail: str
+    last_sync_age_s: float | None
+
+
 class RegistryBackend(Protocol):
     """Storage of endpoint records with an intent -> endpoints inverted index."""
 
+    def bind(self, now: Callable[[], float]) -> None:
+        """Give the backend the gateway's liveness clock (before :meth:`start`): every
+        ``last_seen`` in the view is on it. A shared backend maps its own time source to it."""
+        ...
+
     async def start(self) -> None:
-        """Connect and load the view; idempotent."""
+        """Connect and load the view; idempotent. Raises ``ConnectionError`` when the backing
+        store cannot be reached."""
+        ...
+
+    def state(self) -> RegistryState:
+        """Whether the shared store is reachable now (the view is routed on either way)."""
         ...
 
     async def close(self) -> None:
@@ -48,7 +70,10 @@ class RegistryBackend(Protocol):
         ...
 
     async def upsert(self, record: EndpointRecord) -> EndpointRecord | None:
-        """Insert or replace the record of ``record.endpoint_id``; return the previous one."""
+        """Insert or replace the record of ``record.endpoint_id``; return the previous one.
+
+        Writes change the view at once; a shared backend that cannot reach its store buffers
+        the write and never raises for that."""
         ...
 
     async def touch(

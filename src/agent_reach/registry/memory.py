@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 from agent_reach.core.model import EndpointRecord
-from agent_reach.registry.base import RegistryChange, RegistryListener
+from agent_reach.registry.base import RegistryChange, RegistryListener, RegistryState
 
 __all__ = ["MemoryRegistry"]
 
@@ -20,8 +20,14 @@ class MemoryRegistry:
         self._index: dict[str, dict[str, None]] = {}
         self._listeners: list[RegistryListener] = []
 
+    def bind(self, now: Callable[[], float]) -> None:
+        return None  # one process, one clock: nothing to map
+
     async def start(self) -> None:
         return None
+
+    def state(self) -> RegistryState:
+        return RegistryState("memory", True, "embedded in-memory registry", None)
 
     async def close(self) -> None:
         return None

@@ -16,6 +16,17 @@ Behaviour:
   than the heartbeat interval), logs a warning per failure, and keeps serving.
 - :meth:`Lifeline.stop` wakes the thread at once (an event, not a sleep to wait out) and
   deregisters before the thread ends.
+
+With several gateways (sharing one registry), the line registers and heartbeats through the
+current one. When a call cannot reach it (connection refused or reset, DNS, connect or answer
+timeout), the line moves to the next gateway at once and registers there (an idempotent upsert,
+which counts as a heartbeat), trying each in turn (:class:`._failover.GatewayRing`: the ones
+that failed in the last few seconds last); only when none can be reached does it back off. To
+keep heartbeats within the interval across a failover, a connection may take at most
+``connect_timeout_s`` (and a fifth of the interval), and, with several gateways, a heartbeat
+waits for its answer at most 0.15 x the interval (at least 0.25 s): the rest of the interval is
+left for registering elsewhere. An answer (even 5xx) is not a reason to move: a registry that is
+down behind one gateway is down behind all of them.
 """
 
 from __future__ import annotations
@@ -27,47 +38,63 @@ import enum
 import logging
 import random
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiohttp
 
+from agent_reach.clock import Clock, SystemClock
 from agent_reach.errors import AgentReachError, error_from_answer
 from agent_reach.logs import log
+from agent_reach.sdk._failover import COOLOFF_S, GatewayRing, describe
 
 __all__ = ["Lifeline"]
 
 _JITTER = (0.6, 0.8)
 _FIRST_RETRY_S = 0.25
+CONNECT_TIMEOUT_S = 1.0
+# with several gateways: the part of the interval a heartbeat may wait for its answer, and the
+# least it is given (a busy gateway is not a dead one)
+_BEAT_WAIT = 0.15
+_BEAT_WAIT_MIN_S = 0.25
 
 
 class _Outcome(enum.Enum):
     OK = "ok"
     UNKNOWN = "unknown"  # 404 to a heartbeat: register again now
-    FAILED = "failed"  # unreachable, timeout, 5xx: back off and try again
+    FAILED = "failed"  # no gateway reachable, or 5xx: back off and try again
+    UNREACHABLE = "unreachable"  # this gateway: refused, reset, timeout... try the next one
     REFUSED = "refused"  # 4xx to a registration: our mistake, not the gateway's state
 
 
 class Lifeline:
     """Registration, heartbeats and deregistration of one endpoint, on their own thread.
 
+    ``gateway`` is one URL or several (sharing a registry), in the order to try them.
     ``registration`` is the body of ``POST /v1/register``. :meth:`start` returns a future
-    that resolves after the first registration attempt: with None when it succeeded or the
-    gateway could not be reached (the thread keeps trying), with the gateway's error when it
-    refused the registration (4xx; the thread has then ended). :meth:`stop` returns a future
-    that resolves once the agent is deregistered (when ``deregister``) and the thread ended.
+    that resolves after the first registration attempt (on each gateway in turn, until one
+    answers): with None when it succeeded or no gateway could be reached (the thread keeps
+    trying), with the gateway's error when it refused the registration (4xx; the thread has
+    then ended). :meth:`stop` returns a future that resolves once the agent is deregistered
+    (when ``deregister``) and the thread ended.
     """
 
     def __init__(
         self,
-        gateway: str,
+        gateway: str | Sequence[str],
         registration: Mapping[str, Any],
         *,
         request_timeout_s: float = 5.0,
         retry_max_s: float = 5.0,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        cooloff_s: float = COOLOFF_S,
         rng: random.Random | None = None,
+        clock: Clock | None = None,
     ) -> None:
-        self.gateway = gateway.rstrip("/")
+        urls = (gateway,) if isinstance(gateway, str) else tuple(gateway)
+        self._ring = GatewayRing([url.rstrip("/") for url in urls], cooloff_s=cooloff_s)
+        self._clock = clock or SystemClock()
+        self.connect_timeout_s = connect_timeout_s
         self.registration = dict(registration)
         self.endpoint_id: str = str(registration["endpoint_id"])
         self.request_timeout_s = request_timeout_s
@@ -87,6 +114,16 @@ class Lifeline:
         self._thread: threading.Thread | None = None
         self._first: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    @property
+    def gateway(self) -> str:
+        """The current gateway: the last one that answered (the first one, before any)."""
+        return self._ring.current
+
+    @property
+    def gateways(self) -> tuple[str, ...]:
+        """Every gateway of this line, in the order given."""
+        return self._ring.urls
 
     def start(self) -> concurrent.futures.Future[None]:
         """Start the thread; the future resolves after the first registration attempt."""
@@ -151,7 +188,7 @@ class Lifeline:
                 await self._deregister_now()
 
     async def _line(self) -> None:
-        outcome = await self._register()
+        outcome = await self._register_anywhere()
         if outcome is _Outcome.REFUSED:
             assert self._refusal is not None
             self._first.set_exception(self._refusal)
@@ -178,33 +215,80 @@ class Lifeline:
                     retry_in_s=round(wait, 3),
                 )
             await asyncio.sleep(wait)
-            outcome = await (self._heartbeat() if self.registered else self._register())
+            if not self.registered:
+                outcome = await self._register_anywhere()
+                continue
+            outcome = await self._heartbeat()
+            if outcome is _Outcome.UNREACHABLE:
+                # fail over at once: registering elsewhere is this interval's heartbeat
+                failed = self.gateway
+                self._ring.failed(failed, self._clock.monotonic())
+                others = [url for url in self._ring.order(self._clock.monotonic()) if url != failed]
+                outcome = await self._register_anywhere(others, failed_over_from=failed)
+
+    async def _register_anywhere(
+        self, order: Sequence[str] | None = None, *, failed_over_from: str | None = None
+    ) -> _Outcome:
+        """Register through each gateway of ``order`` (default: all, in the ring's order) until
+        one answers; a gateway that cannot be reached is marked failed. FAILED when none could
+        be reached."""
+        if order is None:
+            order = self._ring.order(self._clock.monotonic())
+        previous = failed_over_from
+        for url in order:
+            if previous is not None:
+                self._log_failover(previous, url, "register")
+            outcome = await self._register(url)
+            if outcome is not _Outcome.UNREACHABLE:
+                return outcome
+            self._ring.failed(url, self._clock.monotonic())
+            previous = url
+        return _Outcome.FAILED
+
+    def _log_failover(self, failed: str, to: str, doing: str) -> None:
+        moved: dict[str, Any] = {"from": failed, "to": to}
+        log(
+            logging.WARNING,
+            "agent.gateway_failover",
+            endpoint_id=self.endpoint_id,
+            **moved,
+            error=self._error,
+            doing=doing,
+        )
 
     def _backoff(self, failures: int) -> float:
         cap = min(self.retry_max_s, self.interval) if self.registered else self.retry_max_s
         base: float = min(cap, _FIRST_RETRY_S * 2.0 ** min(failures - 1, 16))
         return base * self._rng.uniform(0.5, 1.0)
 
-    async def _post(self, path: str, body: Mapping[str, Any]) -> tuple[int, Any]:
+    def _timeout(self, total_s: float) -> aiohttp.ClientTimeout:
+        connect = min(self.connect_timeout_s, self.interval / 5, total_s)
+        return aiohttp.ClientTimeout(total=total_s, sock_connect=connect)
+
+    async def _post(
+        self, url: str, path: str, body: Mapping[str, Any], total_s: float | None = None
+    ) -> tuple[int, Any]:
         assert self._session is not None
-        async with self._session.post(self.gateway + path, json=body) as resp:
+        timeout = self._timeout(self.request_timeout_s if total_s is None else total_s)
+        async with self._session.post(url + path, json=body, timeout=timeout) as resp:
             try:
                 answer = await resp.json(content_type=None)
             except ValueError:
                 answer = None
             return resp.status, answer
 
-    async def _register(self) -> _Outcome:
+    async def _register(self, url: str) -> _Outcome:
         self._registering = True  # stays set if this call is cancelled: see _main
         try:
-            status, answer = await self._post("/v1/register", self.registration)
+            status, answer = await self._post(url, "/v1/register", self.registration)
         except (aiohttp.ClientError, TimeoutError) as exc:
             self._registering = False
-            self._error = _describe(exc)
-            return _Outcome.FAILED
+            self._error = describe(exc)
+            return _Outcome.UNREACHABLE
         self._registering = False
         interval = answer.get("heartbeat_interval_s") if isinstance(answer, dict) else None
         if status == 200 and isinstance(interval, int | float) and interval > 0:
+            self._ring.worked(url)
             self.interval = float(interval)
             self.registered = True
             log(
@@ -212,49 +296,66 @@ class Lifeline:
                 "agent.registered",
                 endpoint_id=self.endpoint_id,
                 url=self.registration.get("endpoint_url"),
+                gateway=url,
                 heartbeat_interval_s=self.interval,
             )
             return _Outcome.OK
         if 400 <= status < 500 and status not in (408, 429):
             self._refusal = error_from_answer(status, answer)
             self._error = f"registration refused ({status}): {answer}"
-            log(logging.ERROR, "agent.register_refused", status=status, answer=answer)
+            log(logging.ERROR, "agent.register_refused", status=status, answer=answer, gateway=url)
             return _Outcome.REFUSED
         self._error = f"registration answered {status}: {answer}"
         return _Outcome.FAILED
 
     async def _heartbeat(self) -> _Outcome:
+        url = self.gateway
+        # with somewhere else to go, a heartbeat leaves most of the interval for going there
+        wait = None
+        if len(self._ring.urls) > 1:
+            wait = min(self.request_timeout_s, max(_BEAT_WAIT * self.interval, _BEAT_WAIT_MIN_S))
         try:
-            status, answer = await self._post("/v1/heartbeat", {"endpoint_id": self.endpoint_id})
+            status, answer = await self._post(
+                url, "/v1/heartbeat", {"endpoint_id": self.endpoint_id}, wait
+            )
         except (aiohttp.ClientError, TimeoutError) as exc:
-            self._error = _describe(exc)
-            return _Outcome.FAILED
+            self._error = describe(exc)
+            # with one gateway there is nowhere to go: back off and beat again
+            return _Outcome.UNREACHABLE if len(self._ring.urls) > 1 else _Outcome.FAILED
         if status == 200:
             self.beats += 1
             return _Outcome.OK
         if status == 404:
             # the gateway does not know us: it restarted (in-memory registry) or purged us
             self.registered = False
-            log(logging.WARNING, "agent.reregistering", endpoint_id=self.endpoint_id)
+            log(logging.WARNING, "agent.reregistering", endpoint_id=self.endpoint_id, gateway=url)
             return _Outcome.UNKNOWN
         self._error = f"heartbeat answered {status}: {answer}"
         return _Outcome.FAILED
 
     async def _deregister_now(self) -> None:
+        """Deregister through the current gateway, or the next ones when it cannot be reached,
+        within 2 s in all."""
+        order = [self.gateway, *(u for u in self._ring.urls if u != self.gateway)]
         try:
             async with asyncio.timeout(min(2.0, self.request_timeout_s)):
-                status, answer = await self._post(
-                    "/v1/deregister", {"endpoint_id": self.endpoint_id}
-                )
+                for index, url in enumerate(order):
+                    try:
+                        status, answer = await self._post(
+                            url, "/v1/deregister", {"endpoint_id": self.endpoint_id}
+                        )
+                    except aiohttp.ClientError as exc:
+                        self._error = describe(exc)
+                        if index + 1 == len(order):
+                            raise
+                        self._log_failover(url, order[index + 1], "deregister")
+                        continue
+                    break
         except (aiohttp.ClientError, TimeoutError) as exc:
-            log(logging.WARNING, "agent.deregister_failed", error=_describe(exc))
+            log(logging.WARNING, "agent.deregister_failed", error=describe(exc))
             return
         self.registered = False
         if status == 200:
-            log(logging.INFO, "agent.deregistered", endpoint_id=self.endpoint_id)
+            log(logging.INFO, "agent.deregistered", endpoint_id=self.endpoint_id, gateway=url)
         else:
             log(logging.WARNING, "agent.deregister_failed", status=status, answer=answer)
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

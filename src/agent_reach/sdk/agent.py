@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -41,7 +41,7 @@ from agent_reach.sdk._delivery import (
 from agent_reach.sdk.asgi import AsgiDelivery
 from agent_reach.sdk.client import EMPTY, ReachClient, Reply
 from agent_reach.sdk.context import ReachContext, Reject
-from agent_reach.settings import gateway_url
+from agent_reach.settings import gateway_urls
 
 __all__ = ["DEFAULT_WORKERS", "Agent", "Handler", "ReachContext", "Reject"]
 
@@ -51,8 +51,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Agent:
     """An agent: an endpoint id, a description, and one handler per intent.
 
-    ``gateway`` defaults to ``$AGENT_REACH_GATEWAY``, else ``http://127.0.0.1:7700`` (read when
-    the agent is made, by :func:`agent_reach.settings.gateway_url`). ``host``, ``port`` (0: a
+    ``gateway`` is one URL, a comma-separated list or a sequence of URLs of gateways that share a
+    registry; it defaults to ``$AGENT_REACH_GATEWAY`` (same forms), else
+    ``http://127.0.0.1:7700`` (read when the agent is made, by
+    :func:`agent_reach.settings.gateway_urls`). The agent registers and heartbeats through one
+    of them at a time, and moves to the next when it cannot be reached. ``host``, ``port`` (0: a
     free one) and ``path`` are where :meth:`start` serves deliveries. Sync handlers run on a pool
     of ``workers`` threads. Repeated deliveries of a ``msg_id`` are answered from one run,
     remembered for ``dedup_ttl_s`` seconds, ``dedup_size`` messages and ``dedup_max_bytes``
@@ -66,7 +69,7 @@ class Agent:
         self,
         endpoint_id: str,
         *,
-        gateway: str | None = None,
+        gateway: str | Sequence[str] | None = None,
         description: str = "",
         host: str = "127.0.0.1",
         port: int = 0,
@@ -85,7 +88,7 @@ class Agent:
         if not path.startswith("/"):
             raise ValueError(f"path must start with '/', got {path!r}")
         self.endpoint_id = endpoint_id
-        self.gateway = gateway_url(gateway)
+        self.gateways = gateway_urls(gateway)
         self.description = description
         self.host, self.port, self.path = host, port, path
         self.shutdown_timeout = shutdown_timeout
@@ -126,6 +129,13 @@ class Agent:
             return fn
 
         return decorate
+
+    @property
+    def gateway(self) -> str:
+        """The gateway the agent registers and heartbeats through now (the first one given,
+        before the agent starts)."""
+        line = self._lifeline
+        return line.gateway if line is not None else self.gateways[0]
 
     @property
     def registered(self) -> bool:
@@ -243,7 +253,7 @@ class Agent:
         per agent, on the agent's event loop; closed when the agent stops.
         """
         if self._client is None:
-            self._client = ReachClient(self.gateway, sender=self.endpoint_id)
+            self._client = ReachClient(self.gateways, sender=self.endpoint_id)
         return await self._client.send(intent, payload, **options)
 
     def reach_blocking(self, coro: Any) -> Any:
@@ -273,7 +283,7 @@ class Agent:
         self.url = url
         self._loop = asyncio.get_running_loop()
         line = Lifeline(
-            self.gateway,
+            self.gateways,
             {
                 "endpoint_id": self.endpoint_id,
                 "capabilities": list(self.handlers),

@@ -9,6 +9,11 @@ load in an outage). Every error answer becomes the typed error of its contract c
 (:func:`agent_reach.errors.error_from_answer`), carrying ``trace_id``, ``msg_id`` and ``attempts``;
 a gateway that cannot be reached is :class:`~agent_reach.errors.GatewayUnavailable`.
 
+Given several gateways (which share one registry), a call that cannot reach one is made through
+the next, within the same timeout (:mod:`._failover` says in which order). The one exception to
+"no client retries": a send whose connection could not even be made, so that no gateway has seen
+it; it goes to the next gateway with the same ``msg_id`` and what is left of its deadline.
+
 ``SyncReachClient`` runs one ``ReachClient`` on a private event loop in a daemon thread, so that
 scripts, notebooks and worker threads can call it; its methods block. There is one implementation
 of every call, the async one.
@@ -17,9 +22,11 @@ of every call, the async one.
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import secrets
 import threading
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar
 from urllib.parse import quote
@@ -27,13 +34,16 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
+from agent_reach.clock import Clock, SystemClock
 from agent_reach.errors import (
     AgentReachError,
     DeadlineExceeded,
     GatewayUnavailable,
     error_from_answer,
 )
-from agent_reach.settings import gateway_url
+from agent_reach.logs import log
+from agent_reach.sdk._failover import COOLOFF_S, GatewayRing, describe, never_sent
+from agent_reach.settings import gateway_urls
 
 __all__ = [
     "AgentInfo",
@@ -53,6 +63,8 @@ T = TypeVar("T")
 DEFAULT_TIMEOUT_MS = 8000
 # what a send may take beyond the caller's deadline: the gateway's answer on the wire
 NETWORK_ALLOWANCE_S = 1.0
+# how long making a connection to a gateway may take before the next one is tried
+CONNECT_TIMEOUT_S = 1.0
 EMPTY: Any = msgspec.UNSET  # "no payload given": sent as {} (an explicit None is sent as null)
 
 
@@ -132,31 +144,51 @@ def new_id(prefix: str) -> str:
 
 
 class ReachClient:
-    """Async client of one gateway. Use as ``async with ReachClient() as client: ...``.
+    """Async client of one gateway, or of several that share a registry.
+    Use as ``async with ReachClient() as client: ...``.
 
-    ``gateway`` defaults to ``$AGENT_REACH_GATEWAY`` or ``http://127.0.0.1:7700``; ``sender`` is
-    put on every send that does not name one (an agent reaching others passes its own id);
-    ``timeout_s`` bounds the calls that are not sends; ``headers`` go on every request (e.g. an
-    ``Authorization`` header).
+    ``gateway`` is one URL, a comma-separated list or a sequence of URLs; it defaults to
+    ``$AGENT_REACH_GATEWAY`` (same forms) or ``http://127.0.0.1:7700``. With several, a call
+    that cannot reach the current gateway goes to the next (see the module docstring), and a
+    gateway that failed is tried last for ``cooloff_s`` seconds. ``sender`` is put on every send
+    that does not name one (an agent reaching others passes its own id); ``timeout_s`` bounds
+    the calls that are not sends, across all the gateways tried; making a connection may take
+    ``connect_timeout_s`` at most; ``headers`` go on every request (e.g. an ``Authorization``
+    header).
     """
 
     def __init__(
         self,
-        gateway: str | None = None,
+        gateway: str | Sequence[str] | None = None,
         *,
         sender: str | None = None,
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
         timeout_s: float = 10.0,
         headers: Mapping[str, str] | None = None,
         max_connections: int = 100,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        cooloff_s: float = COOLOFF_S,
+        clock: Clock | None = None,
     ) -> None:
-        self.gateway = gateway_url(gateway)
+        self._ring = GatewayRing(gateway_urls(gateway), cooloff_s=cooloff_s)
         self.sender = sender
         self.timeout_ms = timeout_ms
         self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self._clock = clock or SystemClock()
         self._headers = dict(headers or {})
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def gateway(self) -> str:
+        """The current gateway: the last one that answered (the first given, before any)."""
+        return self._ring.current
+
+    @property
+    def gateways(self) -> tuple[str, ...]:
+        """Every gateway this client may use, in the order given."""
+        return self._ring.urls
 
     async def __aenter__(self) -> Self:
         return self
@@ -186,40 +218,114 @@ class ReachClient:
         method: str,
         path: str,
         *,
+        late: Callable[[str], AgentReachError],
         body: Any = None,
+        retry_body: Callable[[float], Any] | None = None,
         params: Mapping[str, str] | None = None,
         timeout_s: float | None = None,
-    ) -> tuple[int, Any, Mapping[str, str]]:
-        """One HTTP exchange; (status, parsed JSON, headers) or GatewayUnavailable."""
+        resend: bool = True,
+        fields: Mapping[str, Any] | None = None,
+    ) -> tuple[int, Any, Mapping[str, str], str]:
+        """One HTTP exchange with the first gateway that answers, within one timeout.
+
+        Returns (status, parsed JSON, headers, the gateway's URL). A gateway whose connection
+        cannot be made is marked failed and the next one is tried, with ``retry_body(seconds
+        spent)`` as the body when given; after a connection lost mid-call, only when
+        ``resend``. No answer in time raises ``late(what happened)``; no gateway left,
+        GatewayUnavailable (with ``fields``).
+        """
+        clock = self._clock
+        start = clock.monotonic()
+        budget = self.timeout_s if timeout_s is None else timeout_s
+        order = self._ring.order(start)
+        tried: list[tuple[str, str]] = []
+        failure: BaseException | None = None
+        for index, url in enumerate(order):
+            spent = clock.monotonic() - start
+            if index and spent >= budget:  # the gateways tried so far took the whole time
+                raise late(f"no gateway could be reached ({_listing(tried)})") from failure
+            payload = retry_body(spent) if index and retry_body is not None else body
+            try:
+                status, raw, headers = await self._once(
+                    url, method, path, payload, params, budget - spent
+                )
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                self._ring.failed(url, clock.monotonic())
+                unsent = never_sent(exc)
+                if not unsent and isinstance(exc, TimeoutError):
+                    # connected, no answer: the time is spent
+                    raise late(f"no answer from the gateway at {url}") from exc
+                tried.append((url, describe(exc)))
+                failure = exc
+                if not (unsent or resend):
+                    raise self._unavailable(tried, fields, delivered=True) from exc
+                if index + 1 < len(order):
+                    moved: dict[str, Any] = {"from": url, "to": order[index + 1]}
+                    log(
+                        logging.WARNING,
+                        "client.gateway_failover",
+                        **moved,
+                        error=describe(exc),
+                        call=f"{method} {path}",
+                    )
+                continue
+            self._ring.worked(url)
+            if path == "/metrics":
+                return status, raw.decode(errors="replace"), headers, url
+            try:
+                return status, msgspec.json.decode(raw), headers, url
+            except msgspec.DecodeError:
+                raise GatewayUnavailable(
+                    f"the gateway at {url} answered HTTP {status} with a body that is not JSON",
+                    http_status=status,
+                ) from None
+        raise self._unavailable(tried, fields, delivered=False) from failure
+
+    async def _once(
+        self,
+        url: str,
+        method: str,
+        path: str,
+        body: Any,
+        params: Mapping[str, str] | None,
+        timeout_s: float,
+    ) -> tuple[int, bytes, Mapping[str, str]]:
         data = None if body is None else msgspec.json.encode(body)
         headers = {"Content-Type": "application/json"} if data is not None else None
-        timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout_s)
-        try:
-            async with self._pool().request(
-                method,
-                self.gateway + path,
-                data=data,
-                params=params,
-                headers=headers,
-                timeout=timeout,
-                allow_redirects=False,
-            ) as resp:
-                raw = await resp.read()
-                status, answer_headers = resp.status, resp.headers
-        except TimeoutError:
-            raise
-        except aiohttp.ClientError as exc:
-            raise GatewayUnavailable(f"cannot reach the gateway at {self.gateway}: {exc}") from exc
-        if path == "/metrics":
-            return status, raw.decode(errors="replace"), answer_headers
-        try:
-            return status, msgspec.json.decode(raw), answer_headers
-        except msgspec.DecodeError:
-            raise GatewayUnavailable(
-                f"the gateway at {self.gateway} answered HTTP {status} with a body that is not"
-                " JSON",
-                http_status=status,
-            ) from None
+        timeout = aiohttp.ClientTimeout(
+            total=timeout_s, sock_connect=min(self.connect_timeout_s, timeout_s)
+        )
+        async with self._pool().request(
+            method,
+            url + path,
+            data=data,
+            params=params,
+            headers=headers,
+            timeout=timeout,
+            allow_redirects=False,
+        ) as resp:
+            return resp.status, await resp.read(), resp.headers
+
+    def _unavailable(
+        self, tried: list[tuple[str, str]], fields: Mapping[str, Any] | None, *, delivered: bool
+    ) -> GatewayUnavailable:
+        extra = dict(fields or {})
+        if len(self._ring.urls) == 1:
+            url, error = tried[0]
+            return GatewayUnavailable(f"cannot reach the gateway at {url}: {error}", **extra)
+        extra["gateways"] = [url for url, _ in tried]
+        if delivered:
+            *before, (url, error) = tried
+            detail = (
+                f"lost the connection to the gateway at {url} after sending the request ({error}):"
+                " it may have been delivered, so it was not sent through another gateway"
+            )
+            if before:
+                detail += f"; before that: {_listing(before)}"
+            return GatewayUnavailable(detail, **extra)
+        return GatewayUnavailable(
+            f"cannot reach any of the {len(tried)} gateways: {_listing(tried)}", **extra
+        )
 
     async def _json(
         self,
@@ -229,21 +335,23 @@ class ReachClient:
         *,
         body: Any = None,
         params: Mapping[str, str] | None = None,
+        resend: bool = True,
     ) -> T:
-        try:
-            status, answer, headers = await self._call(method, path, body=body, params=params)
-        except TimeoutError as exc:
-            raise GatewayUnavailable(
-                f"no answer from the gateway at {self.gateway} within {self.timeout_s} s"
-            ) from exc
+        status, answer, headers, url = await self._call(
+            method, path, late=self._late, body=body, params=params, resend=resend
+        )
         if status != 200:
             raise _error(status, answer, headers)
         try:
             return msgspec.convert(answer, kind)
         except msgspec.ValidationError as exc:
             raise GatewayUnavailable(
-                f"the gateway's answer to {method} {path} is not the contract's: {exc}"
+                f"the answer of the gateway at {url} to {method} {path} is not the contract's:"
+                f" {exc}"
             ) from exc
+
+    def _late(self, what: str) -> GatewayUnavailable:
+        return GatewayUnavailable(f"{what} within {self.timeout_s} s")
 
     async def send(
         self,
@@ -262,8 +370,14 @@ class ReachClient:
         Raises the :class:`~agent_reach.errors.ReachError` of the answer's code
         (``NoCapableAgent``, ``DeadlineExceeded``, ``AllAttemptsFailed``, ...), which carries
         ``trace_id``, ``msg_id`` and ``attempts``; ``InvalidRequest`` for a request the gateway
-        refuses; ``GatewayUnavailable`` when the gateway cannot be reached. ``msg_id`` and
-        ``trace_id`` are generated here when not given, so even a lost answer can be traced.
+        refuses; ``GatewayUnavailable`` (with ``msg_id`` and ``trace_id``) when no gateway can
+        be reached. ``msg_id`` and ``trace_id`` are generated here when not given, so even a
+        lost answer can be traced.
+
+        With several gateways, a send goes to the next one only when its connection could not
+        be made (nothing was sent): with the same ``msg_id`` and ``trace_id``, and what is left
+        of ``timeout_ms``. Once the request may have reached a gateway (connection lost after
+        sending, or no answer), it is never sent through another.
         """
         deadline_ms = self.timeout_ms if timeout_ms is None else timeout_ms
         ids = {"msg_id": msg_id or new_id("msg"), "trace_id": trace_id or new_id("trace")}
@@ -276,21 +390,33 @@ class ReachClient:
             "sender": sender or self.sender,
             "recipient_hint": recipient_hint,
         }
-        try:
-            status, answer, headers = await self._call(
-                "POST",
-                "/v1/send",
-                body=body,
-                # one timeout: the caller's deadline, which the gateway keeps, plus the wire
-                timeout_s=max(deadline_ms, 0) / 1000 + NETWORK_ALLOWANCE_S,
-            )
-        except TimeoutError as exc:
-            raise DeadlineExceeded(
-                f"no answer from the gateway within the {deadline_ms} ms deadline"
+
+        def late(what: str) -> DeadlineExceeded:
+            return DeadlineExceeded(
+                f"{what} within the {deadline_ms} ms deadline"
                 f" (+{NETWORK_ALLOWANCE_S:g} s for the network)",
                 **ids,
                 attempts=[],
-            ) from exc
+            )
+
+        def retry_body(spent_s: float) -> dict[str, Any]:
+            # one deadline across gateways: the next one gets what is left of it
+            left_ms = deadline_ms - math.ceil(spent_s * 1000)
+            if left_ms < 1:
+                raise late("no gateway could be reached")
+            return {**body, "timeout_ms": left_ms}
+
+        status, answer, headers, _ = await self._call(
+            "POST",
+            "/v1/send",
+            late=late,
+            body=body,
+            retry_body=retry_body,
+            # one timeout: the caller's deadline, which the gateway keeps, plus the wire
+            timeout_s=max(deadline_ms, 0) / 1000 + NETWORK_ALLOWANCE_S,
+            resend=False,
+            fields=ids,
+        )
         if status != 200:
             err = _error(status, answer, headers)
             for key, value in ids.items():
@@ -357,7 +483,10 @@ class ReachClient:
 
     async def deregister(self, endpoint_id: str) -> None:
         """Remove an endpoint's record (``EndpointNotRegistered`` if unknown)."""
-        await self._json("POST", "/v1/deregister", _Ok, body={"endpoint_id": endpoint_id})
+        # not sent again after a connection lost mid-call: a second gateway would answer 404
+        await self._json(
+            "POST", "/v1/deregister", _Ok, body={"endpoint_id": endpoint_id}, resend=False
+        )
 
     async def healthz(self) -> bool:
         """True when the gateway answers ``/healthz``; GatewayUnavailable when it cannot."""
@@ -372,12 +501,9 @@ class ReachClient:
 
     async def metrics(self) -> str:
         """The gateway's Prometheus text exposition."""
-        try:
-            status, text, _ = await self._call("GET", "/metrics")
-        except TimeoutError as exc:
-            raise GatewayUnavailable(f"no answer from {self.gateway}/metrics") from exc
+        status, text, _, url = await self._call("GET", "/metrics", late=self._late)
         if status != 200:
-            raise GatewayUnavailable(f"{self.gateway}/metrics answered HTTP {status}")
+            raise GatewayUnavailable(f"{url}/metrics answered HTTP {status}")
         return str(text)
 
 
@@ -391,6 +517,10 @@ class _Heartbeat(msgspec.Struct):
 
 class _Ok(msgspec.Struct):
     ok: bool = True
+
+
+def _listing(tried: list[tuple[str, str]]) -> str:
+    return "; ".join(f"{url}: {error}" for url, error in tried)
 
 
 def _error(status: int, answer: Any, headers: Mapping[str, str]) -> AgentReachError:
@@ -408,7 +538,7 @@ class SyncReachClient:
     waits for it. Safe to share between threads. ``close()`` (or ``with``) stops the loop.
     """
 
-    def __init__(self, gateway: str | None = None, **options: Any) -> None:
+    def __init__(self, gateway: str | Sequence[str] | None = None, **options: Any) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="agent-reach-client", daemon=True

@@ -1,0 +1,150 @@
+"""``agent-reach serve --workers N``: N gateway processes on one port, over a shared registry.
+
+The supervisor (this process) reserves the port with ``SO_REUSEPORT`` (so ``--port 0`` works
+too), starts N ordinary ``serve`` processes that bind the same port with ``SO_REUSEPORT`` (the
+kernel spreads connections across them), prints one line when all of them listen, restarts a
+worker that dies (at most one restart a second), and passes SIGINT/SIGTERM on to all of them.
+Each worker is a whole gateway with its own local view of the shared registry; nothing else is
+shared between them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import IO
+
+from agent_reach.settings import GatewaySettings, redacted
+
+__all__ = ["supervise"]
+
+START_TIMEOUT_S = 30.0
+_LISTENING = re.compile(rb"listening on (http://\S+)")
+
+
+def _reserve(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))  # bound, never listening: it only holds the port number
+    return sock
+
+
+def _worker_argv(argv: Sequence[str], port: int) -> list[str]:
+    """The supervisor's own ``serve`` arguments, with one worker on the reserved port."""
+    args = list(argv[1:])
+    out: list[str] = []
+    skip = False
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if arg in ("--workers", "--port"):
+            skip = i + 1 < len(args)
+            continue
+        if arg.startswith(("--workers=", "--port=")):
+            continue
+        out.append(arg)
+    return [
+        sys.executable,
+        "-m",
+        "agent_reach",
+        *out,
+        "--workers",
+        "1",
+        "--port",
+        str(port),
+        "--reuse-port",
+    ]
+
+
+def _wait_listening(proc: subprocess.Popen[bytes], deadline: float) -> str | None:
+    stdout = proc.stdout
+    assert stdout is not None
+    buf = b""
+    while time.monotonic() < deadline and proc.poll() is None:
+        line = stdout.readline()
+        if not line:
+            break
+        buf += line
+        match = _LISTENING.search(buf)
+        if match:
+            return match.group(1).decode()
+    return None
+
+
+def _drain(stdout: IO[bytes]) -> None:
+    """Keep reading a worker's stdout so that it never blocks on a full pipe."""
+    for _ in iter(stdout.readline, b""):
+        pass
+
+
+def supervise(settings: GatewaySettings, argv: Sequence[str]) -> int:
+    """Run ``settings.workers`` gateway processes until SIGINT/SIGTERM; the exit code."""
+    env = {**os.environ, "AGENT_REACH_WORKERS": "1"}
+    try:
+        holder = _reserve(settings.host, settings.port)
+    except OSError as exc:
+        print(
+            f"Error: cannot reserve {settings.host}:{settings.port}: {exc.strerror}",
+            file=sys.stderr,
+        )
+        return 1
+    port = holder.getsockname()[1]
+    cmd = _worker_argv(argv, port)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+
+    def spawn() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env)
+
+    workers = [spawn() for _ in range(settings.workers)]
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        urls = [_wait_listening(w, deadline) for w in workers]
+        if None in urls:
+            print("Error: not every worker started (see the log lines above)", file=sys.stderr)
+            return 1
+        for w in workers:
+            assert w.stdout is not None
+            threading.Thread(target=_drain, args=(w.stdout,), daemon=True).start()
+        print(
+            f"agent-reach gateway listening on {urls[0]} (registry {redacted(settings.registry)},"
+            f" {settings.workers} workers, pids {' '.join(str(w.pid) for w in workers)})",
+            flush=True,
+        )
+        last_restart = 0.0
+        while not stop.wait(0.2):
+            for i, w in enumerate(workers):
+                if w.poll() is None or time.monotonic() - last_restart < 1.0:
+                    continue
+                print(
+                    f"agent-reach worker {w.pid} exited with {w.returncode}; starting another",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                last_restart = time.monotonic()
+                workers[i] = spawn()
+                if _wait_listening(workers[i], time.monotonic() + START_TIMEOUT_S) is not None:
+                    threading.Thread(target=_drain, args=(workers[i].stdout,), daemon=True).start()
+        return 0
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.send_signal(signal.SIGTERM)
+        for w in workers:
+            try:
+                w.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                w.kill()
+                w.wait()
+        holder.close()
