@@ -12,6 +12,10 @@ Sub-benchmarks (benchmarks/README.md says more):
   through the seed gateway.
 - ``e2e``: good answers/s of ``POST /v1/send`` at 32 and 128 connections (wrk).
 - ``heartbeat``: ``POST /v1/heartbeat`` answered per second at 32 connections (wrk).
+- ``redis``: the shared registry on a private redis-server (or ``--redis URL``): the route
+  decision on a view loaded from Redis vs memory, ``serve --workers 2`` vs ``--workers 1``
+  (wrk), and the propagation delay of a registration, a heartbeat and a deregistration between
+  two gateways (benchmarks/redis_bench.py). Part of "all" when redis-server is installed.
 
 Every figure is the median over ``--runs`` runs with min-max; ratios are taken run by run (the
 gateways are measured alternately within each run) and then their median. With 2+ CPUs and
@@ -61,7 +65,8 @@ from harness import (
     wrk,
 )
 
-BENCHES = ("route", "latency", "e2e", "heartbeat")  # run in this order: latency before load
+# run in this order: latency before load
+BENCHES = ("route", "latency", "e2e", "heartbeat", "redis")
 STEAL_PCT = 5.0  # steal time, in % of one core, above which a run is noted as noisy
 INTENT = "bench.echo"
 AGENT_ID = "agent://bench-agent"
@@ -86,7 +91,10 @@ TARGETS = {
     "e2e_ratio": 8.0,  # at least
     "added_ms": 0.6,  # at most
     "heartbeat_ratio": 4.0,  # at least
+    "redis_decision_ratio": 10.0,  # at most: the same order of magnitude as memory
+    "redis_beat_allowance_ms": 20.0,  # heartbeat p99 over the stated staleness bound, at most
 }
+REDIS_CONNS = 32
 
 
 @dataclass
@@ -483,6 +491,125 @@ def bench_heartbeat(args: argparse.Namespace, rep: Report, st: Stack, cores: Cor
     )
 
 
+def bench_redis(args: argparse.Namespace, rep: Report, cores: Cores) -> None:
+    import redis_bench
+
+    with redis_bench.redis_server(args.redis) as (url, redis_pid):
+        QUIET.wait(set())
+        cmd = [*pin(cores[0]), PY, str(HERE / "redis_bench.py"), "decision", "--redis", url]
+        cmd += ["--runs", str(args.runs)]
+        proc = subprocess.run(
+            cmd, capture_output=True, timeout=900, cwd=HERE.parent, preexec_fn=die_with_parent
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"redis_bench decision failed: {proc.stderr.decode()[-2000:]}")
+        d = json.loads(proc.stdout)
+        print("== redis workers", flush=True)
+        args.conns = REDIS_CONNS
+        w = redis_bench.workers(args, url, redis_pid)
+        print("== redis propagation", flush=True)
+        prop = redis_bench.propagation_run(args, url)
+    rep.data["redis"] = {"decision": d, "workers": w, "propagation": prop}
+    rep.notes.append(
+        "redis: a private redis-server (no persistence) unless --redis; the decision child is "
+        "pinned like route; the --workers runs are NOT pinned (2 workers are meant to use both "
+        "CPUs), so wrk, the trivial agent, Redis and the workers share this machine's CPUs; "
+        "the seed column does not apply to these rows."
+    )
+
+    runs = d["runs"]
+
+    def us(key: str) -> dict[str, float]:
+        return med([r[key] / 1000 for r in runs])
+
+    ratio = med([r["redis_p50_ns"] / r["memory_p50_ns"] for r in runs])
+    n = f"{d['endpoints'] // 1000}k endpoints, {d['candidates_per_intent']:.0f} per intent"
+    rep.row(
+        "redis",
+        f"decision p50, view loaded from Redis ({n}); ratio to memory",
+        fmt(us("redis_p50_ns"), " µs", 2),
+        ratio=fmt(ratio, "x", 2),
+        target=f"≤ {TARGETS['redis_decision_ratio']:.0f}x memory",
+    )
+    rep.row("redis", "  the same on MemoryRegistry", fmt(us("memory_p50_ns"), " µs", 2))
+    rep.row(
+        "redis",
+        "  decision p99: Redis view / memory",
+        f"{fmt(us('redis_p99_ns'), ' µs', 2)} / {fmt(us('memory_p99_ns'), ' µs', 2)}",
+    )
+    live = d.get("live")
+    if live:
+
+        def lv(k: str) -> str:
+            f = live[k]
+            p50, p99, mean = (f[k] / 1000 for k in ("p50_ns", "p99_ns", "mean_ns"))
+            return f"{p50:.1f} / {p99:.1f} / {mean:.1f} µs"
+
+        rep.row(
+            "redis",
+            f"  live: every endpoint beating every ~7 s ({live['beats_per_s']:,}/s, through the "
+            "other gateway for Redis): p50 / p99 / mean, Redis view",
+            lv("redis"),
+            target="info",
+        )
+        rep.row("redis", "  live, the same on MemoryRegistry", lv("memory"), target="info")
+    rep.row(
+        "redis",
+        f"  a gateway starting on {d['endpoints']:,} endpoints loads them from Redis in",
+        f"{d['load_s'] * 1000:,.0f} ms",
+        target="info",
+    )
+    rep.verdict(
+        "route decision on a Redis view within 10x of memory",
+        ratio["median"] <= TARGETS["redis_decision_ratio"],
+        fmt(ratio, "x", 2),
+    )
+
+    wr = w["runs"]
+
+    def col(k: str, key: str, unit: str = "", digits: int = 0, div: float = 1) -> str:
+        return fmt(med([r[key] / div for r in wr[k]]), unit, digits)
+
+    rps_ratio = _ratio(wr["2"], wr["1"])
+    for k in ("2", "1"):
+        rep.row(
+            "redis",
+            f"POST /v1/send good answers/s, --workers {k}, {w['connections']} connections"
+            + ("; ratio to 1 worker" if k == "2" else ""),
+            col(k, "rps"),
+            ratio=fmt(rps_ratio, "x", 2) if k == "2" else "",
+            target="info",
+        )
+        rep.row(
+            "redis",
+            f"  --workers {k}: latency p50 / p99; errors; CPU per request (all workers)",
+            f"{col(k, 'p50_us', ' ms', 1, 1000)} / {col(k, 'p99_us', ' ms', 1, 1000)}; "
+            f"{sum(r['errors'] for r in wr[k])}; {col(k, 'gw_cpu_us_per_req', ' µs')}",
+        )
+    rep.noise("redis workers", [r for v in wr.values() for r in v])
+
+    bound = prop["staleness_bound_ms"]
+    for key, label in (
+        ("registration", "a registration (pub/sub)"),
+        ("heartbeat", "a heartbeat: degraded -> healthy"),
+        ("deregistration", "a deregistration (pub/sub)"),
+    ):
+        f = prop[key]
+        rep.row(
+            "redis",
+            f"propagation A -> B, {label}: p50 / p99 / max ({f['n']} trials)",
+            f"{f['p50_ms']:.1f} / {f['p99_ms']:.1f} / {f['max_ms']:.1f} ms",
+            target=f"≤ {bound} ms (the bound)" if key == "heartbeat" else "info",
+        )
+    beat_p99 = prop["heartbeat"]["p99_ms"]
+    rep.verdict(
+        f"heartbeat propagation p99 within the stated bound ({bound} ms) + "
+        f"{TARGETS['redis_beat_allowance_ms']:.0f} ms",
+        beat_p99 <= bound + TARGETS["redis_beat_allowance_ms"],
+        f"{beat_p99:.1f} ms",
+    )
+
+
 def render(rep: Report, meta: dict[str, Any]) -> str:
     m = meta["machine"]
     floor = any(r["floor"] for r in rep.rows)
@@ -551,6 +678,18 @@ def main() -> int:
         help="run the seed gateway without its sniffio stand-in (see "
         "seed_gateway.py): slower, as a fresh install of the bench extra is",
     )
+    p.add_argument(
+        "--redis",
+        metavar="URL",
+        help="redis: use this Redis (a key prefix of the run's own) instead of starting a "
+        "private redis-server on a free port",
+    )
+    p.add_argument(
+        "--trials",
+        type=int,
+        default=200,
+        help="redis: propagation trials of each kind (default 200)",
+    )
     args = p.parse_args()
     unknown = set(args.benches) - {*BENCHES, "all"}
     if unknown:
@@ -559,6 +698,11 @@ def main() -> int:
         p.error("--runs must be >= 1 and --duration within 1-60 s")
     every = not args.benches or "all" in args.benches
     selected = [b for b in BENCHES if every or b in args.benches]
+    if every and not args.redis and not shutil.which("redis-server"):
+        selected.remove("redis")  # "all" without a Redis to run on
+        print("redis-server not found: the redis benchmark is skipped", file=sys.stderr)
+    if "redis" in selected and not (args.redis or shutil.which("redis-server")):
+        p.error("redis needs redis-server (apt-get install -y redis-server) or --redis URL")
     if any(b != "route" for b in selected) and not shutil.which("wrk"):
         p.error("wrk is not installed (apt-get install -y wrk)")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the finally blocks run
@@ -613,6 +757,9 @@ def main() -> int:
                         "connection(s) (py-spy)"
                     )
                     rep.profiles[title] = profile(st.reach.pid, url, body, conns, cores)
+    if "redis" in selected:
+        print("== redis", flush=True)
+        bench_redis(args, rep, cores)
     meta["elapsed_s"] = round(time.monotonic() - t0, 1)
     meta["quiet_wait_s"] = round(QUIET.waited_s, 1)
     meta["noisy_reruns"] = QUIET.reruns

@@ -37,7 +37,8 @@ def sync_main(gateway: str | None) -> None:
         reply = client.send("schedule.plan", {"task": "tea with friends", "city": "成都"})
         print("scheduler:", reply.result["hops"], "trace", reply.trace_id)
         for event in client.trace(reply.trace_id).events:
-            print("  ", event["kind"], event.get("intent") or event.get("endpoint_id") or "")
+            what = event.get("intent") or event.get("endpoint_id") or event.get("chosen") or ""
+            print("  ", event["kind"], what, event.get("outcome", ""))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from agent_reach.settings import (
     DEFAULT_GATEWAY_URL,
     GATEWAY_ENV,
     GatewaySettings,
-    gateway_url,
+    gateway_urls,
     redacted,
 )
 
@@ -266,8 +266,9 @@ def _stderr() -> Console:
 
 
 def _gateway(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
+    # one URL or several, comma-separated: the client fails over between them
     try:
-        return gateway_url(value)
+        return ",".join(gateway_urls(value))
     except ValueError as exc:
         raise click.BadParameter(str(exc), ctx, param) from exc
 
@@ -286,7 +287,8 @@ def _client_options(command: Callable[..., Any]) -> Callable[..., Any]:
         envvar=GATEWAY_ENV,
         show_envvar=True,
         callback=_gateway,
-        help=f"the gateway to talk to  [default: {DEFAULT_GATEWAY_URL}]",
+        help=f"the gateway to talk to (several: comma-separated, tried in turn)"
+        f"  [default: {DEFAULT_GATEWAY_URL}]",
     )(command)
 
 
@@ -485,7 +487,7 @@ def trace(gateway: str, as_json: bool, trace_id: str) -> None:
 @click.option(
     "--heartbeat-interval",
     type=click.FloatRange(min=0.01),
-    help="for gateways without /v1/diagnostics only (others say their own)  [default: 10]",
+    help="for gateways without /v1/diagnostics only (others say their own)",
 )
 @click.option("--verbose", "-v", is_flag=True, help="also show the evidence of passed checks")
 @_client_options

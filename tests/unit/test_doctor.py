@@ -330,7 +330,7 @@ def test_callers_asking_a_near_miss_tag_get_a_tag_mismatch_finding() -> None:
     assert f.subject == "weather.querry"
     assert "requests answered no_capable_agent since the gateway started: 7" in f.evidence
     assert "near miss: agent://weather-01 declares 'weather.query' (1 edit apart)" in f.evidence
-    assert "callers ask 'weather.querry' but agent://weather-01 declare 'weather.query'" in (
+    assert "callers ask 'weather.querry' but agent://weather-01 declares 'weather.query'" in (
         f.next_step
     )
     # and the agent itself: never routed, probably for that reason

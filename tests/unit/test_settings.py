@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from agent_reach.settings import GatewaySettings
+from agent_reach.settings import GatewaySettings, gateway_url, gateway_urls
 
 
 def test_thresholds_default_to_1_2_3_intervals() -> None:
@@ -43,3 +45,67 @@ def test_purge_time(settings: GatewaySettings, purge: float) -> None:
 def test_refusals_name_the_setting(settings: GatewaySettings, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         settings.check()
+
+
+# --- the gateway URLs of clients and agents ----------------------------------------------------
+
+NO_ENV: dict[str, str] = {}
+
+
+@pytest.mark.parametrize(
+    ("given", "env", "urls"),
+    [
+        (None, NO_ENV, ("http://127.0.0.1:7700",)),
+        ("", NO_ENV, ("http://127.0.0.1:7700",)),
+        ([], NO_ENV, ("http://127.0.0.1:7700",)),
+        ("http://a:1/", NO_ENV, ("http://a:1",)),
+        ("http://a:1, https://b/ ,http://c:3", NO_ENV, ("http://a:1", "https://b", "http://c:3")),
+        ("http://a:1,,http://b:2,", NO_ENV, ("http://a:1", "http://b:2")),  # empty items
+        (["http://a:1", "http://b:2/"], NO_ENV, ("http://a:1", "http://b:2")),
+        (
+            ("http://a:1,http://b:2", "http://c:3"),
+            NO_ENV,
+            ("http://a:1", "http://b:2", "http://c:3"),
+        ),
+        ("http://a:1,http://b:2,http://a:1/", NO_ENV, ("http://a:1", "http://b:2")),  # repeats
+        (None, {"AGENT_REACH_GATEWAY": "http://x:1,http://y:2"}, ("http://x:1", "http://y:2")),
+        (" , ", {"AGENT_REACH_GATEWAY": "http://x:1"}, ("http://x:1",)),  # nothing given
+        ("http://a:1", {"AGENT_REACH_GATEWAY": "http://x:1"}, ("http://a:1",)),  # given wins
+        (None, {"AGENT_REACH_GATEWAY": ""}, ("http://127.0.0.1:7700",)),
+    ],
+)
+def test_gateway_urls(given: Any, env: dict[str, str], urls: tuple[str, ...]) -> None:
+    assert gateway_urls(given, env) == urls
+    if given is None or isinstance(given, str):
+        assert gateway_url(given, env) == urls[0]  # single-URL callers get the first
+
+
+def test_gateway_url_is_the_first_of_a_list() -> None:
+    env = {"AGENT_REACH_GATEWAY": "http://x:1/, http://y:2"}
+    assert gateway_url(None, env) == "http://x:1"
+    assert gateway_url("http://a:1,http://b:2", NO_ENV) == "http://a:1"
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ("ftp://a:1", "must start with http:// or https://"),
+        ("a:1", "must start with http:// or https://"),
+        ("http://a:1,b:2", "got 'b:2'"),  # each item is checked, and named
+        (["http://a:1", "nats://b"], "got 'nats://b'"),
+        ("http://", "has no host"),
+        ("http://:7700", "has no host"),
+        ("http://a:99999", "not a valid URL"),
+        ("http://a:port", "not a valid URL"),
+    ],
+)
+def test_gateway_urls_refuse_what_is_not_an_http_url(given: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        gateway_urls(given, NO_ENV)
+
+
+def test_an_unusable_environment_variable_is_refused_too() -> None:
+    with pytest.raises(ValueError, match="no gateway URL"):
+        gateway_urls(None, {"AGENT_REACH_GATEWAY": " , "})
+    with pytest.raises(ValueError, match="got 'localhost:7700'"):
+        gateway_urls(None, {"AGENT_REACH_GATEWAY": "http://a:1,localhost:7700"})

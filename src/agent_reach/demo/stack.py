@@ -6,6 +6,7 @@ of its own in ``log_dir``; the gateway's URL is read from the line it prints whe
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import select
@@ -48,8 +49,15 @@ class Stack:
         log_file = (self.log_dir / f"{name}.log").open("ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         try:
+            # a session of its own: Ctrl-C reaches the demo only, which stops the agents
+            # before the gateway (so that they can deregister)
             proc = subprocess.Popen(
-                [sys.executable, *args], stdout=subprocess.PIPE, stderr=log_file, env=env
+                [sys.executable, *args],
+                stdout=subprocess.PIPE,
+                stderr=log_file,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         finally:
             log_file.close()
@@ -61,19 +69,33 @@ class Stack:
         return next((n for n, p in self.procs.items() if p.poll() is not None), None)
 
     def stop(self, timeout: float = 5.0) -> None:
-        """SIGTERM every process, agents first (they deregister), then wait; kill stragglers."""
-        for proc in reversed(self.procs.values()):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+        """SIGTERM the agents and wait (they deregister from the gateway), then the gateway;
+        kill what does not stop within ``timeout``."""
+        procs = list(self.procs.values())
         deadline = time.monotonic() + timeout
-        for proc in reversed(self.procs.values()):
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        for group in (procs[1:], procs[:1]):  # the gateway was started first
+            for proc in group:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in group:
+                try:
+                    proc.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        for proc in procs:
             if proc.stdout is not None:
                 proc.stdout.close()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: on Linux, SIGTERM when the demo dies (even by SIGKILL), so
+    that a killed demo leaves no gateway holding its port."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _read_url(stdout: IO[bytes], proc: subprocess.Popen[bytes], deadline: float) -> str:

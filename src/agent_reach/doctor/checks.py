@@ -145,7 +145,8 @@ def _unserved(s: Snapshot) -> list[Finding]:
         if misses:
             tag = misses[0][0]
             step = (
-                f"Tag mismatch: callers ask {intent!r} but {', '.join(declared[tag])} declare "
+                f"Tag mismatch: callers ask {intent!r} but {', '.join(declared[tag])} "
+                f"declare{'s' if len(declared[tag]) == 1 else ''} "
                 f"{tag!r}. Matching is on the whole tag, case-sensitive (a fallback match needs "
                 f"{threshold}): make the callers send the declared tag, or make the agent declare "
                 "the one callers use."
@@ -288,7 +289,7 @@ def _agents(s: Snapshot) -> list[Finding]:
             else:
                 step = (
                     f"{eid} stopped heartbeating: check that its process is alive and not stopped "
-                    "or blocked, its logs for agent.heartbeat_failed, and that it reaches this "
+                    "or blocked, its logs for agent.gateway_unavailable, and that it reaches this "
                     "gateway. A heartbeat brings it back; down records are purged after "
                     "--purge-after."
                 )
@@ -319,7 +320,7 @@ def _agents(s: Snapshot) -> list[Finding]:
             else:
                 step = (
                     f"{eid}'s heartbeat is late and it turns suspect next: check that its "
-                    "process is not stopped or blocked and its logs for agent.heartbeat_failed."
+                    "process is not stopped or blocked and its logs for agent.gateway_unavailable."
                 )
             findings.append(
                 Finding(

@@ -5,14 +5,20 @@ Handlers only parse, call the service, and render. Errors are rendered in one pl
 unexpected is a 500 ``internal_error``, logged once with its traceback, and never takes the
 process down. The low-level server (no ``web.Application``, router or middleware) is used because
 it costs about 8 µs less per request, a tenth of a heartbeat's whole cost (benchmarks/RESULTS.md).
+
+The dashboard (``/``, ``/dashboard`` and ``/static/NAME``) is a static page shipped in the
+package (``gateway/static/``), read once at start and served from memory; it polls the JSON API.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import random
+import re
 from collections.abc import Awaitable, Callable
+from importlib import resources
 from typing import Any
 
 from aiohttp import web
@@ -41,7 +47,7 @@ from agent_reach.gateway.schemas import (
     encode,
 )
 from agent_reach.gateway.service import Gateway
-from agent_reach.gateway.traces import TraceStore
+from agent_reach.gateway.traces import TraceQuery, TraceStore
 from agent_reach.logs import log
 from agent_reach.registry import RegistryBackend, open_registry
 from agent_reach.settings import GatewaySettings
@@ -52,6 +58,51 @@ __all__ = ["GatewayHTTP"]
 Handler = Callable[[web.BaseRequest, str], Awaitable[web.StreamResponse]]
 _JSON = {"Content-Type": "application/json"}
 _METRICS_TYPE = {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+_STATIC_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+}
+_STATIC_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*\Z")
+# the page loads nothing but its own files and speaks only to this gateway
+_PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; form-action 'none'; base-uri 'none'; frame-ancestors 'none'"
+    ),
+    "Referrer-Policy": "no-referrer",
+}
+
+
+class _Static:
+    """One shipped file, held in memory with its headers."""
+
+    __slots__ = ("body", "etag", "headers")
+
+    def __init__(self, name: str, body: bytes) -> None:
+        suffix = name[name.rfind(".") :] if "." in name else ""
+        self.body = body
+        self.etag = '"' + hashlib.sha256(body).hexdigest()[:20] + '"'
+        self.headers = {
+            "Content-Type": _STATIC_TYPES.get(suffix, "application/octet-stream"),
+            "Cache-Control": "no-cache",  # revalidated (ETag): a new version shows at once
+            "ETag": self.etag,
+            "X-Content-Type-Options": "nosniff",
+        }
+        if suffix == ".html":
+            self.headers.update(_PAGE_HEADERS)
+
+
+def _load_static() -> dict[str, _Static]:
+    """The dashboard's files shipped in ``agent_reach/gateway/static/``, by name."""
+    folder = resources.files("agent_reach.gateway").joinpath("static")
+    return {
+        entry.name: _Static(entry.name, entry.read_bytes())
+        for entry in folder.iterdir()
+        if entry.is_file() and _STATIC_NAME.match(entry.name)
+    }
 
 
 def _json(body: Any, status: int = 200) -> web.Response:
@@ -88,11 +139,19 @@ class GatewayHTTP:
         self.gateway = Gateway(settings, self.registry, clock, rng=rng)
         self.metrics = GatewayMetrics(self.gateway.status_counts, self.registry.state)
         self.traces = TraceStore(settings.trace_capacity)
+        self.metrics.watch(
+            records=self.registry.records,
+            now=self.gateway.now,
+            heartbeat_interval_s=float(settings.heartbeat_interval),
+            trace_count=self.traces.__len__,
+        )
         self.reacher = Reacher(
             self.gateway, self.transport, self.metrics, self.traces, wall=clock.wall
         )
         self._tasks: list[asyncio.Task[None]] = []
-        # (method, path) -> handler; a path ending in "/" takes the rest of the path as its argument
+        self._static = _load_static()
+        # (method, path) -> handler; a path ending in "/" (other than "/" itself) takes the rest
+        # of the path as its argument
         self._routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/register"): self.register,
             ("POST", "/v1/heartbeat"): self.heartbeat,
@@ -102,12 +161,18 @@ class GatewayHTTP:
             ("POST", "/v1/send"): self.send,
             ("GET", "/v1/route"): self.route,
             ("GET", "/v1/traces/"): self.trace,
-            ("GET", "/v1/diagnostics"): self.diagnostics,  # an extension beyond contract v1
+            # extensions beyond contract v1
+            ("GET", "/v1/traces"): self.recent_traces,
+            ("GET", "/v1/inflight"): self.inflight,
+            ("GET", "/v1/diagnostics"): self.diagnostics,
+            ("GET", "/"): self.dashboard,
+            ("GET", "/dashboard"): self.dashboard,
+            ("GET", "/static/"): self.static,
             ("GET", "/healthz"): self.healthz,
             ("GET", "/metrics"): self.render_metrics,
         }
-        self._exact = {path for _, path in self._routes if not path.endswith("/")}
-        self._prefixes = tuple({path for _, path in self._routes if path.endswith("/")})
+        self._exact = {path for _, path in self._routes if path == "/" or not path.endswith("/")}
+        self._prefixes = tuple({path for _, path in self._routes if path not in self._exact})
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -236,7 +301,7 @@ class GatewayHTTP:
                     field="X-Reach-Attempt",
                 )
             body = decode(await self._body(request), SendBody)
-            result = await self.reacher.send(body, received_at)
+            result = await self.reacher.send(body, received_at, request.headers.get("traceparent"))
         except AgentReachError as exc:
             raise _with_ids(exc) from None
         return _json(result.to_body())
@@ -256,6 +321,37 @@ class GatewayHTTP:
         if events is None:
             raise TraceNotFound(f"no recent request with trace_id {trace_id!r}")
         return _json({"trace_id": trace_id, "events": events})
+
+    async def recent_traces(self, request: web.BaseRequest, _: str) -> web.Response:
+        # an empty value (``?intent=``) means no filter, as a form with a blank field sends it
+        query = convert({k: v for k, v in request.query.items() if v}, TraceQuery)
+        found = self.traces.recent(query.intent, query.outcome, query.limit)
+        return _json({"traces": [summary.to_body() for summary in found]})
+
+    async def inflight(self, request: web.BaseRequest, _: str) -> web.Response:
+        # the delivery attempts this gateway process has open now, by endpoint
+        counts = {eid: s.inflight for eid, s in self.gateway.stats.items() if s.inflight > 0}
+        return _json(
+            {
+                "at": round(self.gateway.clock.wall(), 3),
+                "total": sum(counts.values()),
+                "endpoints": counts,
+            }
+        )
+
+    async def dashboard(self, request: web.BaseRequest, _: str) -> web.Response:
+        return self._send_static(request, "index.html")
+
+    async def static(self, request: web.BaseRequest, name: str) -> web.Response:
+        return self._send_static(request, name)
+
+    def _send_static(self, request: web.BaseRequest, name: str) -> web.Response:
+        item = self._static.get(name)
+        if item is None:
+            raise NotFound(f"no such path: {request.path}")
+        if request.headers.get("If-None-Match") == item.etag:
+            return web.Response(status=304, headers=item.headers)
+        return web.Response(body=item.body, headers=item.headers)
 
     async def diagnostics(self, request: web.BaseRequest, _: str) -> web.Response:
         return _json(self.gateway.diagnostics())

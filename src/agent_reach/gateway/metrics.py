@@ -1,13 +1,21 @@
-"""Prometheus metrics of one gateway, on a registry of its own (no process globals)."""
+"""Prometheus metrics of one gateway, on a registry of its own (no process globals).
+
+Named by the Prometheus conventions: ``agent_reach_`` prefix, base units (seconds), counters
+ending in ``_total``, durations as ``_seconds`` histograms. Every metric is listed in
+docs/operations.md. What is derived from state (endpoints by status, heartbeat ages, the trace
+store's size) is computed at scrape time, so that it costs the request paths nothing.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
+from agent_reach.core.model import EndpointRecord
 from agent_reach.registry.base import RegistryState
 
 __all__ = ["GatewayMetrics"]
@@ -63,6 +71,63 @@ class _RegistryCollector(Collector):
                 "Age of the local view's last successful sync with the shared registry",
                 value=state.last_sync_age_s,
             )
+
+
+# heartbeat-age buckets, as multiples of the heartbeat interval: SDK agents beat every 0.6-0.8 x
+_AGE_BUCKETS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+
+
+class _StateCollector(Collector):
+    """Heartbeat ages and the trace store's size, read at scrape time."""
+
+    def __init__(
+        self,
+        records: Callable[[], Iterable[EndpointRecord]],
+        now: Callable[[], float],
+        interval_s: float,
+        trace_count: Callable[[], int],
+    ) -> None:
+        self._records = records
+        self._now = now
+        self._interval = interval_s
+        self._bounds = [interval_s * m for m in _AGE_BUCKETS]
+        self._trace_count = trace_count
+
+    def collect(self) -> Iterator[Metric]:
+        now = self._now()
+        bounds = self._bounds
+        counts = [0] * (len(bounds) + 1)
+        total = 0.0
+        for record in self._records():
+            age = max(0.0, now - record.last_seen)
+            total += age
+            for i, bound in enumerate(bounds):
+                if age <= bound:
+                    counts[i] += 1
+                    break
+            else:
+                counts[-1] += 1
+        cumulative = 0
+        buckets = []
+        for bound, n in zip([*map(floatToGoString, bounds), "+Inf"], counts, strict=True):
+            cumulative += n
+            buckets.append((bound, float(cumulative)))
+        yield GaugeHistogramMetricFamily(
+            "agent_reach_heartbeat_age_seconds",
+            "Time since each registered endpoint's last heartbeat, at scrape time (heartbeat lag)",
+            buckets=buckets,
+            gsum_value=total,
+        )
+        yield GaugeMetricFamily(
+            "agent_reach_heartbeat_interval_seconds",
+            "The heartbeat interval agents are told to keep",
+            value=self._interval,
+        )
+        yield GaugeMetricFamily(
+            "agent_reach_trace_store_traces",
+            "Trace ids held by the trace store (GET /v1/traces/ID)",
+            value=self._trace_count(),
+        )
 
 
 class GatewayMetrics:
@@ -129,6 +194,18 @@ class GatewayMetrics:
         self.heartbeats_unknown = self.heartbeats.labels("unknown")
         self._requests: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
         self._attempts: dict[tuple[str, str], Counter] = {}
+
+    def watch(
+        self,
+        *,
+        records: Callable[[], Iterable[EndpointRecord]],
+        now: Callable[[], float],
+        heartbeat_interval_s: float,
+        trace_count: Callable[[], int],
+    ) -> None:
+        """Export the heartbeat ages of ``records`` (``last_seen`` against ``now``, the liveness
+        clock) and the trace store's size; read at each scrape. Call once."""
+        self.registry.register(_StateCollector(records, now, heartbeat_interval_s, trace_count))
 
     def request_done(self, intent: str, outcome: str, seconds: float) -> None:
         """Count one answered request (label children cached: this is on the hot path)."""

@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -33,7 +33,12 @@ from agent_reach.gateway.schemas import Attempt, DeliveryBody, SendBody, encode
 from agent_reach.gateway.service import Gateway, RoutePlan
 from agent_reach.gateway.traces import TraceStore
 from agent_reach.logs import TRACE_ID, log
+from agent_reach.otel import gateway_tracer
+from agent_reach.tracecontext import onward, parse_traceparent
 from agent_reach.transport.base import Transport
+
+if TYPE_CHECKING:
+    from agent_reach._otel import GatewayTracer, ReceiveSpan
 
 __all__ = ["ReachResult", "Reacher", "new_id"]
 
@@ -82,6 +87,7 @@ class Reacher:
         traces: TraceStore,
         *,
         wall: Callable[[], float] = time.time,
+        tracer: GatewayTracer | None = None,
     ) -> None:
         self.gateway = gateway
         self.transport = transport
@@ -90,18 +96,54 @@ class Reacher:
         self.clock = gateway.clock
         self.settings = gateway.settings
         self._wall = wall
+        # OpenTelemetry spans (None: off, the default; agent_reach.otel says when it is on)
+        self.otel = tracer if tracer is not None else gateway_tracer()
 
     def _trace(self, trace_id: str, kind: str, **data: Any) -> None:
         self.traces.add(trace_id, self._wall(), kind, **data)
 
-    async def send(self, body: SendBody, received_at: float) -> ReachResult:
+    def _open_trace(
+        self, body: SendBody, msg_id: str, timeout_ms: int, traceparent: str | None
+    ) -> tuple[str, str, ReceiveSpan | None]:
+        """The request's trace_id, the traceparent its deliveries carry (with OpenTelemetry on,
+        each attempt's own), and its server span (None while off).
+
+        The rules (agent_reach.tracecontext): the body's trace_id wins, else the traceparent's
+        trace-id, else a new one; an invalid traceparent is ignored.
+        """
+        received = parse_traceparent(traceparent)
+        trace_id = body.trace_id or (received.trace_id if received is not None else None)
+        if self.otel is None:
+            trace_id = trace_id or new_id("trace")
+            return trace_id, onward(trace_id, received).header, None
+        span = self.otel.receive(
+            received,
+            trace_id,
+            {
+                "agent_reach.msg_id": msg_id,
+                "agent_reach.intent": body.intent,
+                "agent_reach.sender": body.sender,
+                "agent_reach.recipient_hint": body.recipient_hint,
+                "agent_reach.priority": body.priority,
+                "agent_reach.timeout_ms": timeout_ms,
+            },
+        )
+        if trace_id is None:  # the new trace's id, so that both names of the trace agree
+            trace_hex = span.trace_hex
+            trace_id = f"trace_{trace_hex}" if trace_hex else new_id("trace")
+        return trace_id, "", span
+
+    async def send(
+        self, body: SendBody, received_at: float, traceparent: str | None = None
+    ) -> ReachResult:
         """Deliver ``body``; raise a :class:`ReachError` carrying msg_id, trace_id and attempts.
 
         ``received_at`` is the monotonic time the request arrived: the deadline counts from it.
+        ``traceparent`` is the request's W3C header, if any.
         """
         msg_id = body.msg_id or new_id("msg")
-        trace_id = body.trace_id or new_id("trace")
         timeout_ms = body.timeout_ms or self.settings.default_timeout_ms
+        trace_id, parent, span = self._open_trace(body, msg_id, timeout_ms, traceparent)
         token = TRACE_ID.set(trace_id)
         attempts: list[Attempt] = []
         intent_label = "_unroutable"
@@ -119,6 +161,8 @@ class Reacher:
             deadline = Deadline(
                 received_at + max(0.0, timeout_ms - self.settings.answer_margin_ms) / 1000.0
             )
+            if span is not None:
+                span.planning()
             plan = self.gateway.plan(body.intent, body.recipient_hint)
             # a registered tag, so that callers cannot grow the metrics' label set at will
             intent_label = next(iter(plan.confidence))
@@ -135,11 +179,16 @@ class Reacher:
                 )
             )
             endpoint_id, answer = await self._attempts(
-                plan, deadline, timeout_ms, msg_id, trace_id, payload, attempts
+                plan, deadline, timeout_ms, msg_id, trace_id, payload, attempts, parent, span
             )
             elapsed = round((self.clock.monotonic() - received_at) * 1000.0, 3)
             self._finish(intent_label, "ok", elapsed)
             self._trace(trace_id, "answer", ok=True, endpoint_id=endpoint_id, latency_ms=elapsed)
+            self.traces.request_done(
+                self._wall(), trace_id, msg_id, body.intent, "ok", attempts, elapsed
+            )
+            if span is not None:
+                span.answered("ok", _span_answer(trace_id, endpoint_id, attempts))
             log(
                 logging.INFO,
                 "reach.completed",
@@ -164,6 +213,12 @@ class Reacher:
                 detail=exc.detail,
                 latency_ms=round(elapsed, 3),
             )
+            self.traces.request_done(
+                self._wall(), trace_id, msg_id, body.intent, exc.code, attempts, elapsed
+            )
+            if span is not None:
+                last = attempts[-1].endpoint_id if attempts else None
+                span.answered(exc.code, _span_answer(trace_id, last, attempts), exc.detail)
             log(
                 logging.INFO,
                 "reach.failed",
@@ -177,6 +232,8 @@ class Reacher:
             raise
         finally:
             TRACE_ID.reset(token)
+            if span is not None:
+                span.end()
 
     def _finish(self, intent: str, outcome: str, elapsed_ms: float) -> None:
         self.metrics.request_done(intent, outcome, elapsed_ms / 1000.0)
@@ -190,7 +247,11 @@ class Reacher:
         trace_id: str,
         payload: bytes,
         attempts: list[Attempt],
+        parent: str,
+        span: ReceiveSpan | None,
     ) -> tuple[str, msgspec.Raw]:
+        """The attempts of one request; ``parent`` is the traceparent its deliveries carry
+        while OpenTelemetry is off, ``span`` its server span while on."""
         gw = self.gateway
         clock = self.clock
         intent_label = next(iter(plan.confidence))  # the request's label (a registered tag)
@@ -208,6 +269,18 @@ class Reacher:
             max_retries=retries_allowed,
             **self._tier_summary(plan),
         )
+        if span is not None:
+            t = plan.tiers
+            span.route(
+                {
+                    "agent_reach.endpoint_id": target,
+                    "agent_reach.candidates": 1 if t is None else len(t.healthy) + len(t.degraded),
+                    "agent_reach.per_try_timeout_ms": per_try,
+                    "agent_reach.max_retries": retries_allowed,
+                    "agent_reach.recipient_hint": plan.hint,
+                    "agent_reach.fallback": bool(plan.fallback_ids),
+                }
+            )
         tried: dict[str, None] = {}
         same_count = 0
         wait = 0.0
@@ -229,7 +302,19 @@ class Reacher:
                 "X-Reach-Msg-Id": msg_id,
                 "X-Reach-Attempt": str(n),
                 "X-Reach-Deadline-Ms": str(int(attempt_timeout * 1000)),
+                "traceparent": parent,
             }
+            attempt_span = None
+            if span is not None:
+                attempt_span = span.attempt(
+                    trace_id,
+                    {
+                        "agent_reach.attempt": n,
+                        "agent_reach.endpoint_id": target,
+                        "url.full": record.endpoint_url,
+                    },
+                )
+                headers["traceparent"] = attempt_span.traceparent
             stats = gw.attempt_started(target)
             started = clock.monotonic()
             try:
@@ -238,8 +323,14 @@ class Reacher:
                 )
             except BaseException:  # cancelled (caller went away): release the in-flight count
                 stats.inflight -= 1
+                if attempt_span is not None:
+                    attempt_span.end("cancelled", (clock.monotonic() - started) * 1000.0)
                 raise
             latency_ms = (clock.monotonic() - started) * 1000.0
+            if attempt_span is not None:
+                attempt_span.end(
+                    delivery.outcome.value, latency_ms, delivery.status, delivery.detail
+                )
             gw.attempt_finished(
                 target,
                 stats,
@@ -312,6 +403,8 @@ class Reacher:
                 raise AllAttemptsFailed(f"{n} attempt(s) failed and the retry budget is used up")
             kind = "same_endpoint" if again else "failover"
             self.metrics.retries.labels(kind).inc()
+            if span is not None:
+                span.retry(kind, target, wait)
             if kind == "failover":
                 log(logging.INFO, "route.failover", from_endpoint=previous, to_endpoint=target)
 
@@ -329,6 +422,14 @@ class Reacher:
         if plan.fallback_ids:
             out["fallback"] = {"tags": sorted(plan.confidence)[:4], "matched": len(plan.confidence)}
         return out
+
+
+def _span_answer(trace_id: str, endpoint_id: str | None, attempts: list[Attempt]) -> dict[str, Any]:
+    return {
+        "agent_reach.trace_id": trace_id,
+        "agent_reach.endpoint_id": endpoint_id,
+        "agent_reach.attempts": len(attempts),
+    }
 
 
 def _json_or_none(body: bytes | None) -> msgspec.Raw | None:

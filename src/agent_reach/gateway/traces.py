@@ -1,24 +1,97 @@
-"""A bounded in-memory store of recent requests' events, by trace id.
+"""A bounded in-memory store of recent requests: their events by trace id, and a summary list.
 
-Oldest traces are dropped first once ``capacity`` traces are held; one trace keeps at most
-``max_events`` events, so a trace id reused forever cannot grow without bound.
+Invariants:
+- Oldest traces are dropped first once ``capacity`` traces are held; one trace keeps at most
+  ``max_events`` events, so a trace id reused forever cannot grow without bound.
+- One summary per answered ``/v1/send`` (success or error) is kept in a ring of the
+  ``recent_capacity`` most recent, independently of the events: a summary may outlive its
+  trace's events (``GET /v1/traces/ID`` then answers 404), and several summaries may share one
+  trace id (onward reaches carry their caller's).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from typing import Any
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any
 
-__all__ = ["TraceStore"]
+import msgspec
+
+from agent_reach.errors import ReachError
+from agent_reach.gateway.schemas import Attempt, Intent
+
+__all__ = ["OUTCOMES", "RequestSummary", "TraceQuery", "TraceStore"]
+
+RECENT_CAPACITY = 1000  # request summaries kept for GET /v1/traces
+MAX_LIST = 500  # the largest ``limit`` of one listing
+
+
+def _codes(cls: type[ReachError]) -> set[str]:
+    out = set()
+    for sub in cls.__subclasses__():
+        out.add(sub.code)
+        out |= _codes(sub)
+    return out
+
+
+# what a summary's ``outcome`` can be: "ok", or the error code of a /v1/send answer
+OUTCOMES = frozenset({"ok", *_codes(ReachError)})
+
+
+class TraceQuery(msgspec.Struct, forbid_unknown_fields=True):
+    """Query of ``GET /v1/traces`` (an extension beyond contract v1)."""
+
+    intent: Intent | None = None
+    outcome: str | None = None
+    limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_LIST)] = 50
+
+    def __post_init__(self) -> None:
+        if self.outcome is not None and self.outcome not in OUTCOMES:
+            codes = ", ".join(sorted(OUTCOMES))
+            raise ValueError(f"Expected one of {codes} - at `$.outcome`")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSummary:
+    """One answered request, as listed by ``GET /v1/traces``."""
+
+    ts: float  # unix seconds when it was answered
+    trace_id: str
+    msg_id: str
+    intent: str
+    outcome: str  # "ok" or the error code
+    endpoint_id: str | None  # the endpoint of the last attempt (None when nothing was delivered)
+    latency_ms: float
+    attempts: int
+
+    def to_body(self) -> dict[str, Any]:
+        """The listing's JSON object."""
+        return {
+            "trace_id": self.trace_id,
+            "msg_id": self.msg_id,
+            "intent": self.intent,
+            "outcome": self.outcome,
+            "endpoint_id": self.endpoint_id,
+            "latency_ms": self.latency_ms,
+            "attempts": self.attempts,
+            "ts": self.ts,
+        }
 
 
 class TraceStore:
-    """Recent events by trace id, least recently written dropped first."""
+    """Recent events by trace id (least recently written dropped first), and request summaries."""
 
-    def __init__(self, capacity: int = 10_000, max_events: int = 256) -> None:
+    def __init__(
+        self,
+        capacity: int = 10_000,
+        max_events: int = 256,
+        recent_capacity: int = RECENT_CAPACITY,
+    ) -> None:
         self.capacity = capacity
         self.max_events = max_events
         self._traces: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        self._recent: deque[RequestSummary] = deque(maxlen=recent_capacity)
 
     def add(self, trace_id: str, ts: float, kind: str, **data: Any) -> None:
         """Append one event (``ts`` is unix seconds)."""
@@ -36,6 +109,47 @@ class TraceStore:
         """The events of ``trace_id`` in order, or None when it is not (or no longer) held."""
         events = self._traces.get(trace_id)
         return None if events is None else list(events)
+
+    def request_done(
+        self,
+        ts: float,
+        trace_id: str,
+        msg_id: str,
+        intent: str,
+        outcome: str,
+        attempts: Sequence[Attempt],
+        latency_ms: float,
+    ) -> None:
+        """Keep the summary of a request just answered (``outcome``: "ok" or the error code)."""
+        self._recent.append(
+            RequestSummary(
+                ts=round(ts, 6),
+                trace_id=trace_id,
+                msg_id=msg_id,
+                intent=intent,
+                outcome=outcome,
+                endpoint_id=attempts[-1].endpoint_id if attempts else None,
+                latency_ms=round(latency_ms, 3),
+                attempts=len(attempts),
+            )
+        )
+
+    def recent(
+        self, intent: str | None = None, outcome: str | None = None, limit: int = 50
+    ) -> list[RequestSummary]:
+        """The most recently answered requests first, filtered, at most ``limit`` of them."""
+        out: list[RequestSummary] = []
+        if limit <= 0:
+            return out
+        for summary in reversed(self._recent):
+            if intent is not None and summary.intent != intent:
+                continue
+            if outcome is not None and summary.outcome != outcome:
+                continue
+            out.append(summary)
+            if len(out) >= limit:
+                break
+        return out
 
     def __len__(self) -> int:
         return len(self._traces)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -66,15 +67,27 @@ def _worker_argv(argv: Sequence[str], port: int) -> list[str]:
     ]
 
 
-def _wait_listening(proc: subprocess.Popen[bytes], deadline: float) -> str | None:
+def _wait_listening(
+    proc: subprocess.Popen[bytes], deadline: float, stop: threading.Event | None = None
+) -> str | None:
+    """The URL a worker prints once it listens; None when it exits, stays silent until
+    ``deadline``, or ``stop`` is set meanwhile."""
     stdout = proc.stdout
     assert stdout is not None
     buf = b""
-    while time.monotonic() < deadline and proc.poll() is None:
-        line = stdout.readline()
-        if not line:
+    while proc.poll() is None and not (stop is not None and stop.is_set()):
+        left = deadline - time.monotonic()
+        if left <= 0:
             break
-        buf += line
+        # a bounded wait: a worker that never prints must not hold the supervisor forever
+        # (raw reads, so that nothing waits unseen in a file object's buffer)
+        ready, _, _ = select.select([stdout.fileno()], [], [], min(left, 0.2))
+        if not ready:
+            continue
+        chunk = os.read(stdout.fileno(), 4096)
+        if not chunk:
+            break
+        buf += chunk
         match = _LISTENING.search(buf)
         if match:
             return match.group(1).decode()
@@ -110,7 +123,9 @@ def supervise(settings: GatewaySettings, argv: Sequence[str]) -> int:
     workers = [spawn() for _ in range(settings.workers)]
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
-        urls = [_wait_listening(w, deadline) for w in workers]
+        urls = [_wait_listening(w, deadline, stop) for w in workers]
+        if stop.is_set():  # SIGINT/SIGTERM while starting: stop them all, as asked
+            return 0
         if None in urls:
             print("Error: not every worker started (see the log lines above)", file=sys.stderr)
             return 1
@@ -133,9 +148,17 @@ def supervise(settings: GatewaySettings, argv: Sequence[str]) -> int:
                     flush=True,
                 )
                 last_restart = time.monotonic()
-                workers[i] = spawn()
-                if _wait_listening(workers[i], time.monotonic() + START_TIMEOUT_S) is not None:
+                old, workers[i] = w.pid, spawn()
+                deadline = time.monotonic() + START_TIMEOUT_S
+                if _wait_listening(workers[i], deadline, stop) is not None:
                     threading.Thread(target=_drain, args=(workers[i].stdout,), daemon=True).start()
+                    print(
+                        f"agent-reach worker {workers[i].pid} listening (replaces {old})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                elif workers[i].poll() is None and not stop.is_set():
+                    workers[i].kill()  # alive but never listening: replaced on a later round
         return 0
     finally:
         for w in workers:

@@ -153,6 +153,7 @@ class RedisRegistry:
         self._wake_flush = asyncio.Event()
         self._reconcile_due = True
         self._available = True
+        self._view_stale = False  # Redis was away and no reconcile has run since
         self._down_since: float | None = None
         self._last_sync: float | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -196,7 +197,7 @@ class RedisRegistry:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if tasks:
+        if tasks and self._available:
             with contextlib.suppress(RedisError, OSError):
                 await self._flush()  # the last heartbeats, best effort
         await self._redis.aclose()
@@ -234,6 +235,12 @@ class RedisRegistry:
     async def upsert(self, record: EndpointRecord) -> EndpointRecord | None:
         before = await self._view.upsert(record)
         self._pending_writes.pop(record.endpoint_id, None)
+        if not self._available:
+            # known to be away: buffer at once rather than make the caller wait for a
+            # connection or a timeout (up to connect_timeout_s on a partition); the background
+            # loops write it when Redis answers again
+            self._pending_writes[record.endpoint_id] = record
+            return before
         try:
             await self._write_upsert(record, fresh=True)
         except RedisError as exc:
@@ -255,6 +262,10 @@ class RedisRegistry:
         before = await self._view.remove(endpoint_id)
         self._pending_beats.pop(endpoint_id, None)
         self._pending_writes.pop(endpoint_id, None)
+        if not self._available:  # as in upsert: buffered, written when Redis is back
+            if before is not None:
+                self._pending_writes[endpoint_id] = None
+            return before
         try:
             if before is None:
                 # known to Redis but perhaps not yet to this view (a registration on its way)
@@ -269,6 +280,11 @@ class RedisRegistry:
         return before
 
     async def purge(self, seen_before: float) -> int:
+        if self._view_stale:
+            # while Redis is away (and until the reconcile after it returns), this view misses
+            # the heartbeats other gateways take: an age read from it is no reason to delete a
+            # record that they keep alive (the removal would be written when Redis is back)
+            return 0
         purged = 0
         for record in list(self._view.records()):
             if record.last_seen < seen_before and await self.remove(record.endpoint_id):
@@ -341,10 +357,11 @@ class RedisRegistry:
         self._last_sync = t1
         return [redis_now, *results[1:]]
 
-    async def _check_epoch(self, epoch: str | None) -> None:
+    async def _check_epoch(self, epoch: str | None) -> bool:
+        """Whether Redis lost its data since the last look (then this view was re-published)."""
         if epoch is not None and (self._epoch is None or epoch == self._epoch):
             self._epoch = epoch
-            return
+            return False
         # the token is gone (or replaced): Redis lost its data; put back what this view knows
         log(
             logging.WARNING,
@@ -355,9 +372,14 @@ class RedisRegistry:
         await self._redis.set(self._keys[3], secrets.token_hex(8), nx=True)
         token = await self._redis.get(self._keys[3])
         self._epoch = None if token is None else str(token)
+        # versions restart from 0 in an emptied Redis: the ones remembered from before would
+        # make every notification of the new era look stale
+        self._versions.clear()
+        self._reconcile_due = True  # what was announced while it was away is unknown here
         for record in list(self._view.records()):
             self._pending_writes.setdefault(record.endpoint_id, record)
         await self._flush()
+        return True
 
     async def _sync(self) -> None:
         """Read the heartbeats written since the cursor into the view."""
@@ -387,17 +409,22 @@ class RedisRegistry:
     async def _reconcile(self) -> None:
         """Make the view equal to Redis (but for writes still buffered here)."""
         seen, ver = self._keys[0], self._keys[1]
-        redis_now, scores, versions, epoch = await self._measure(
-            lambda p: (
-                p.zrange(seen, 0, -1, withscores=True),
-                p.hgetall(ver),
-                p.get(self._keys[3]),
+        for _ in range(2):
+            redis_now, scores, versions, epoch = await self._measure(
+                lambda p: (
+                    p.zrange(seen, 0, -1, withscores=True),
+                    p.hgetall(ver),
+                    p.get(self._keys[3]),
+                )
             )
-        )
-        if self._epoch is not None:
-            await self._check_epoch(epoch)
-        else:
-            self._epoch = epoch
+            if self._epoch is None:
+                self._epoch = epoch
+                break
+            if not await self._check_epoch(epoch):
+                break
+            # Redis had lost its data and this view was just re-published: compare the view
+            # with what Redis holds now, not with the empty set read before (which would
+            # remove every record from the view)
         self._cursor = redis_now
         assert self._offset is not None
         in_redis = dict(scores)
@@ -434,6 +461,7 @@ class RedisRegistry:
             if current is not None and local > current.last_seen + RESYNC_EPS_S:
                 await self._view.touch(endpoint_id, local, ts)
         self._reconcile_due = False
+        self._view_stale = False
         self._healthy()
 
     async def _on_event(self, data: str) -> None:
@@ -471,6 +499,7 @@ class RedisRegistry:
     # --- background loops ------------------------------------------------------------------
 
     def _lost(self, exc: BaseException) -> None:
+        self._view_stale = True
         if self._available:
             self._available = False
             self._down_since = self._now()

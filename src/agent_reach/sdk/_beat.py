@@ -22,11 +22,12 @@ current one. When a call cannot reach it (connection refused or reset, DNS, conn
 timeout), the line moves to the next gateway at once and registers there (an idempotent upsert,
 which counts as a heartbeat), trying each in turn (:class:`._failover.GatewayRing`: the ones
 that failed in the last few seconds last); only when none can be reached does it back off. To
-keep heartbeats within the interval across a failover, a connection may take at most
-``connect_timeout_s`` (and a fifth of the interval), and, with several gateways, a heartbeat
-waits for its answer at most 0.15 x the interval (at least 0.25 s): the rest of the interval is
-left for registering elsewhere. An answer (even 5xx) is not a reason to move: a registry that is
-down behind one gateway is down behind all of them.
+keep heartbeats within the interval across a failover, making a connection may take at most
+``connect_timeout_s`` and a fifth of the interval (at least 0.1 s), and a heartbeat waits for
+its answer at most 0.15 x the interval (at least 0.25 s): the rest of the interval is left for
+registering elsewhere (with one gateway, every call keeps ``request_timeout_s``). An answer,
+even 5xx, is not a reason to move: a registry that is down behind one gateway is down behind
+all of them.
 """
 
 from __future__ import annotations
@@ -46,17 +47,17 @@ import aiohttp
 from agent_reach.clock import Clock, SystemClock
 from agent_reach.errors import AgentReachError, error_from_answer
 from agent_reach.logs import log
-from agent_reach.sdk._failover import COOLOFF_S, GatewayRing, describe
+from agent_reach.sdk._failover import CONNECT_TIMEOUT_S, COOLOFF_S, GatewayRing, describe
 
 __all__ = ["Lifeline"]
 
 _JITTER = (0.6, 0.8)
 _FIRST_RETRY_S = 0.25
-CONNECT_TIMEOUT_S = 1.0
 # with several gateways: the part of the interval a heartbeat may wait for its answer, and the
 # least it is given (a busy gateway is not a dead one)
 _BEAT_WAIT = 0.15
 _BEAT_WAIT_MIN_S = 0.25
+_CONNECT_MIN_S = 0.1
 
 
 class _Outcome(enum.Enum):
@@ -234,26 +235,28 @@ class Lifeline:
         be reached."""
         if order is None:
             order = self._ring.order(self._clock.monotonic())
-        previous = failed_over_from
+        previous, failed = failed_over_from, "heartbeat"
         for url in order:
             if previous is not None:
-                self._log_failover(previous, url, "register")
+                self._log_failover(previous, url, failed)
             outcome = await self._register(url)
             if outcome is not _Outcome.UNREACHABLE:
                 return outcome
             self._ring.failed(url, self._clock.monotonic())
-            previous = url
+            previous, failed = url, "register"
         return _Outcome.FAILED
 
-    def _log_failover(self, failed: str, to: str, doing: str) -> None:
-        moved: dict[str, Any] = {"from": failed, "to": to}
+    def _log_failover(self, source: str, target: str, failed: str) -> None:
+        """Log a move from ``source`` (where ``failed``, a call, could not be made) to
+        ``target``."""
+        moved: dict[str, Any] = {"from": source, "to": target}
         log(
             logging.WARNING,
             "agent.gateway_failover",
             endpoint_id=self.endpoint_id,
             **moved,
             error=self._error,
-            doing=doing,
+            failed=failed,
         )
 
     def _backoff(self, failures: int) -> float:
@@ -262,7 +265,9 @@ class Lifeline:
         return base * self._rng.uniform(0.5, 1.0)
 
     def _timeout(self, total_s: float) -> aiohttp.ClientTimeout:
-        connect = min(self.connect_timeout_s, self.interval / 5, total_s)
+        if len(self._ring.urls) == 1:  # nowhere else to go: the whole time for connecting too
+            return aiohttp.ClientTimeout(total=total_s)
+        connect = min(self.connect_timeout_s, max(self.interval / 5, _CONNECT_MIN_S), total_s)
         return aiohttp.ClientTimeout(total=total_s, sock_connect=connect)
 
     async def _post(

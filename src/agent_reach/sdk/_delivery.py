@@ -3,8 +3,11 @@
 
 Both ways of serving an agent, its own aiohttp server and the ASGI app mounted into someone
 else's, read the body (capped) and call :meth:`Dispatcher.deliver`; everything else lives here:
-parsing, the handler table, the request context, trace-id binding, dedup by ``msg_id``, running
-sync handlers on the agent's bounded thread pool, and the error table:
+parsing, the handler table, the request context, trace-id binding (the body's ``trace_id``, else
+``X-Reach-Trace-Id``, else the W3C ``traceparent``'s trace-id), the ``traceparent`` that reaches
+made while the handler runs carry on, the ``agent_reach.handle`` span when OpenTelemetry export is
+on (:mod:`agent_reach.otel`), dedup by ``msg_id``, running sync handlers on the agent's bounded
+thread pool, and the error table:
 
 ==========================  ======  ===================================================
 what                        status  body
@@ -44,10 +47,13 @@ from agent_reach.errors import (
     PayloadTooLarge,
 )
 from agent_reach.logs import TRACE_ID, log
+from agent_reach.otel import agent_tracer
 from agent_reach.sdk._dedup import RecentResults, RunOnce
 from agent_reach.sdk.context import ReachContext, Reject
+from agent_reach.tracecontext import TRACEPARENT, TraceParent, parse_traceparent
 
 if TYPE_CHECKING:
+    from agent_reach._otel import AgentTracer, HandleSpan
     from agent_reach.sdk.agent import Agent
 
 __all__ = [
@@ -146,6 +152,8 @@ class Dispatcher:
     ``handlers`` is read at each delivery (the agent's table, filled by ``@agent.handle``).
     Sync handlers run on a pool of ``workers`` threads made on first use, with the request's
     contextvars (the trace id) copied in; async handlers run on the caller's event loop.
+    ``tracer`` makes the OpenTelemetry spans; by default :func:`agent_reach.otel.agent_tracer`
+    decides from the environment (None: off).
     """
 
     def __init__(
@@ -159,6 +167,7 @@ class Dispatcher:
         dedup_max_bytes: int = 64 << 20,
         owner: Agent | None = None,
         now: Callable[[], float] = time.monotonic,
+        tracer: AgentTracer | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
@@ -171,6 +180,7 @@ class Dispatcher:
             RecentResults(dedup_size, dedup_ttl_s, dedup_max_bytes), _is_final, now
         )
         self._pool: ThreadPoolExecutor | None = None
+        self.otel = tracer if tracer is not None else agent_tracer(endpoint_id)
 
     async def deliver(self, body: bytes, headers: Mapping[str, str]) -> Answer:
         """Answer one delivery. ``headers`` is looked up by lower-case name."""
@@ -180,54 +190,107 @@ class Dispatcher:
         except InvalidRequest as exc:
             log(logging.INFO, "agent.invalid_request", detail=exc.detail)
             return from_error(exc)
-        trace_id = d.trace_id or headers.get("x-reach-trace-id") or _new_id("trace")
+        received = parse_traceparent(headers.get("traceparent"))
+        trace_id = (
+            d.trace_id
+            or headers.get("x-reach-trace-id")
+            or (received.trace_id if received is not None else None)
+            or _new_id("trace")
+        )
         msg_id = d.msg_id or headers.get("x-reach-msg-id") or ""
+        attempt = _header_int(headers, "x-reach-attempt") or 1
         token = TRACE_ID.set(trace_id)
         try:
-            handler = self.handlers.get(d.intent)
-            if handler is None:
-                log(logging.INFO, "agent.unknown_intent", intent=d.intent, msg_id=msg_id)
-                return error_answer(
-                    404, "unknown_intent", f"{self.endpoint_id} does not handle {d.intent!r}"
-                )
-            deadline_ms = _header_int(headers, "x-reach-deadline-ms")
-            ctx = ReachContext(
-                msg_id=msg_id,
-                trace_id=trace_id,
-                intent=d.intent,
-                sender=d.sender,
-                priority=d.priority,
-                attempt=_header_int(headers, "x-reach-attempt") or 1,
-                deadline_ms=deadline_ms,
-                deadline_at=None if deadline_ms is None else arrived + deadline_ms / 1000.0,
-                endpoint_id=self.endpoint_id,
-                _agent=self._owner,
+            if self.otel is None:
+                # reaches made meanwhile pass the traceparent on as it came
+                onward = TRACEPARENT.set(received.header if received is not None else None)
+                try:
+                    return await self._answer(
+                        d, trace_id, msg_id, attempt, headers, arrived, received, None
+                    )
+                finally:
+                    TRACEPARENT.reset(onward)
+            span = self.otel.handle(
+                received,
+                trace_id,
+                {
+                    "agent_reach.intent": d.intent,
+                    "agent_reach.msg_id": msg_id,
+                    "agent_reach.trace_id": trace_id,
+                    "agent_reach.attempt": attempt,
+                    "agent_reach.sender": d.sender,
+                },
             )
-            log(
-                logging.INFO,
-                "agent.request",
-                endpoint_id=self.endpoint_id,
-                intent=d.intent,
-                msg_id=msg_id,
-                attempt=ctx.attempt,
-                deadline_ms=deadline_ms,
-            )
-            start = functools.partial(self._call, handler, d.payload, ctx)
-            if not msg_id:  # nothing to recognise a repeat by
-                return await start()
-            result, how = self.once.begin((msg_id, d.intent), start)
-            if how != "ran":
-                log(
-                    logging.INFO,
-                    "agent.duplicate",
-                    msg_id=msg_id,
-                    intent=d.intent,
-                    attempt=ctx.attempt,
-                    answered_from=how,  # "cached": a finished run; "joined": one in flight
-                )
-            return await result
+            onward = TRACEPARENT.set(span.traceparent)  # reaches made meanwhile: its children
+            try:
+                with span:  # current while the handler runs: its own spans are children
+                    answer = await self._answer(
+                        d, trace_id, msg_id, attempt, headers, arrived, received, span
+                    )
+                    span.answered(answer.status, answer.body)
+                return answer
+            finally:
+                TRACEPARENT.reset(onward)
         finally:
             TRACE_ID.reset(token)
+
+    async def _answer(
+        self,
+        d: _Delivery,
+        trace_id: str,
+        msg_id: str,
+        attempt: int,
+        headers: Mapping[str, str],
+        arrived: float,
+        received: TraceParent | None,
+        span: HandleSpan | None,
+    ) -> Answer:
+        handler = self.handlers.get(d.intent)
+        if handler is None:
+            log(logging.INFO, "agent.unknown_intent", intent=d.intent, msg_id=msg_id)
+            return error_answer(
+                404, "unknown_intent", f"{self.endpoint_id} does not handle {d.intent!r}"
+            )
+        deadline_ms = _header_int(headers, "x-reach-deadline-ms")
+        ctx = ReachContext(
+            msg_id=msg_id,
+            trace_id=trace_id,
+            intent=d.intent,
+            sender=d.sender,
+            priority=d.priority,
+            attempt=attempt,
+            deadline_ms=deadline_ms,
+            deadline_at=None if deadline_ms is None else arrived + deadline_ms / 1000.0,
+            endpoint_id=self.endpoint_id,
+            traceparent=received.header if received is not None else None,
+            _agent=self._owner,
+            _span=span,
+        )
+        log(
+            logging.INFO,
+            "agent.request",
+            endpoint_id=self.endpoint_id,
+            intent=d.intent,
+            msg_id=msg_id,
+            attempt=ctx.attempt,
+            deadline_ms=deadline_ms,
+        )
+        start = functools.partial(self._call, handler, d.payload, ctx)
+        if not msg_id:  # nothing to recognise a repeat by
+            return await start()
+        result, how = self.once.begin((msg_id, d.intent), start)
+        if how != "ran":
+            log(
+                logging.INFO,
+                "agent.duplicate",
+                msg_id=msg_id,
+                intent=d.intent,
+                attempt=ctx.attempt,
+                answered_from=how,  # "cached": a finished run; "joined": one in flight
+            )
+            if span is not None:
+                span.note("duplicate", how)
+        return await result
 
     async def _call(self, handler: Handler, payload: Any, ctx: ReachContext) -> Answer:
         started = self._now()

@@ -1,5 +1,6 @@
-"""Several gateways sharing one registry: in which order to try them, and which failures allow
-trying the next one. Used by the client (:mod:`.client`) and the heartbeat line (:mod:`._beat`).
+"""Several gateways sharing one registry: in which order to try them, which failures allow
+trying the next one, and (:class:`Gateways`) the client's HTTP exchange across them. The ring
+and the rule are shared by the client (:mod:`.client`) and the heartbeat line (:mod:`._beat`).
 
 Invariants of :class:`GatewayRing`:
 
@@ -19,13 +20,23 @@ DNS, no route, TLS handshake, connect timeout). A connection lost after the requ
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import aiohttp
+import msgspec
 
-__all__ = ["COOLOFF_S", "GatewayRing", "describe", "never_sent"]
+from agent_reach.clock import Clock, SystemClock
+from agent_reach.errors import AgentReachError, GatewayUnavailable
+from agent_reach.logs import log
 
+__all__ = ["CONNECT_TIMEOUT_S", "COOLOFF_S", "GatewayRing", "Gateways", "describe", "never_sent"]
+
+# how long a failed gateway is tried last
 COOLOFF_S = 5.0
+# how long making a connection to a gateway may take before the next one is tried
+CONNECT_TIMEOUT_S = 1.0
 
 
 class GatewayRing:
@@ -76,3 +87,166 @@ def never_sent(exc: BaseException) -> bool:
 def describe(exc: BaseException) -> str:
     """``Type: message`` of an exception, for logs and error details."""
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+class Gateways:
+    """The HTTP side of a client of several gateways: one pooled aiohttp session, and
+    :meth:`call`, one exchange through the first gateway of the ring that answers."""
+
+    def __init__(
+        self,
+        ring: GatewayRing,
+        *,
+        headers: Mapping[str, str] | None = None,
+        max_connections: int = 100,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        clock: Clock | None = None,
+    ) -> None:
+        self.ring = ring
+        self.connect_timeout_s = connect_timeout_s
+        self._clock = clock or SystemClock()
+        self._headers = dict(headers or {})
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        """Close the connection pool (idempotent)."""
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+    def _pool(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._max_connections),
+                headers=self._headers,
+                json_serialize=lambda obj: msgspec.json.encode(obj).decode(),
+            )
+        return self._session
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        late: Callable[[str], AgentReachError],
+        timeout_s: float,
+        body: Any = None,
+        retry_body: Callable[[float], Any] | None = None,
+        params: Mapping[str, str] | None = None,
+        resend: bool = True,
+        text: bool = False,
+        fields: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> tuple[int, Any, Mapping[str, str], str]:
+        """One HTTP exchange with the first gateway that answers, all within ``timeout_s``.
+
+        Returns (status, the parsed JSON body, or its text when ``text``, headers, the URL of
+        the gateway that answered). A gateway whose connection cannot be made is marked failed
+        and the next one is tried, with ``retry_body(seconds spent)`` as the body when given
+        (None: no time left for it); after a connection lost mid-call, only when ``resend``.
+        Any answer ends the call, error statuses included. Connected but no answer in time (or
+        no time left for the next gateway): ``late(what happened)`` is raised. No gateway left:
+        GatewayUnavailable, with ``fields`` (which failover log lines carry too). ``headers`` go
+        on this call's requests besides the client's own (a ``traceparent``).
+        """
+        clock = self._clock
+        start = clock.monotonic()
+        order = self.ring.order(start)
+        tried: list[tuple[str, str]] = []
+        failure: BaseException | None = None
+        for index, url in enumerate(order):
+            spent = clock.monotonic() - start
+            payload = retry_body(spent) if index and retry_body is not None else body
+            if index and (spent >= timeout_s or (retry_body is not None and payload is None)):
+                # the gateways tried so far took the whole time
+                raise late(f"no gateway could be reached ({_listing(tried)})") from failure
+            try:
+                status, raw, answer_headers = await self._once(
+                    url, method, path, payload, params, timeout_s - spent, headers
+                )
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                self.ring.failed(url, clock.monotonic())
+                unsent = never_sent(exc)
+                if not unsent and isinstance(exc, TimeoutError):
+                    # connected, no answer: the time is spent
+                    raise late(f"no answer from the gateway at {url}") from exc
+                tried.append((url, describe(exc)))
+                failure = exc
+                if not (unsent or resend):
+                    raise self._unavailable(tried, fields, delivered=True) from exc
+                if index + 1 < len(order):
+                    moved: dict[str, Any] = {"from": url, "to": order[index + 1]}
+                    log(
+                        logging.WARNING,
+                        "client.gateway_failover",
+                        **moved,
+                        error=describe(exc),
+                        call=f"{method} {path}",
+                        **(fields or {}),
+                    )
+                continue
+            self.ring.worked(url)
+            if text:
+                return status, raw.decode(errors="replace"), answer_headers, url
+            try:
+                return status, msgspec.json.decode(raw), answer_headers, url
+            except msgspec.DecodeError:
+                raise GatewayUnavailable(
+                    f"the gateway at {url} answered HTTP {status} with a body that is not JSON",
+                    http_status=status,
+                ) from None
+        raise self._unavailable(tried, fields, delivered=False) from failure
+
+    async def _once(
+        self,
+        url: str,
+        method: str,
+        path: str,
+        body: Any,
+        params: Mapping[str, str] | None,
+        timeout_s: float,
+        extra: Mapping[str, str] | None = None,
+    ) -> tuple[int, bytes, Mapping[str, str]]:
+        data = None if body is None else msgspec.json.encode(body)
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        if extra:
+            headers.update(extra)
+        # a connect timeout of its own only where there is another gateway to go to
+        connect = self.connect_timeout_s if len(self.ring.urls) > 1 else timeout_s
+        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(connect, timeout_s))
+        async with self._pool().request(
+            method,
+            url + path,
+            data=data,
+            params=params,
+            headers=headers,
+            timeout=timeout,
+            allow_redirects=False,
+        ) as resp:
+            return resp.status, await resp.read(), resp.headers
+
+    def _unavailable(
+        self, tried: list[tuple[str, str]], fields: Mapping[str, Any] | None, *, delivered: bool
+    ) -> GatewayUnavailable:
+        extra = dict(fields or {})
+        if len(self.ring.urls) == 1:
+            url, error = tried[0]
+            return GatewayUnavailable(f"cannot reach the gateway at {url}: {error}", **extra)
+        extra["gateways"] = [url for url, _ in tried]
+        if delivered:
+            *before, (url, error) = tried
+            detail = (
+                f"lost the connection to the gateway at {url} after sending the request ({error}):"
+                " it may have been delivered, so it was not sent through another gateway"
+            )
+            if before:
+                detail += f"; before that: {_listing(before)}"
+            return GatewayUnavailable(detail, **extra)
+        return GatewayUnavailable(
+            f"cannot reach any of the {len(tried)} gateways: {_listing(tried)}", **extra
+        )
+
+
+def _listing(tried: list[tuple[str, str]]) -> str:
+    return "; ".join(f"{url}: {error}" for url, error in tried)

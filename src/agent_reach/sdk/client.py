@@ -22,28 +22,35 @@ of every call, the async one.
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import secrets
 import threading
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar
 from urllib.parse import quote
 
-import aiohttp
 import msgspec
 
-from agent_reach.clock import Clock, SystemClock
+from agent_reach.clock import Clock
 from agent_reach.errors import (
     AgentReachError,
     DeadlineExceeded,
     GatewayUnavailable,
     error_from_answer,
 )
-from agent_reach.logs import log
-from agent_reach.sdk._failover import COOLOFF_S, GatewayRing, describe, never_sent
+from agent_reach.sdk._answers import (
+    AgentInfo,
+    Attempt,
+    Candidate,
+    Registration,
+    Reply,
+    RouteExplanation,
+    Trace,
+)
+from agent_reach.sdk._failover import CONNECT_TIMEOUT_S, COOLOFF_S, GatewayRing, Gateways
 from agent_reach.settings import gateway_urls
+from agent_reach.tracecontext import TRACEPARENT
 
 __all__ = [
     "AgentInfo",
@@ -63,79 +70,7 @@ T = TypeVar("T")
 DEFAULT_TIMEOUT_MS = 8000
 # what a send may take beyond the caller's deadline: the gateway's answer on the wire
 NETWORK_ALLOWANCE_S = 1.0
-# how long making a connection to a gateway may take before the next one is tried
-CONNECT_TIMEOUT_S = 1.0
 EMPTY: Any = msgspec.UNSET  # "no payload given": sent as {} (an explicit None is sent as null)
-
-
-class Attempt(msgspec.Struct, frozen=True):
-    """One delivery attempt of a send: to which endpoint, how it ended, how long it took."""
-
-    endpoint_id: str
-    outcome: str
-    latency_ms: float
-
-
-class Reply(msgspec.Struct, frozen=True):
-    """A successful send: the agent's ``result`` and how it was reached."""
-
-    msg_id: str
-    trace_id: str
-    intent: str
-    endpoint_id: str
-    result: Any
-    attempts: list[Attempt]
-    latency_ms: float
-
-
-class AgentInfo(msgspec.Struct, frozen=True):
-    """One registered endpoint as ``GET /v1/agents`` lists it."""
-
-    endpoint_id: str
-    capabilities: list[str]
-    endpoint_url: str
-    status: str
-    last_seen_at: float
-    description: str = ""
-    avg_latency_ms: float | None = None
-    p95_latency_ms: float | None = None
-
-
-class Candidate(msgspec.Struct, frozen=True):
-    """One candidate of a route explanation, and why it is (not) eligible."""
-
-    endpoint_id: str
-    status: str
-    confidence: float
-    eligible: bool
-    reason: str
-    avg_latency_ms: float | None = None
-    p95_latency_ms: float | None = None
-    chosen: bool = False
-
-
-class RouteExplanation(msgspec.Struct, frozen=True):
-    """The dry run of ``GET /v1/route``: the route a send would take now."""
-
-    intent: str
-    chosen: str | None
-    candidates: list[Candidate]
-    per_try_timeout_ms: float | None = None
-    max_retries: int = 0
-
-
-class Trace(msgspec.Struct, frozen=True):
-    """The recorded hops of one request (``GET /v1/traces/TRACE_ID``)."""
-
-    trace_id: str
-    events: list[dict[str, Any]]
-
-
-class Registration(msgspec.Struct, frozen=True):
-    """The gateway's answer to a registration: the heartbeat interval to keep."""
-
-    endpoint_id: str
-    heartbeat_interval_s: float
 
 
 def new_id(prefix: str) -> str:
@@ -152,9 +87,9 @@ class ReachClient:
     that cannot reach the current gateway goes to the next (see the module docstring), and a
     gateway that failed is tried last for ``cooloff_s`` seconds. ``sender`` is put on every send
     that does not name one (an agent reaching others passes its own id); ``timeout_s`` bounds
-    the calls that are not sends, across all the gateways tried; making a connection may take
-    ``connect_timeout_s`` at most; ``headers`` go on every request (e.g. an ``Authorization``
-    header).
+    the calls that are not sends, across all the gateways tried; with several gateways, making
+    a connection may take ``connect_timeout_s`` at most before the next is tried; ``headers`` go
+    on every request (e.g. an ``Authorization`` header).
     """
 
     def __init__(
@@ -170,25 +105,26 @@ class ReachClient:
         cooloff_s: float = COOLOFF_S,
         clock: Clock | None = None,
     ) -> None:
-        self._ring = GatewayRing(gateway_urls(gateway), cooloff_s=cooloff_s)
+        self._gateways = Gateways(
+            GatewayRing(gateway_urls(gateway), cooloff_s=cooloff_s),
+            headers=headers,
+            max_connections=max_connections,
+            connect_timeout_s=connect_timeout_s,
+            clock=clock,
+        )
         self.sender = sender
         self.timeout_ms = timeout_ms
         self.timeout_s = timeout_s
-        self.connect_timeout_s = connect_timeout_s
-        self._clock = clock or SystemClock()
-        self._headers = dict(headers or {})
-        self._max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
 
     @property
     def gateway(self) -> str:
         """The current gateway: the last one that answered (the first given, before any)."""
-        return self._ring.current
+        return self._gateways.ring.current
 
     @property
     def gateways(self) -> tuple[str, ...]:
         """Every gateway this client may use, in the order given."""
-        return self._ring.urls
+        return self._gateways.ring.urls
 
     async def __aenter__(self) -> Self:
         return self
@@ -200,132 +136,7 @@ class ReachClient:
 
     async def close(self) -> None:
         """Close the connection pool (idempotent)."""
-        if self._session is not None:
-            session, self._session = self._session, None
-            await session.close()
-
-    def _pool(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max_connections),
-                headers=self._headers,
-                json_serialize=lambda obj: msgspec.json.encode(obj).decode(),
-            )
-        return self._session
-
-    async def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        late: Callable[[str], AgentReachError],
-        body: Any = None,
-        retry_body: Callable[[float], Any] | None = None,
-        params: Mapping[str, str] | None = None,
-        timeout_s: float | None = None,
-        resend: bool = True,
-        fields: Mapping[str, Any] | None = None,
-    ) -> tuple[int, Any, Mapping[str, str], str]:
-        """One HTTP exchange with the first gateway that answers, within one timeout.
-
-        Returns (status, parsed JSON, headers, the gateway's URL). A gateway whose connection
-        cannot be made is marked failed and the next one is tried, with ``retry_body(seconds
-        spent)`` as the body when given; after a connection lost mid-call, only when
-        ``resend``. No answer in time raises ``late(what happened)``; no gateway left,
-        GatewayUnavailable (with ``fields``).
-        """
-        clock = self._clock
-        start = clock.monotonic()
-        budget = self.timeout_s if timeout_s is None else timeout_s
-        order = self._ring.order(start)
-        tried: list[tuple[str, str]] = []
-        failure: BaseException | None = None
-        for index, url in enumerate(order):
-            spent = clock.monotonic() - start
-            if index and spent >= budget:  # the gateways tried so far took the whole time
-                raise late(f"no gateway could be reached ({_listing(tried)})") from failure
-            payload = retry_body(spent) if index and retry_body is not None else body
-            try:
-                status, raw, headers = await self._once(
-                    url, method, path, payload, params, budget - spent
-                )
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                self._ring.failed(url, clock.monotonic())
-                unsent = never_sent(exc)
-                if not unsent and isinstance(exc, TimeoutError):
-                    # connected, no answer: the time is spent
-                    raise late(f"no answer from the gateway at {url}") from exc
-                tried.append((url, describe(exc)))
-                failure = exc
-                if not (unsent or resend):
-                    raise self._unavailable(tried, fields, delivered=True) from exc
-                if index + 1 < len(order):
-                    moved: dict[str, Any] = {"from": url, "to": order[index + 1]}
-                    log(
-                        logging.WARNING,
-                        "client.gateway_failover",
-                        **moved,
-                        error=describe(exc),
-                        call=f"{method} {path}",
-                    )
-                continue
-            self._ring.worked(url)
-            if path == "/metrics":
-                return status, raw.decode(errors="replace"), headers, url
-            try:
-                return status, msgspec.json.decode(raw), headers, url
-            except msgspec.DecodeError:
-                raise GatewayUnavailable(
-                    f"the gateway at {url} answered HTTP {status} with a body that is not JSON",
-                    http_status=status,
-                ) from None
-        raise self._unavailable(tried, fields, delivered=False) from failure
-
-    async def _once(
-        self,
-        url: str,
-        method: str,
-        path: str,
-        body: Any,
-        params: Mapping[str, str] | None,
-        timeout_s: float,
-    ) -> tuple[int, bytes, Mapping[str, str]]:
-        data = None if body is None else msgspec.json.encode(body)
-        headers = {"Content-Type": "application/json"} if data is not None else None
-        timeout = aiohttp.ClientTimeout(
-            total=timeout_s, sock_connect=min(self.connect_timeout_s, timeout_s)
-        )
-        async with self._pool().request(
-            method,
-            url + path,
-            data=data,
-            params=params,
-            headers=headers,
-            timeout=timeout,
-            allow_redirects=False,
-        ) as resp:
-            return resp.status, await resp.read(), resp.headers
-
-    def _unavailable(
-        self, tried: list[tuple[str, str]], fields: Mapping[str, Any] | None, *, delivered: bool
-    ) -> GatewayUnavailable:
-        extra = dict(fields or {})
-        if len(self._ring.urls) == 1:
-            url, error = tried[0]
-            return GatewayUnavailable(f"cannot reach the gateway at {url}: {error}", **extra)
-        extra["gateways"] = [url for url, _ in tried]
-        if delivered:
-            *before, (url, error) = tried
-            detail = (
-                f"lost the connection to the gateway at {url} after sending the request ({error}):"
-                " it may have been delivered, so it was not sent through another gateway"
-            )
-            if before:
-                detail += f"; before that: {_listing(before)}"
-            return GatewayUnavailable(detail, **extra)
-        return GatewayUnavailable(
-            f"cannot reach any of the {len(tried)} gateways: {_listing(tried)}", **extra
-        )
+        await self._gateways.close()
 
     async def _json(
         self,
@@ -337,8 +148,14 @@ class ReachClient:
         params: Mapping[str, str] | None = None,
         resend: bool = True,
     ) -> T:
-        status, answer, headers, url = await self._call(
-            method, path, late=self._late, body=body, params=params, resend=resend
+        status, answer, headers, url = await self._gateways.call(
+            method,
+            path,
+            late=self._late,
+            body=body,
+            params=params,
+            timeout_s=self.timeout_s,
+            resend=resend,
         )
         if status != 200:
             raise _error(status, answer, headers)
@@ -364,6 +181,7 @@ class ReachClient:
         trace_id: str | None = None,
         msg_id: str | None = None,
         sender: str | None = None,
+        traceparent: str | None = None,
     ) -> Reply:
         """Reach the agent that serves ``intent``; return its answer or raise a typed error.
 
@@ -372,7 +190,8 @@ class ReachClient:
         ``trace_id``, ``msg_id`` and ``attempts``; ``InvalidRequest`` for a request the gateway
         refuses; ``GatewayUnavailable`` (with ``msg_id`` and ``trace_id``) when no gateway can
         be reached. ``msg_id`` and ``trace_id`` are generated here when not given, so even a
-        lost answer can be traced.
+        lost answer can be traced. ``traceparent`` (W3C) is sent as that header; by default, the
+        one of the traced request this send is made in (an agent's handler), if any.
 
         With several gateways, a send goes to the next one only when its connection could not
         be made (nothing was sent): with the same ``msg_id`` and ``trace_id``, and what is left
@@ -399,14 +218,12 @@ class ReachClient:
                 attempts=[],
             )
 
-        def retry_body(spent_s: float) -> dict[str, Any]:
+        def retry_body(spent_s: float) -> dict[str, Any] | None:
             # one deadline across gateways: the next one gets what is left of it
             left_ms = deadline_ms - math.ceil(spent_s * 1000)
-            if left_ms < 1:
-                raise late("no gateway could be reached")
-            return {**body, "timeout_ms": left_ms}
+            return {**body, "timeout_ms": left_ms} if left_ms >= 1 else None
 
-        status, answer, headers, _ = await self._call(
+        status, answer, headers, _ = await self._gateways.call(
             "POST",
             "/v1/send",
             late=late,
@@ -416,6 +233,7 @@ class ReachClient:
             timeout_s=max(deadline_ms, 0) / 1000 + NETWORK_ALLOWANCE_S,
             resend=False,
             fields=ids,
+            headers=_traceparent(traceparent),
         )
         if status != 200:
             err = _error(status, answer, headers)
@@ -501,7 +319,9 @@ class ReachClient:
 
     async def metrics(self) -> str:
         """The gateway's Prometheus text exposition."""
-        status, text, _, url = await self._call("GET", "/metrics", late=self._late)
+        status, text, _, url = await self._gateways.call(
+            "GET", "/metrics", late=self._late, timeout_s=self.timeout_s, text=True
+        )
         if status != 200:
             raise GatewayUnavailable(f"{url}/metrics answered HTTP {status}")
         return str(text)
@@ -519,8 +339,9 @@ class _Ok(msgspec.Struct):
     ok: bool = True
 
 
-def _listing(tried: list[tuple[str, str]]) -> str:
-    return "; ".join(f"{url}: {error}" for url, error in tried)
+def _traceparent(given: str | None) -> dict[str, str] | None:
+    value = given or TRACEPARENT.get()
+    return {"traceparent": value} if value else None
 
 
 def _error(status: int, answer: Any, headers: Mapping[str, str]) -> AgentReachError:
@@ -545,6 +366,16 @@ class SyncReachClient:
         )
         self._thread.start()
         self.client = ReachClient(gateway, **options)
+
+    @property
+    def gateway(self) -> str:
+        """:attr:`ReachClient.gateway`: the current gateway."""
+        return self.client.gateway
+
+    @property
+    def gateways(self) -> tuple[str, ...]:
+        """:attr:`ReachClient.gateways`: every gateway, in the order given."""
+        return self.client.gateways
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         if not self._thread.is_alive():

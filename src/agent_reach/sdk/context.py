@@ -8,10 +8,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agent_reach.errors import DeadlineExceeded
+from agent_reach.errors import AgentReachError, DeadlineExceeded
 from agent_reach.sdk.client import EMPTY
 
 if TYPE_CHECKING:
+    from agent_reach._otel import HandleSpan
     from agent_reach.sdk.agent import Agent
     from agent_reach.sdk.client import Reply
 
@@ -29,7 +30,8 @@ class ReachContext:
     is taken from ``X-Reach-Deadline-Ms`` when the delivery arrived: ``deadline_ms`` is the
     header's value (None without one), ``deadline_at`` the :func:`time.monotonic` time it
     runs out, and :meth:`remaining_s` / :meth:`remaining_ms` what is left of it now. Work past
-    the deadline is wasted: the gateway has stopped waiting for this attempt.
+    the deadline is wasted: the gateway has stopped waiting for this attempt. ``traceparent`` is
+    the W3C header the delivery carried (None without a valid one).
     """
 
     msg_id: str
@@ -41,8 +43,11 @@ class ReachContext:
     deadline_ms: int | None
     deadline_at: float | None
     endpoint_id: str = ""
+    traceparent: str | None = None
     # the agent that received the request, for helpers built on it (agent-to-agent reach)
     _agent: Agent | None = field(default=None, repr=False, compare=False)
+    # the delivery's OpenTelemetry span (None while export is off): onward reaches are its children
+    _span: HandleSpan | None = field(default=None, repr=False, compare=False)
 
     def remaining_s(self) -> float:
         """Seconds left before the deadline (never negative; ``math.inf`` without one)."""
@@ -61,11 +66,13 @@ class ReachContext:
     async def reach(self, intent: str, payload: Any = EMPTY, **options: Any) -> Reply:
         """Reach another agent through the gateway on behalf of this request (async handlers).
 
-        The onward request carries this request's ``trace_id`` (one trace across the hops) and
-        this agent as ``sender``, and its ``timeout_ms`` is cut to what is left of this
-        request's deadline, less ``ONWARD_MARGIN_MS`` for answering: a hop never outlives the
-        request it serves. Other options as :meth:`ReachClient.send`; raises its typed errors,
-        or ``DeadlineExceeded`` at once when no time is left.
+        The onward request carries this request's ``trace_id`` (one trace across the hops), a
+        ``traceparent`` (the ``agent_reach.reach`` span's while OpenTelemetry export is on, else
+        the one this delivery carried) and this agent as ``sender``, and its ``timeout_ms`` is
+        cut to what is left of this request's deadline, less ``ONWARD_MARGIN_MS`` for
+        answering: a hop never outlives the request it serves. Other options as
+        :meth:`ReachClient.send`; raises its typed errors, or ``DeadlineExceeded`` at once when
+        no time is left.
         """
         if self._agent is None:
             raise RuntimeError("this context belongs to no running agent")
@@ -80,7 +87,21 @@ class ReachContext:
                 )
             wanted = options.get("timeout_ms")
             options["timeout_ms"] = int(left if wanted is None else min(wanted, left))
-        return await self._agent.reach(intent, payload, **options)
+        if self._span is None:
+            options.setdefault("traceparent", self.traceparent)
+            return await self._agent.reach(intent, payload, **options)
+        span = self._span.reach(intent, options["trace_id"])
+        options.setdefault("traceparent", span.traceparent)
+        try:
+            reply = await self._agent.reach(intent, payload, **options)
+        except AgentReachError as exc:
+            span.end(exc.code, detail=exc.detail)
+            raise
+        except BaseException as exc:  # cancelled, or a bug: the span still ends
+            span.end(type(exc).__name__)
+            raise
+        span.end("ok", reply.endpoint_id)
+        return reply
 
     def reach_sync(self, intent: str, payload: Any = EMPTY, **options: Any) -> Reply:
         """:meth:`reach` for sync handlers (which run on the agent's worker threads): blocks

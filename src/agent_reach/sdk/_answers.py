@@ -1,0 +1,88 @@
+"""The answers of the gateway's HTTP API as the client SDK returns them (parsed from the
+contract's JSON by msgspec). Public through :mod:`agent_reach.sdk.client`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+__all__ = [
+    "AgentInfo",
+    "Attempt",
+    "Candidate",
+    "Registration",
+    "Reply",
+    "RouteExplanation",
+    "Trace",
+]
+
+
+class Attempt(msgspec.Struct, frozen=True):
+    """One delivery attempt of a send: to which endpoint, how it ended, how long it took."""
+
+    endpoint_id: str
+    outcome: str
+    latency_ms: float
+
+
+class Reply(msgspec.Struct, frozen=True):
+    """A successful send: the agent's ``result`` and how it was reached."""
+
+    msg_id: str
+    trace_id: str
+    intent: str
+    endpoint_id: str
+    result: Any
+    attempts: list[Attempt]
+    latency_ms: float
+
+
+class AgentInfo(msgspec.Struct, frozen=True):
+    """One registered endpoint as ``GET /v1/agents`` lists it."""
+
+    endpoint_id: str
+    capabilities: list[str]
+    endpoint_url: str
+    status: str
+    last_seen_at: float
+    description: str = ""
+    avg_latency_ms: float | None = None
+    p95_latency_ms: float | None = None
+
+
+class Candidate(msgspec.Struct, frozen=True):
+    """One candidate of a route explanation, and why it is (not) eligible."""
+
+    endpoint_id: str
+    status: str
+    confidence: float
+    eligible: bool
+    reason: str
+    avg_latency_ms: float | None = None
+    p95_latency_ms: float | None = None
+    chosen: bool = False
+
+
+class RouteExplanation(msgspec.Struct, frozen=True):
+    """The dry run of ``GET /v1/route``: the route a send would take now."""
+
+    intent: str
+    chosen: str | None
+    candidates: list[Candidate]
+    per_try_timeout_ms: float | None = None
+    max_retries: int = 0
+
+
+class Trace(msgspec.Struct, frozen=True):
+    """The recorded hops of one request (``GET /v1/traces/TRACE_ID``)."""
+
+    trace_id: str
+    events: list[dict[str, Any]]
+
+
+class Registration(msgspec.Struct, frozen=True):
+    """The gateway's answer to a registration: the heartbeat interval to keep."""
+
+    endpoint_id: str
+    heartbeat_interval_s: float

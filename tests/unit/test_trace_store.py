@@ -1,0 +1,65 @@
+"""The trace store's request summaries: bounded, most recent first, filtered."""
+
+from __future__ import annotations
+
+from agent_reach.errors import ReachError
+from agent_reach.gateway.schemas import Attempt
+from agent_reach.gateway.traces import OUTCOMES, TraceStore
+
+OK = [Attempt("agent://a", "ok", 1.0)]
+FAILED = [Attempt("agent://a", "timeout", 2000.0), Attempt("agent://b", "server_error", 3.0)]
+
+
+def test_summaries_are_kept_most_recent_first_and_bounded() -> None:
+    store = TraceStore(recent_capacity=3)
+    for n in range(5):
+        store.request_done(float(n), f"t{n}", f"m{n}", "x.y", "ok", OK, 1.0)
+    assert [s.trace_id for s in store.recent(limit=10)] == ["t4", "t3", "t2"]
+    assert [s.trace_id for s in store.recent(limit=2)] == ["t4", "t3"]
+    assert store.recent(limit=0) == []
+
+
+def test_a_summary_names_the_last_endpoint_tried_and_counts_attempts() -> None:
+    store = TraceStore()
+    store.request_done(1.0, "t1", "m1", "x.y", "all_attempts_failed", FAILED, 2003.4567)
+    store.request_done(2.0, "t2", "m2", "x.z", "no_capable_agent", [], 0.1)
+    failed, refused = store.recent()[::-1]
+    assert failed.to_body() == {
+        "trace_id": "t1",
+        "msg_id": "m1",
+        "intent": "x.y",
+        "outcome": "all_attempts_failed",
+        "endpoint_id": "agent://b",
+        "latency_ms": 2003.457,
+        "attempts": 2,
+        "ts": 1.0,
+    }
+    assert (refused.endpoint_id, refused.attempts) == (None, 0)
+
+
+def test_filters_by_intent_and_outcome() -> None:
+    store = TraceStore()
+    rows = [("a.b", "ok"), ("a.b", "agent_error"), ("c.d", "ok"), ("a.b", "ok")]
+    for n, (intent, outcome) in enumerate(rows):
+        store.request_done(float(n), f"t{n}", f"m{n}", intent, outcome, OK, 1.0)
+    assert [s.trace_id for s in store.recent(intent="a.b")] == ["t3", "t1", "t0"]
+    assert [s.trace_id for s in store.recent(outcome="ok")] == ["t3", "t2", "t0"]
+    assert [s.trace_id for s in store.recent("a.b", "ok", limit=1)] == ["t3"]
+
+
+def test_summaries_outlive_the_events_they_point_to() -> None:
+    store = TraceStore(capacity=1)
+    store.add("t1", 1.0, "received")
+    store.request_done(1.0, "t1", "m1", "x.y", "ok", OK, 1.0)
+    store.add("t2", 2.0, "received")  # t1's events are dropped
+    assert store.get("t1") is None
+    assert [s.trace_id for s in store.recent()] == ["t1"]
+
+
+def test_outcomes_are_ok_and_every_reach_error_code() -> None:
+    codes = {"no_capable_agent", "recipient_not_found", "recipient_incapable"}
+    codes |= {"no_available_agent", "agent_error", "all_attempts_failed", "deadline_exceeded"}
+    assert {"ok", *codes} <= OUTCOMES
+    assert "invalid_request" not in OUTCOMES  # refused before the delivery loop: never listed
+    assert all(isinstance(c, str) for c in OUTCOMES)
+    assert ReachError.code not in OUTCOMES  # the root's placeholder code is no answer
