@@ -14,8 +14,9 @@ $(BIN)/python:
 $(VENV)/.installed-base: pyproject.toml | $(BIN)/python
 	$(PIP) install -e .
 	@touch $@
+# the browser extra too: the dashboard's tests drive the system's Chromium with Playwright
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(PIP) install -e '.[test]'
+	$(PIP) install -e '.[test,browser]'
 	@touch $@
 $(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
 	$(PIP) install -e '.[bench]'

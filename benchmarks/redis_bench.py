@@ -120,6 +120,10 @@ def bodies(n: int, rng: random.Random) -> list[bytes]:
     ]
 
 
+def progress(what: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {what}", file=sys.stderr, flush=True)
+
+
 def pct(samples: list[int], q: float) -> float:
     s = sorted(samples)
     return float(s[min(len(s) - 1, int(q * len(s)))])
@@ -189,11 +193,13 @@ async def decision(args: argparse.Namespace) -> dict[str, Any]:
     for body in raw:
         await writer.register(decode(body, RegisterBody))
     out["register_s"] = round(time.perf_counter() - t0, 2)
+    progress(f"{args.endpoints} registered through Redis in {out['register_s']} s")
     reader_reg = RedisRegistry(args.redis, prefix=prefix)
     reader = Gateway(settings, reader_reg, SystemClock(), rng=random.Random(7))
     t0 = time.perf_counter()
     await reader_reg.start()  # loads the whole registry from Redis
     out["load_s"] = round(time.perf_counter() - t0, 3)
+    progress(f"loaded by a second gateway in {out['load_s']} s")
     try:
         assert len(reader_reg) == args.endpoints, len(reader_reg)
         intents = sorted(memory.registry.intents())
@@ -219,8 +225,11 @@ async def decision(args: argparse.Namespace) -> dict[str, Any]:
             ids = [f"agent://ep-{i:06d}" for i in range(args.endpoints)]
             settings_live = GatewaySettings(heartbeat_interval=10.0)
             memory.settings = settings_live
+            progress("live, memory")
             lm = await live(memory, memory, ids, intents)
+            progress("live, Redis")
             lr = await live(reader, writer, ids, intents)
+            progress("live done")
             out["live"] = {
                 "beats_per_s": round(args.endpoints / LIVE_INTERVAL_S),
                 "memory": figures(lm),
@@ -228,8 +237,10 @@ async def decision(args: argparse.Namespace) -> dict[str, Any]:
                 "decisions": len(lr),
             }
     finally:
+        progress("closing")
         await reader_reg.close()
         await writer_reg.close()
+        progress("closed")
         import redis
 
         client = redis.Redis.from_url(args.redis)

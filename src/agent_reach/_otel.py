@@ -226,7 +226,7 @@ class ReceiveSpan:
         span = self._tracer.start_span(
             "agent_reach.attempt", self._context, SpanKind.CLIENT, _attrs(attributes)
         )
-        header = _header(span) or onward(trace_id, self._received).header
+        header = _header(span) or onward(trace_id, self._received)
         return AttemptSpan(span, header)
 
     def retry(self, kind: str, endpoint_id: str, wait_s: float) -> None:

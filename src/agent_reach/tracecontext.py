@@ -23,7 +23,7 @@ import contextvars
 import hashlib
 import random
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = [
     "SAMPLED",
@@ -36,7 +36,10 @@ __all__ = [
 ]
 
 SAMPLED = 0x01  # the only trace-flag of Trace Context level 1; others are zeroed when sent on
-_HEX = re.compile(r"[0-9a-f]+")
+# version, trace-id, parent-id, flags; then the end, or (a later version) "-" and more
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(?:\Z|-)")
+_HEX32 = re.compile(r"(?:trace_)?([0-9a-f]{32})\Z")
+_ODD = frozenset("13579bdf")  # a flags byte whose last hex digit is odd has the sampled bit
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
 
@@ -47,8 +50,7 @@ TRACEPARENT: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class TraceParent:
+class TraceParent(NamedTuple):
     """A valid ``traceparent``: trace-id (32 hex), parent-id (16 hex) and trace-flags."""
 
     trace_id: str
@@ -68,42 +70,39 @@ class TraceParent:
 
 def parse_traceparent(value: str | None) -> TraceParent | None:
     """The :class:`TraceParent` of a header value, or None when absent or invalid."""
-    if not value or len(value) < 55:
+    if not value:
         return None
-    value = value.strip(" \t")  # optional whitespace around a header value
-    version = value[:2]
-    if len(value) < 55 or (len(value) > 55 and (version == "00" or value[55] != "-")):
+    match = _TRACEPARENT.match(value.strip(" \t"))  # optional whitespace around a value
+    if match is None:
         return None
-    if value[2] != "-" or value[35] != "-" or value[52] != "-" or version == "ff":
-        return None
-    trace_id, parent_id, flags = value[3:35], value[36:52], value[53:55]
-    if not _HEX.fullmatch(f"{version}{trace_id}{parent_id}{flags}"):
+    version, trace_id, parent_id, flags = match.groups()
+    if version == "ff" or (version == "00" and match.end() != 55):
         return None
     if trace_id == _ZERO_TRACE or parent_id == _ZERO_SPAN:
         return None
-    return TraceParent(trace_id, parent_id, int(flags, 16) & SAMPLED)
+    return TraceParent(trace_id, parent_id, SAMPLED if flags[1] in _ODD else 0)
 
 
 def otel_trace_id(trace_id: str) -> str:
     """The W3C trace-id (32 hex) of a contract ``trace_id`` (see the module docstring)."""
-    digits = trace_id[6:] if trace_id.startswith("trace_") else trace_id
-    if len(digits) == 32 and digits != _ZERO_TRACE and _HEX.fullmatch(digits):
-        return digits
+    match = _HEX32.match(trace_id)
+    if match is not None and match.group(1) != _ZERO_TRACE:
+        return match.group(1)
     return hashlib.sha256(trace_id.encode()).hexdigest()[:32]
 
 
 def new_span_id() -> str:
     """A random, non-zero span id (16 hex), as OpenTelemetry's own id generator makes them."""
-    return f"{random.getrandbits(64) or 1:016x}"
+    return "%016x" % (random.getrandbits(64) or 1)  # faster than an f-string here
 
 
-def onward(trace_id: str, received: TraceParent | None) -> TraceParent:
-    """The traceparent that a hop recording no span of its own sends on.
+def onward(trace_id: str, received: TraceParent | None) -> str:
+    """The traceparent header that a hop recording no span of its own sends on.
 
-    The one it received, as it came (W3C: a hop that does not take part passes it through);
-    without one, the trace-id of ``trace_id`` under a new parent-id, sampled, so that a traced
-    agent downstream still records its spans.
+    The one it received (W3C: a hop that does not take part passes it through); without one,
+    the trace-id of ``trace_id`` under a new parent-id, sampled, so that a traced agent
+    downstream still records its spans.
     """
     if received is not None:
-        return received
-    return TraceParent(otel_trace_id(trace_id), new_span_id(), SAMPLED)
+        return received.header
+    return f"00-{otel_trace_id(trace_id)}-{new_span_id()}-01"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 from collections.abc import Iterator
@@ -49,21 +50,23 @@ expect = sync_api.expect
 WAIT_MS = 10_000  # bound on any one thing the page should show
 HEALTHY = ("agent://weather-cn-01", "agent://weather-cn-02", "agent://note-01")
 SLOW = "agent://report-01"  # slower than --slow-threshold-ms: degraded once it has answered
+PILL = "e => [e.textContent, getComputedStyle(e).color]"  # the label and its colour, at once
 PAUSED = "agent://pause-01"  # its process is stopped (SIGSTOP): heartbeats stop
 
 
 @pytest.fixture(scope="module")
 def gw() -> Iterator[Proc]:
     # heartbeats every 0.5 s: suspect 1 s after the last one; down only after 60 s, so that the
-    # stopped agent stays suspect (magenta) long enough to be seen and photographed
+    # stopped agent stays suspect (magenta) long enough to be seen and photographed. Slow above
+    # 400 ms: over an agent's first (cold) deliveries, under the slow agent's 600 ms
     with gateway(
-        "--heartbeat-interval", "0.5", "--down-after", "60", "--slow-threshold-ms", "100"
+        "--heartbeat-interval", "0.5", "--down-after", "60", "--slow-threshold-ms", "400"
     ) as proc:
         agents = [
             start_agent(proc.url, HEALTHY[0], intents="weather.query,weather.forecast"),
             start_agent(proc.url, HEALTHY[1], intents="weather.query"),
             start_agent(proc.url, HEALTHY[2], intents="note.create"),
-            start_agent(proc.url, SLOW, "slow", intents="report.build", delay_ms=150),
+            start_agent(proc.url, SLOW, "slow", intents="report.build", delay_ms=600),
             start_agent(proc.url, PAUSED, intents="weather.query,note.create"),
         ]
         proc.extra["agents"] = dict(zip((*HEALTHY, SLOW, PAUSED), agents, strict=True))
@@ -206,24 +209,21 @@ def test_an_agent_changes_colour_when_its_heartbeats_stop(
     # some traffic, so that the screenshot shows a realistic state
     for payload in ({"city": "成都"}, {"city": "Lisbon"}, {"city": "Nairobi"}):
         http("POST", f"{gw.url}/v1/send", {"intent": "weather.query", "payload": payload})
-    for _ in range(3):
+    for _ in range(2):
         http("POST", f"{gw.url}/v1/send", {"intent": "report.build", "timeout_ms": 3000})
     http("POST", f"{gw.url}/v1/send", {"intent": "weather.querry"})  # a typo: refused
 
     row = agent_row(page, PAUSED)
     pill = row.locator(".pill")
-    expect(pill).to_have_text("healthy")
-    healthy_colour = pill.evaluate("e => getComputedStyle(e).color")
+    healthy = wait_until(lambda: (s := pill.evaluate(PILL))[0] == "healthy" and s, timeout=10)
+    assert healthy[1] == "rgb(26, 127, 55)"  # green (--healthy)
 
     paused = gw.extra["agents"][PAUSED]
     paused.popen.send_signal(signal.SIGSTOP)
     try:
         expect(row).to_have_attribute("data-status", "suspect")
-        expect(pill).to_have_text("suspect")  # a word, not a colour only
-        suspect_colour = pill.evaluate("e => getComputedStyle(e).color")
-        assert suspect_colour != healthy_colour
-        assert suspect_colour == "rgb(160, 34, 143)"  # magenta (--suspect)
-        assert healthy_colour == "rgb(26, 127, 55)"  # green (--healthy)
+        # suspect until it heartbeats again (down only after 60 s): a stable state to read
+        assert pill.evaluate(PILL) == ["suspect", "rgb(160, 34, 143)"]  # a word and magenta
         # not routable now: two of the three weather.query agents are
         weather = page.locator('#intents-body tr[data-key="weather.query"]')
         expect(weather).to_have_attribute("data-routable", "2")
@@ -233,15 +233,16 @@ def test_an_agent_changes_colour_when_its_heartbeats_stop(
         page.locator('#requests-body tr:has-text("report.build")').first.click()
         expect(page.locator("#timeline-events li")).to_have_count(4)
         page.locator("#f-intent").fill("weather.query")
-        page.get_by_label("Payload (JSON)").fill('{"city": "成都", "date": "2025-01-02"}')
+        page.get_by_label("Payload (JSON)").fill('{"city": "Lisbon", "date": "2025-01-02"}')
         page.get_by_role("button", name="Send").click()
         expect(page.locator("#reach-route table.candidates tbody tr")).to_have_count(3)
         save_screenshot(page, tmp_path)
     finally:
         paused.popen.send_signal(signal.SIGCONT)
-    # heartbeats again: healthy again, without a reload
-    wait_until(lambda: status_of(gw.url, PAUSED) == "healthy", timeout=10)
-    expect(row).to_have_attribute("data-status", "healthy")
+    # heartbeats again: routable again (healthy, or degraded while a slow sample lasts), shown
+    # without a reload
+    wait_until(lambda: status_of(gw.url, PAUSED) in ("healthy", "degraded"), timeout=10)
+    expect(row).to_have_attribute("data-status", re.compile("^(healthy|degraded)$"))
 
 
 def save_screenshot(page: Any, tmp_path: Path) -> None:

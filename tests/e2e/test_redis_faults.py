@@ -28,7 +28,7 @@ import pytest
 import redis
 
 from agent_reach.errors import AgentReachError
-from agent_reach.registry.redis import RESYNC_EPS_S, STALENESS_BOUND_S
+from agent_reach.registry.redis import RESYNC_EPS_S, STALENESS_BOUND_S, RedisRegistry
 from agent_reach.sdk.client import ReachClient
 from tests.support import Proc, gateway, http, start_agent, status_of, wait_until
 
@@ -478,3 +478,21 @@ def test_gateway_killed_under_load_callers_fail_over(
         wait_until(lambda: status_of(b.url, "agent://kill-echo-01") == "healthy", 3.0)
         code, body = http("POST", f"{b.url}/v1/send", {"intent": "test.echo"})
         assert code == 200 and body["endpoint_id"] == "agent://kill-echo-01", body
+
+
+# --- shutdown while the loops are busy -----------------------------------------------------------
+
+
+async def test_close_ends_even_when_a_cancellation_is_lost(private_redis: PrivateRedis) -> None:
+    # On Python 3.11, asyncio.wait_for (which redis-py awaits while sending a command) returns
+    # the result and drops the cancellation when both happen at once: a background loop
+    # cancelled mid-command went on forever, and close() (a gateway's SIGTERM) hung. A sync
+    # loop that hammers Redis makes that race likely within a few closes.
+    for i in range(20):
+        registry = RedisRegistry(private_redis.url, prefix=f"close-{i}", sync_s=0.0005)
+        registry.bind(time.monotonic)
+        await registry.start()
+        await asyncio.sleep(0.02 + (i % 7) * 0.003)  # the loops run for a while
+        t0 = time.monotonic()
+        await asyncio.wait_for(registry.close(), 10.0)
+        assert time.monotonic() - t0 < 7.0  # CLOSE_WAIT_S per attempt, 3 attempts at most

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -10,6 +13,7 @@ from prometheus_client.samples import Sample
 
 from tests.support import Proc, gateway, http, start_agent, wait_until
 
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 OK_SENDS = 7
 UNROUTED_SENDS = 3
 
@@ -142,3 +146,50 @@ def test_heartbeat_ages_grow_when_heartbeats_stop() -> None:
         assert buckets()["0.5"] == 1  # just registered: within one interval
         # then older than 3 intervals (1.5 s): counted past that bound
         wait_until(lambda: buckets()["1.5"] == 0 and buckets()["+Inf"] == 1, timeout=10)
+
+
+def test_every_metric_is_documented_and_the_dashboard_uses_served_ones(
+    traffic: tuple[Proc, dict[str, list[Sample]]],
+) -> None:
+    gw, _ = traffic
+    _, text = http("GET", f"{gw.url}/metrics")
+    served = set()
+    for family in text_string_to_metric_families(text):
+        name = family.name
+        if not name.startswith("agent_reach_") or name.endswith("_created"):
+            continue  # the client library's creation timestamps
+        name = name.removesuffix("_gcount").removesuffix("_gsum")  # of the gauge histogram
+        served.add(f"{name}_total" if family.type == "counter" else name)
+    table = (DOCS / "operations.md").read_text()
+    documented = set(re.findall(r"\| `(agent_reach_[a-z_]+)` \|", table))
+    assert served <= documented, served - documented
+    # shared registries only; the gateway above runs the in-memory one
+    assert documented - served == {"agent_reach_registry_sync_age_seconds"}
+
+    dashboard = json.loads((DOCS / "grafana" / "agent-reach.json").read_text())
+    assert dashboard["__inputs"][0]["name"] == "DS_PROMETHEUS"
+    used = set()
+    ids = set()
+    for panel in dashboard["panels"]:
+        ids.add(panel["id"])
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"] == panel["datasource"]
+            for name in re.findall(r"agent_reach_[a-z_]+", target["expr"]):
+                used.add(re.sub(r"_(bucket|sum|count)$", "", name))
+    assert len(ids) == len(dashboard["panels"])  # unique panel ids
+    assert used <= documented, used - documented
+    assert {
+        "agent_reach_requests_total",
+        "agent_reach_request_duration_seconds",
+        "agent_reach_attempts_total",
+        "agent_reach_retries_total",
+        "agent_reach_retry_budget_exhausted_total",
+        "agent_reach_endpoints",
+        "agent_reach_event_loop_lag_seconds",
+        "agent_reach_registry_available",
+        "agent_reach_heartbeat_age_seconds",
+    } <= used

@@ -90,7 +90,7 @@ def _serve_until_stopped(stack: Stack, out: Console) -> None:
         f"""
 [bold]Agent-Reach is running.[/]
   gateway     {url}
-  dashboard   {url}/v1/agents  (JSON for now; the web dashboard comes with issue 4)
+  dashboard   {url}/
   metrics     {url}/metrics
   logs        {stack.log_dir}/  (JSON lines, one file per process)
 """

@@ -7,6 +7,9 @@ Invariants:
   endpoint after a jittered backoff; it starts only when its per-try timeout fits in what is left.
 - 4xx answers are never retried. Retries that reached an agent are charged to the retry budget.
 - All waiting goes through the injected clock.
+- Every delivery carries a W3C ``traceparent`` (rules: :mod:`agent_reach.tracecontext`); the
+  OpenTelemetry spans (:mod:`agent_reach._otel`) hang off ``self.otel``, which is None while
+  export is off: then each hook is one ``is not None`` test.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from agent_reach.gateway.service import Gateway, RoutePlan
 from agent_reach.gateway.traces import TraceStore
 from agent_reach.logs import TRACE_ID, log
 from agent_reach.otel import gateway_tracer
-from agent_reach.tracecontext import onward, parse_traceparent
+from agent_reach.tracecontext import new_span_id, onward, parse_traceparent
 from agent_reach.transport.base import Transport
 
 if TYPE_CHECKING:
@@ -114,8 +117,10 @@ class Reacher:
         received = parse_traceparent(traceparent)
         trace_id = body.trace_id or (received.trace_id if received is not None else None)
         if self.otel is None:
-            trace_id = trace_id or new_id("trace")
-            return trace_id, onward(trace_id, received).header, None
+            if trace_id is None:  # new_id's form, its random hex the trace-id sent on
+                trace_hex = os.urandom(16).hex()
+                return f"trace_{trace_hex}", f"00-{trace_hex}-{new_span_id()}-01", None
+            return trace_id, onward(trace_id, received), None
         span = self.otel.receive(
             received,
             trace_id,
@@ -129,8 +134,8 @@ class Reacher:
             },
         )
         if trace_id is None:  # the new trace's id, so that both names of the trace agree
-            trace_hex = span.trace_hex
-            trace_id = f"trace_{trace_hex}" if trace_hex else new_id("trace")
+            new_hex = span.trace_hex
+            trace_id = f"trace_{new_hex}" if new_hex else new_id("trace")
         return trace_id, "", span
 
     async def send(

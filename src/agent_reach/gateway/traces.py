@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 import msgspec
 
@@ -52,8 +51,7 @@ class TraceQuery(msgspec.Struct, forbid_unknown_fields=True):
             raise ValueError(f"Expected one of {codes} - at `$.outcome`")
 
 
-@dataclass(frozen=True, slots=True)
-class RequestSummary:
+class RequestSummary(NamedTuple):  # a tuple: made on every request, far cheaper than a dataclass
     """One answered request, as listed by ``GET /v1/traces``."""
 
     ts: float  # unix seconds when it was answered
@@ -73,9 +71,9 @@ class RequestSummary:
             "intent": self.intent,
             "outcome": self.outcome,
             "endpoint_id": self.endpoint_id,
-            "latency_ms": self.latency_ms,
+            "latency_ms": round(self.latency_ms, 3),
             "attempts": self.attempts,
-            "ts": self.ts,
+            "ts": round(self.ts, 6),
         }
 
 
@@ -122,15 +120,15 @@ class TraceStore:
     ) -> None:
         """Keep the summary of a request just answered (``outcome``: "ok" or the error code)."""
         self._recent.append(
-            RequestSummary(
-                ts=round(ts, 6),
-                trace_id=trace_id,
-                msg_id=msg_id,
-                intent=intent,
-                outcome=outcome,
-                endpoint_id=attempts[-1].endpoint_id if attempts else None,
-                latency_ms=round(latency_ms, 3),
-                attempts=len(attempts),
+            RequestSummary(  # positional, not rounded: this runs on every request
+                ts,
+                trace_id,
+                msg_id,
+                intent,
+                outcome,
+                attempts[-1].endpoint_id if attempts else None,
+                latency_ms,
+                len(attempts),
             )
         )
 

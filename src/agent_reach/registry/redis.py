@@ -25,8 +25,14 @@ Invariants:
   for a lost notification (:data:`STALENESS_BOUND_S` with the defaults).
 - **Redis away.** Writes go to the local view first, so routing goes on; what could not be
   written is buffered (latest registration or removal per id, heartbeats as a set of ids) and
-  written when Redis answers again, then a full reconcile runs. :meth:`state` says whether
-  Redis is reachable (for ``/healthz`` and a metric) and a log line marks each transition.
+  written when Redis answers again, then a full reconcile runs. Once Redis is known to be away,
+  writes are buffered without trying it (no caller waits for a timeout). :meth:`state` says
+  whether Redis is reachable (for ``/healthz`` and a metric) and a log line marks each
+  transition. No purge runs from a view that may miss heartbeats: while Redis is away, for
+  ``PURGE_GRACE_S`` after it returns (the others write what they buffered), and never for
+  records seen within the purge time before the view's last sync.
+- **Shutdown.** :meth:`close` ends the loops even when a cancellation is lost inside redis-py
+  (Python 3.11's ``asyncio.wait_for`` drops one that coincides with the awaited result).
 - **Redis emptied** (restarted without persistence): the epoch token is gone; every gateway
   re-publishes the records it knows, with their last-seen times (never newer), and agents that
   heartbeat into the gap get ``endpoint_not_registered`` nowhere because the gateway's own view
@@ -63,6 +69,10 @@ STALENESS_BOUND_S = FLUSH_S + SYNC_S  # a heartbeat seen elsewhere after at most
 RESYNC_EPS_S = 0.1  # a heartbeat read back less than this newer than the view is not applied
 CURSOR_OVERLAP_S = 0.1  # re-read this much before the cursor (a stepped Redis clock, races)
 RETRY_MAX_S = 2.0  # longest wait between attempts to reach Redis again
+CLOSE_WAIT_S = 2.0  # how long close() waits for a background loop to end, per attempt
+# no purge for this long after Redis returns: the other gateways write the heartbeats they
+# buffered meanwhile (they retry at most RETRY_MAX_S apart)
+PURGE_GRACE_S = 10.0
 
 _TS = "local t = redis.call('TIME') local ts = tonumber(t[1]) + tonumber(t[2]) / 1000000 "
 
@@ -154,9 +164,11 @@ class RedisRegistry:
         self._reconcile_due = True
         self._available = True
         self._view_stale = False  # Redis was away and no reconcile has run since
+        self._no_purge_until = 0.0  # liveness time: PURGE_GRACE_S after Redis returned
         self._down_since: float | None = None
         self._last_sync: float | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -192,11 +204,26 @@ class RedisRegistry:
 
     async def close(self) -> None:
         tasks, self._tasks = self._tasks, []
+        self._closing = True  # a loop whose cancellation got lost in a client library ends too
+        pending = set(tasks)
+        for _ in range(3):
+            for task in pending:
+                task.cancel()
+            if not pending:
+                break
+            _, pending = await asyncio.wait(pending, timeout=CLOSE_WAIT_S)
+        if pending:
+            log(
+                logging.ERROR, "registry.close_timeout", tasks=sorted(t.get_name() for t in pending)
+            )
         for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                log(
+                    logging.ERROR,
+                    "registry.loop_failed",
+                    task=task.get_name(),
+                    error=repr(task.exception()),
+                )
         if tasks and self._available:
             with contextlib.suppress(RedisError, OSError):
                 await self._flush()  # the last heartbeats, best effort
@@ -280,11 +307,17 @@ class RedisRegistry:
         return before
 
     async def purge(self, seen_before: float) -> int:
-        if self._view_stale:
-            # while Redis is away (and until the reconcile after it returns), this view misses
-            # the heartbeats other gateways take: an age read from it is no reason to delete a
-            # record that they keep alive (the removal would be written when Redis is back)
+        if self._view_stale or self._last_sync is None or self._now() < self._no_purge_until:
+            # while Redis is away, and until the others have written what they buffered
+            # meanwhile, this view misses the heartbeats other gateways take: an age read from
+            # it is no reason to delete a record that they keep alive (and the removal would be
+            # written when Redis is back)
             return 0
+        # Nor while Redis is silent but not yet known to be away (a partition: up to the
+        # socket timeout): the view has every heartbeat taken up to STALENESS_BOUND_S before
+        # its last sync, so only records with no heartbeat for the whole purge time before
+        # that are certainly dead.
+        seen_before -= max(0.0, self._now() - self._last_sync) + STALENESS_BOUND_S
         purged = 0
         for record in list(self._view.records()):
             if record.last_seen < seen_before and await self.remove(record.endpoint_id):
@@ -461,7 +494,9 @@ class RedisRegistry:
             if current is not None and local > current.last_seen + RESYNC_EPS_S:
                 await self._view.touch(endpoint_id, local, ts)
         self._reconcile_due = False
-        self._view_stale = False
+        if self._view_stale:
+            self._no_purge_until = self._now() + PURGE_GRACE_S
+            self._view_stale = False
         self._healthy()
 
     async def _on_event(self, data: str) -> None:
@@ -524,7 +559,7 @@ class RedisRegistry:
             )
 
     async def _flush_loop(self) -> None:
-        while True:
+        while not self._closing:
             await self._wake_flush.wait()
             await asyncio.sleep(self.flush_s)  # gather a batch
             self._wake_flush.clear()
@@ -542,7 +577,7 @@ class RedisRegistry:
     async def _sync_loop(self) -> None:
         since_reconcile = 0.0
         wait = self.sync_s
-        while True:
+        while not self._closing:
             await asyncio.sleep(wait)
             since_reconcile += wait
             try:
@@ -566,13 +601,13 @@ class RedisRegistry:
     async def _listen_loop(self) -> None:
         channel = self._keys[2]
         wait = self.sync_s
-        while True:
+        while not self._closing:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(channel)
                 self._reconcile_due = True  # whatever was announced before now: reconcile
                 wait = self.sync_s
-                while True:
+                while not self._closing:
                     message = await pubsub.get_message(timeout=1.0)
                     if message is not None and message.get("type") == "message":
                         await self._on_event(str(message["data"]))

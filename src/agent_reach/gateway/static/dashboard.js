@@ -185,7 +185,12 @@ function renderIntents() {
       const [name, served, routable] = row.cells;
       setText(name.firstChild, tag);
       const chips = agents.map((a) =>
-        el("span", { class: `chip st-${a.status}` }, a.endpoint_id, el("span", { class: "chip-status" }, a.status)),
+        el(
+          "span",
+          { class: `chip st-${a.status}` },
+          a.endpoint_id,
+          el("span", { class: "chip-status" }, a.status),
+        ),
       );
       served.replaceChildren(...chips);
       const n = agents.filter((a) => ROUTABLE.has(a.status)).length;
@@ -211,7 +216,8 @@ function fillSelect(select, values) {
   const all = chosen && !values.includes(chosen) ? [...values, chosen] : values;
   const current = [...select.options].slice(1).map((o) => o.value).join("\n");
   if (current === all.join("\n")) return;
-  select.replaceChildren(el("option", { value: "" }, "any"), ...all.map((v) => el("option", { value: v }, v)));
+  const options = all.map((v) => el("option", { value: v }, v));
+  select.replaceChildren(el("option", { value: "" }, "any"), ...options);
   select.value = chosen;
 }
 
@@ -234,7 +240,12 @@ function renderRequests(traces) {
     (t) => {
       const button = el(
         "button",
-        { type: "button", class: "link", title: t.trace_id, "aria-label": `Show the timeline of trace ${t.trace_id}` },
+        {
+          type: "button",
+          class: "link",
+          title: t.trace_id,
+          "aria-label": `Show the timeline of trace ${t.trace_id}`,
+        },
         t.trace_id.length > 14 ? `${t.trace_id.slice(0, 12)}…` : t.trace_id,
       );
       button.addEventListener("click", (event) => {
@@ -278,9 +289,12 @@ function describe(e) {
     case "route":
       return [
         e.chosen ? `chose ${e.chosen}` : null,
+        e.recipient_hint ? `named by recipient_hint ${e.recipient_hint}` : null,
         e.per_try_timeout_ms ? `per try ${ms(e.per_try_timeout_ms)}` : null,
         e.max_retries !== undefined ? `max retries ${e.max_retries}` : null,
-        e.healthy !== undefined ? `${e.healthy} healthy, ${e.degraded} degraded, ${e.unavailable} unavailable` : null,
+        e.healthy !== undefined
+          ? `${e.healthy} healthy, ${e.degraded} degraded, ${e.unavailable} unavailable`
+          : null,
       ];
     case "attempt":
       return [
@@ -430,11 +444,24 @@ function renderAnswer(status, body) {
   const children = [el("h3", {}, "Answer")];
   if (body.ok) {
     children.push(
-      el("p", { class: "outcome" }, statusPill("ok"), ` answered by `, el("code", {}, body.endpoint_id), ` in ${ms(body.latency_ms)}`),
+      el(
+        "p",
+        { class: "outcome" },
+        statusPill("ok"),
+        " answered by ",
+        el("code", {}, body.endpoint_id),
+        ` in ${ms(body.latency_ms)}`,
+      ),
     );
   } else {
     children.push(
-      el("p", { class: "outcome" }, statusPill(body.error || "error"), ` HTTP ${status}: `, body.detail || ""),
+      el(
+        "p",
+        { class: "outcome" },
+        statusPill(body.error || "error"),
+        ` HTTP ${status}: `,
+        body.detail || "",
+      ),
     );
     if (body.field) children.push(el("p", { class: "muted" }, `field: ${body.field}`));
   }
@@ -444,13 +471,18 @@ function renderAnswer(status, body) {
       el(
         "ol",
         { class: "attempts" },
-        ...attempts.map((a) => el("li", {}, el("code", {}, a.endpoint_id), ` ${a.outcome} ${ms(a.latency_ms)}`)),
+        ...attempts.map((a) =>
+          el("li", {}, el("code", {}, a.endpoint_id), ` ${a.outcome} ${ms(a.latency_ms)}`),
+        ),
       ),
     );
   }
-  if (body.ok) children.push(el("pre", { class: "json", tabIndex: 0, "aria-label": "result" }, JSON.stringify(body.result, null, 2)));
+  // a scrollable box of JSON, focusable so that keyboard users can scroll it too
+  const json = (label, value) =>
+    el("pre", { class: "json", tabIndex: 0, "aria-label": label }, JSON.stringify(value, null, 2));
+  if (body.ok) children.push(json("result", body.result));
   else if (body.agent_answer !== undefined && body.agent_answer !== null) {
-    children.push(el("pre", { class: "json", tabIndex: 0, "aria-label": "agent answer" }, JSON.stringify(body.agent_answer, null, 2)));
+    children.push(json("agent answer", body.agent_answer));
   }
   if (body.trace_id) {
     const show = el("button", { type: "button", class: "small" }, "Show its timeline");
@@ -463,9 +495,13 @@ function renderAnswer(status, body) {
 function renderRoute(status, body) {
   const box = $("reach-route");
   box.hidden = false;
-  const children = [el("h3", {}, "Route explanation"), el("p", { class: "muted" }, "the dry run (GET /v1/route) just before sending")];
+  const children = [
+    el("h3", {}, "Route explanation"),
+    el("p", { class: "muted" }, "the dry run (GET /v1/route) just before sending"),
+  ];
   if (!body || !body.ok) {
-    children.push(el("p", {}, statusPill((body && body.error) || "error"), ` HTTP ${status}: `, (body && body.detail) || ""));
+    const code = (body && body.error) || "error";
+    children.push(el("p", {}, statusPill(code), ` HTTP ${status}: `, (body && body.detail) || ""));
     box.replaceChildren(...children);
     return;
   }
