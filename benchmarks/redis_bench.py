@@ -11,8 +11,10 @@ Three measures (run.py turns them into rows of the report):
   directly for the memory one), 25 decisions then a 10 ms pause so that the loops run between.
   Also: how long the second gateway took to load the 10k records at start.
 - ``workers``: good answers/s of ``POST /v1/send`` through ``serve --workers 2`` and
-  ``--workers 1`` on Redis to the trivial agent (wrk, 32 connections), measured alternately;
-  nothing pinned (the point is to use both cores), CPU of all the workers per request.
+  ``--workers 1`` on Redis to the trivial agent (wrk, 32 connections), and through one gateway
+  on the in-memory registry under the same conditions (a reference: the registry does no work
+  per send), measured in rotating order; nothing pinned (the point is to use both cores), CPU
+  of all the workers per request.
 - ``propagation``: two gateway processes A and B on Redis; per trial, from just before the
   request to A until B's answer shows the change (B polled over one keep-alive connection, a
   poll every ~0.3 ms): a registration (seen on B), a heartbeat that turns a degraded endpoint
@@ -396,25 +398,36 @@ def _seen_through_every_worker(url: str, endpoint_id: str, bound_s: float = 10.0
     raise RuntimeError(f"{endpoint_id} not seen through every worker of {url}")
 
 
+# what the workers comparison runs: name -> (registry, --workers)
+WORKER_STACKS = {"2": ("redis", 2), "1": ("redis", 1), "memory": ("memory://", 1)}
+
+
 def workers(args: argparse.Namespace, redis_url: str, redis_pid: int | None) -> dict[str, Any]:
-    """Good answers/s of ``--workers 2`` and ``--workers 1`` on Redis, measured alternately."""
+    """Good answers/s of ``--workers 2`` and ``--workers 1`` on Redis, and of one gateway on
+    the in-memory registry under the same conditions, measured in rotating order."""
     started: list[harness.Child] = []
     try:
-        stacks = {n: _serve(f"workers{n}", redis_url, n, 3600.0) for n in (1, 2)}
-        started += stacks.values()
+        stacks: dict[str, harness.Child] = {}
+        for name, (registry, n) in WORKER_STACKS.items():
+            url = redis_url if registry == "redis" else registry
+            stacks[name] = _serve(f"workers-{name}", url, n, 3600.0)
+            started.append(stacks[name])
         agent_cmd = [PY, str(HERE / "trivial_agent.py"), "--id", AGENT_ID, "--intent", INTENT]
         for child in stacks.values():
             agent_cmd += ["--register", child.url]
         agent = harness.start("workers-agent", agent_cmd, None)
         started.append(agent)
         agent.wait_line(r"listening on (http://\S+)")
-        pids = {n: _children(c.pid) if n > 1 else {c.pid} for n, c in stacks.items()}
-        assert all(len(p) == n for n, p in pids.items()), pids
+        pids = {
+            name: _children(c.pid) if WORKER_STACKS[name][1] > 1 else {c.pid}
+            for name, c in stacks.items()
+        }
+        assert all(len(pids[k]) == n for k, (_, n) in WORKER_STACKS.items()), pids
         for child in stacks.values():
             _seen_through_every_worker(child.url, AGENT_ID)
         ours = {c.pid for c in started} | {p for ps in pids.values() for p in ps}
         ours |= {redis_pid} if redis_pid else set()
-        out: dict[str, Any] = {"connections": args.conns, "runs": {"1": [], "2": []}}
+        out: dict[str, Any] = {"connections": args.conns, "runs": {k: [] for k in stacks}}
         for child in stacks.values():  # warm-up
             harness.wrk(
                 child.url + "/v1/send",
@@ -426,12 +439,13 @@ def workers(args: argparse.Namespace, redis_url: str, redis_pid: int | None) -> 
                 ours=ours,
                 measured=False,
             )
+        names = list(stacks)
         for i in range(args.runs):
-            order = [1, 2] if i % 2 == 0 else [2, 1]
-            for n in order:
-                j0 = sum(harness.jiffies(p) for p in pids[n])
+            k = i % len(names)
+            for name in names[k:] + names[:k]:
+                j0 = sum(harness.jiffies(p) for p in pids[name])
                 r = harness.wrk(
-                    stacks[n].url + "/v1/send",
+                    stacks[name].url + "/v1/send",
                     SEND_BODY,
                     args.conns,
                     args.duration,
@@ -439,12 +453,12 @@ def workers(args: argparse.Namespace, redis_url: str, redis_pid: int | None) -> 
                     gateway_pid=None,
                     ours=ours,
                 )
-                j1 = sum(harness.jiffies(p) for p in pids[n])
+                j1 = sum(harness.jiffies(p) for p in pids[name])
                 if r["requests"]:
                     r["gw_cpu_us_per_req"] = round(
                         (j1 - j0) / harness.CLK_TCK * 1e6 / r["requests"], 1
                     )
-                out["runs"][str(n)].append(r)
+                out["runs"][name].append(r)
         return out
     finally:
         for child in reversed(started):

@@ -571,18 +571,24 @@ def bench_redis(args: argparse.Namespace, rep: Report, cores: Cores) -> None:
         return fmt(med([r[key] / div for r in wr[k]]), unit, digits)
 
     rps_ratio = _ratio(wr["2"], wr["1"])
-    for k in ("2", "1"):
+    labels = {
+        "2": "--workers 2 on Redis; ratio to 1 worker",
+        "1": "--workers 1 on Redis",
+        "memory": "1 gateway on memory:// (reference, same conditions)",
+    }
+    for k, label in labels.items():
+        if k not in wr:
+            continue
         rep.row(
             "redis",
-            f"POST /v1/send good answers/s, --workers {k}, {w['connections']} connections"
-            + ("; ratio to 1 worker" if k == "2" else ""),
+            f"POST /v1/send good answers/s, {w['connections']} connections, {label}",
             col(k, "rps"),
             ratio=fmt(rps_ratio, "x", 2) if k == "2" else "",
             target="info",
         )
         rep.row(
             "redis",
-            f"  --workers {k}: latency p50 / p99; errors; CPU per request (all workers)",
+            "  latency p50 / p99; errors; gateway CPU per request (all workers)",
             f"{col(k, 'p50_us', ' ms', 1, 1000)} / {col(k, 'p99_us', ' ms', 1, 1000)}; "
             f"{sum(r['errors'] for r in wr[k])}; {col(k, 'gw_cpu_us_per_req', ' µs')}",
         )

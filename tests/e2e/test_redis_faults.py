@@ -5,6 +5,16 @@ stopping or restarting it disturbs nothing else.
 Bounds: a registration or removal reaches the other gateway by pub/sub, a heartbeat within
 ``STALENESS_BOUND_S`` (flush + sync); each check allows ``SLACK_S`` on top for the HTTP polls
 of the test itself and process scheduling on a small machine.
+
+Shown here: registered through A, routed through B; heartbeats through B keep it healthy on A
+(each seen on A within the bound); deregistered through either, gone from the other within the
+bound; a gateway restart loses nothing. Redis killed under load: no wrong answer, no crash,
+each gateway keeps its own heartbeating agents healthy, says so (healthz, metric, logs) and
+buffers a registration; Redis back EMPTY: the gateways re-publish and everything is visible
+again. Redis frozen (a partition): writes answered at once and written later. No purge from a
+view that cannot see the heartbeats. Gateway A killed under load: every send of a client with
+both URLs answers or fails typed (only those in flight on A), the rest go through B. close()
+ends even when redis-py loses a cancellation.
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,7 +31,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,6 +106,7 @@ def private_redis() -> Iterator[PrivateRedis]:
     server.start()
     yield server
     server.kill()
+    shutil.rmtree(server.workdir, ignore_errors=True)
 
 
 @pytest.fixture
@@ -259,18 +271,17 @@ class Load:
     results: list[tuple[str, int, Any]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _pool: ThreadPoolExecutor | None = None
+    _pool: ThreadPoolExecutor = field(default_factory=ThreadPoolExecutor)
+    _futures: list[Future[None]] = field(default_factory=list)
 
     def __enter__(self) -> Load:
-        self._pool = ThreadPoolExecutor(self.threads)
         self._futures = [self._pool.submit(self._caller, i) for i in range(self.threads)]
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         for f in self._futures:
-            f.result(timeout=30)
-        assert self._pool is not None
+            f.result(timeout=30)  # a caller's failure fails the test
         self._pool.shutdown()
 
     def count(self) -> int:
