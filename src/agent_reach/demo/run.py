@@ -85,6 +85,10 @@ def _timeline(client: SyncReachClient, trace_id: str, out: Console) -> None:
 
 
 def _serve_until_stopped(stack: Stack, out: Console) -> None:
+    # the handlers first: a Ctrl-C right after the banner must stop the stack in order too
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     url = stack.url
     out.print(
         f"""
@@ -105,9 +109,6 @@ Try:
 Ctrl-C stops everything.""",
         highlight=False,
     )
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     while not stop.wait(0.5):
         gone = stack.exited()
         if gone is not None:

@@ -6,7 +6,6 @@ of its own in ``log_dir``; the gateway's URL is read from the line it prints whe
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import select
@@ -18,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
+from agent_reach._children import die_with_parent
 from agent_reach.errors import GatewayUnavailable
 from agent_reach.sdk.client import SyncReachClient
 
@@ -57,7 +57,7 @@ class Stack:
                 stderr=log_file,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         finally:
             log_file.close()
@@ -86,16 +86,6 @@ class Stack:
         for proc in procs:
             if proc.stdout is not None:
                 proc.stdout.close()
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: on Linux, SIGTERM when the demo dies (even by SIGKILL), so
-    that a killed demo leaves no gateway holding its port."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _read_url(stdout: IO[bytes], proc: subprocess.Popen[bytes], deadline: float) -> str:

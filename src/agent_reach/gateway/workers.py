@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import IO
 
+from agent_reach._children import die_with_parent
 from agent_reach.settings import GatewaySettings, redacted
 
 __all__ = ["supervise"]
@@ -118,7 +119,7 @@ def supervise(settings: GatewaySettings, argv: Sequence[str]) -> int:
         signal.signal(sig, lambda *_: stop.set())
 
     def spawn() -> subprocess.Popen[bytes]:
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env)
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, preexec_fn=die_with_parent)
 
     workers = [spawn() for _ in range(settings.workers)]
     try:
