@@ -356,6 +356,16 @@ class Reacher:
                 latency_ms=round(latency_ms, 3),
                 detail=delivery.detail,
             )
+            if delivery.agent_ms is not None:
+                # the agent's own hop, as it reported it (Server-Timing, sent by the agent SDK)
+                self._trace(
+                    trace_id,
+                    "agent",
+                    attempt=n,
+                    endpoint_id=target,
+                    handle_ms=delivery.agent_ms,
+                    answered_from=delivery.agent_note or "handler",
+                )
             if delivery.outcome is Outcome.OK:
                 assert delivery.body is not None
                 return target, msgspec.Raw(delivery.body)

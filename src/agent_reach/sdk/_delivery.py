@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import functools
 import inspect
 import logging
@@ -75,15 +76,29 @@ _encode = msgspec.json.Encoder().encode
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """An HTTP answer of the delivery endpoint: status and JSON body."""
+    """An HTTP answer of the delivery endpoint: status and JSON body.
+
+    ``handle_ms`` is how long the handler ran, ``reused`` how a repeated ``msg_id`` was
+    answered (``cached``/``joined``; empty for a run of its own): both go back to the gateway in
+    a ``Server-Timing`` header, which records them in the request's trace (the agent's hop).
+    """
 
     status: int
     body: bytes
+    handle_ms: float | None = None
+    reused: str = ""
 
     @property
     def size(self) -> int:
         """Bytes held (for the dedup cache's bound)."""
         return len(self.body)
+
+    def server_timing(self) -> str | None:
+        """The ``Server-Timing`` header value, e.g. ``handle;dur=12.3;desc="cached"``."""
+        if self.handle_ms is None:
+            return None
+        desc = f';desc="{self.reused}"' if self.reused else ""
+        return f"handle;dur={self.handle_ms:.3f}{desc}"
 
 
 def error_answer(status: int, code: str, detail: str, **fields: Any) -> Answer:
@@ -279,21 +294,28 @@ class Dispatcher:
         if not msg_id:  # nothing to recognise a repeat by
             return await start()
         result, how = self.once.begin((msg_id, d.intent), start)
-        if how != "ran":
-            log(
-                logging.INFO,
-                "agent.duplicate",
-                msg_id=msg_id,
-                intent=d.intent,
-                attempt=ctx.attempt,
-                answered_from=how,  # "cached": a finished run; "joined": one in flight
-            )
-            if span is not None:
-                span.note("duplicate", how)
-        return await result
+        if how == "ran":
+            return await result
+        log(
+            logging.INFO,
+            "agent.duplicate",
+            msg_id=msg_id,
+            intent=d.intent,
+            attempt=ctx.attempt,
+            answered_from=how,  # "cached": a finished run; "joined": one in flight
+        )
+        if span is not None:
+            span.note("duplicate", how)
+        return dataclasses.replace(await result, reused=how)
 
     async def _call(self, handler: Handler, payload: Any, ctx: ReachContext) -> Answer:
         started = self._now()
+        answer = await self._run(handler, payload, ctx, started)
+        return dataclasses.replace(answer, handle_ms=round((self._now() - started) * 1000.0, 3))
+
+    async def _run(
+        self, handler: Handler, payload: Any, ctx: ReachContext, started: float
+    ) -> Answer:
         try:
             if inspect.iscoroutinefunction(handler):
                 result = await handler(payload, ctx)

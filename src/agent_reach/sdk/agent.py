@@ -213,6 +213,9 @@ class Agent:
                 answer = too_large(limit)
             else:
                 answer = await self._dispatcher.deliver(body, request.headers)
+        timing = answer.server_timing()
+        if timing is not None:
+            headers["Server-Timing"] = timing
         return web.Response(
             body=answer.body, status=answer.status, headers=headers, content_type="application/json"
         )

@@ -92,5 +92,8 @@ async def _answer(send: Send, answer: Answer, *, allow: bool = False) -> None:
     ]
     if allow:
         headers.append((b"allow", b"POST"))
+    timing = answer.server_timing()
+    if timing is not None:
+        headers.append((b"server-timing", timing.encode()))
     await send({"type": "http.response.start", "status": answer.status, "headers": headers})
     await send({"type": "http.response.body", "body": answer.body})

@@ -27,6 +27,9 @@ class Delivery(NamedTuple):
     detail: str = ""
     reached: bool = True
     eject: bool = False
+    # the agent's own account of the attempt (its Server-Timing header), when it gave one
+    agent_ms: float | None = None
+    agent_note: str = ""
 
 
 class Transport(Protocol):

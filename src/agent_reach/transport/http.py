@@ -66,6 +66,7 @@ class HttpTransport:
         session = self._session
         if session is None:
             raise RuntimeError("HttpTransport.start() was not called")
+        timing: str | None = None
         try:
             async with asyncio.timeout(timeout_s):
                 async with session.post(
@@ -73,6 +74,7 @@ class HttpTransport:
                 ) as resp:
                     status = resp.status
                     encoding = resp.headers.get("Content-Encoding", "identity").lower()
+                    timing = resp.headers.get("Server-Timing")
                     data = await self._read_capped(resp)
         except TimeoutError:
             return Delivery(Outcome.TIMEOUT, detail=f"no answer within {timeout_s * 1000:.0f} ms")
@@ -102,10 +104,29 @@ class HttpTransport:
             )
         except aiohttp.ClientError as exc:
             return Delivery(Outcome.SERVER_ERROR, detail=f"bad HTTP answer: {exc}")
+        agent_ms, agent_note = server_timing(timing)
         if status >= 500:
-            return Delivery(Outcome.SERVER_ERROR, status, data, f"agent answered {status}")
+            return Delivery(
+                Outcome.SERVER_ERROR,
+                status,
+                data,
+                f"agent answered {status}",
+                True,
+                False,
+                agent_ms,
+                agent_note,
+            )
         if status >= 400:
-            return Delivery(Outcome.AGENT_ERROR, status, data, f"agent answered {status}")
+            return Delivery(
+                Outcome.AGENT_ERROR,
+                status,
+                data,
+                f"agent answered {status}",
+                True,
+                False,
+                agent_ms,
+                agent_note,
+            )
         # Past here the agent took the request: an unusable answer is not retried, so that a
         # side effect is not repeated (only timeouts, connection errors and 5xx are retryable).
         if status < 200 or status >= 300:
@@ -127,7 +148,7 @@ class HttpTransport:
                 None,
                 f"agent answered {status} with a body that is not JSON",
             )
-        return Delivery(Outcome.OK, status, data)
+        return Delivery(Outcome.OK, status, data, "", True, False, agent_ms, agent_note)
 
     async def _read_capped(self, resp: aiohttp.ClientResponse) -> bytes:
         limit = self.max_response_bytes
@@ -147,3 +168,33 @@ class HttpTransport:
 
 class _TooLarge(Exception):
     """The answer is over ``max_response_bytes`` (internal to this adapter)."""
+
+
+def server_timing(value: str | None) -> tuple[float | None, str]:
+    """The ``handle`` metric of a ``Server-Timing`` header: (duration in ms, its description).
+
+    ``handle;dur=12.3;desc="cached"`` -> (12.3, "cached"); anything else -> (None, "").
+    Agents that do not send the header (or send other metrics) simply give nothing.
+    """
+    if not value:
+        return None, ""
+    for metric in value.split(","):
+        name, _, params = metric.strip().partition(";")
+        if name.strip() != "handle":
+            continue
+        dur: float | None = None
+        desc = ""
+        for param in params.split(";"):
+            key, _, raw = param.strip().partition("=")
+            raw = raw.strip().strip('"')
+            if key == "dur":
+                try:
+                    dur = float(raw)
+                except ValueError:
+                    return None, ""
+                if not 0 <= dur < 1e9:  # NaN and nonsense from an agent: ignored
+                    return None, ""
+            elif key == "desc":
+                desc = raw[:32]
+        return (dur, desc) if dur is not None else (None, "")
+    return None, ""
