@@ -187,9 +187,9 @@ def test_a_recent_request_opens_its_timeline(page: Any, gw: Proc) -> None:
     row.locator("td").nth(1).click()  # a click anywhere on the row
     events = page.locator("#timeline-events li")
     expect(page.locator("#timeline-trace")).to_have_text("trace_dash_click")
-    expect(events).to_have_count(4)
-    kinds = [events.nth(i).get_attribute("data-kind") for i in range(4)]
-    assert kinds == ["received", "route", "attempt", "answer"]
+    expect(events).to_have_count(5)
+    kinds = [events.nth(i).get_attribute("data-kind") for i in range(5)]
+    assert kinds == ["received", "route", "attempt", "agent", "answer"]
     expect(events.nth(2)).to_contain_text("ok")
     expect(row).to_have_class("clickable selected")
 
@@ -231,7 +231,7 @@ def test_an_agent_changes_colour_when_its_heartbeats_stop(
 
         # the picture: a request's timeline open, and a reach tried with the form
         page.locator('#requests-body tr:has-text("report.build")').first.click()
-        expect(page.locator("#timeline-events li")).to_have_count(4)
+        expect(page.locator("#timeline-events li")).to_have_count(5)
         page.locator("#f-intent").fill("weather.query")
         page.get_by_label("Payload (JSON)").fill('{"city": "Lisbon", "date": "2025-01-02"}')
         page.get_by_role("button", name="Send").click()

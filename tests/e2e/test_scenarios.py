@@ -225,7 +225,7 @@ def test_trace_id_reaches_the_agent_the_trace_store_and_both_logs(agents: list[P
         assert seen["payload"] == {"n": 1}
         _, trace = http("GET", f"{gw.url}/v1/traces/trace_e2e_0001")
         kinds = [e["kind"] for e in trace["events"]]
-        assert kinds == ["received", "route", "attempt", "answer"]
+        assert kinds == ["received", "route", "attempt", "agent", "answer"]
         assert trace["events"][1]["chosen"] == "agent://e2e-trace-01"
         assert trace["events"][2]["outcome"] == "ok"
         gw_lines = [line for line in gw.log_lines() if line.get("trace_id") == "trace_e2e_0001"]

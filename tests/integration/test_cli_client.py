@@ -277,16 +277,17 @@ def test_trace_prints_the_timeline_of_a_send(gw: Proc) -> None:
     )
     assert (run.code, run.err) == (0, "")
     header, *events = run.out.splitlines()
-    assert header.startswith("trace trace_cli_timeline  4 events over ")
+    assert header.startswith("trace trace_cli_timeline  5 events over ")
     kinds = [line.split()[2] for line in events]
-    assert kinds == ["received", "route", "attempt", "answer"]
+    assert kinds == ["received", "route", "attempt", "agent", "answer"]
     offsets = [float(line.split()[0].lstrip("+")) for line in events]
     assert offsets[0] == 0.0
     assert offsets == sorted(offsets)
     assert "intent=cli.echo" in events[0]
     assert f"chosen={ECHO}" in events[1]
     assert "outcome=ok" in events[2]
-    assert "ok=true" in events[3]
+    assert f"endpoint_id={ECHO}" in events[3] and "answered_from=handler" in events[3]
+    assert "ok=true" in events[4]
     assert (machine.code, machine.err) == (0, "")
     body = machine.json()
     assert body["trace_id"] == "trace_cli_timeline"
