@@ -115,7 +115,13 @@ def test_every_listed_request_has_its_timeline(gw: Proc) -> None:
     assert [t["trace_id"] for t in listed] == ["trace_tl_timeline"]
     code, body = http("GET", f"{gw.url}/v1/traces/trace_tl_timeline")
     assert code == 200
-    assert [e["kind"] for e in body["events"]] == ["received", "route", "attempt", "agent", "answer"]
+    assert [e["kind"] for e in body["events"]] == [
+        "received",
+        "route",
+        "attempt",
+        "agent",
+        "answer",
+    ]
 
 
 def test_limit_defaults_to_50_and_bounds_the_list(gw: Proc) -> None:
