@@ -100,7 +100,7 @@ def gateway(*flags: str) -> Iterator[Proc]:
     finally:
         proc.stop()
         if registry:
-            _drop_prefix_now(prefix, shared or REDIS_URL)
+            drop_prefix(prefix, shared or REDIS_URL)
 
 
 def start_agent(
@@ -166,20 +166,9 @@ def status_of(gw: str, endpoint_id: str) -> str:
     return body["status"] if code == 200 else f"http {code}"
 
 
-async def drop_prefix(prefix: str, url: str = REDIS_URL) -> int:
-    """Delete every key of a registry prefix (a test's own), return how many."""
-    from redis import asyncio as aioredis
-
-    client = aioredis.Redis.from_url(url)
-    try:
-        keys = [k async for k in client.scan_iter(match="{" + prefix + "}*", count=1000)]
-        return int(await client.delete(*keys)) if keys else 0
-    finally:
-        await client.aclose()
-
-
-def _drop_prefix_now(prefix: str, url: str) -> None:
-    """:func:`drop_prefix` for sync code (which may run inside an event loop's test)."""
+def drop_prefix(prefix: str, url: str = REDIS_URL) -> None:
+    """Delete every key of a registry prefix (a test's own); a sync client, so that sync and
+    async tests call it alike."""
     import redis
 
     client = redis.Redis.from_url(url)

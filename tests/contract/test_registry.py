@@ -22,7 +22,7 @@ async def registry(request: pytest.FixtureRequest) -> AsyncIterator[RegistryBack
     yield backend
     await backend.close()
     if request.param != "memory://":
-        await drop_prefix(prefix)
+        drop_prefix(prefix)
 
 
 def rec(name: str, caps: tuple[str, ...] = ("t.a",), seen: float = 100.0) -> EndpointRecord:

@@ -32,7 +32,7 @@ async def pair() -> AsyncIterator[Callable[..., RedisRegistry]]:
     yield make
     for registry in made:
         await registry.close()
-    await drop_prefix(prefix)
+    drop_prefix(prefix)
 
 
 def rec(name: str, now: float, caps: tuple[str, ...] = ("t.a",)) -> EndpointRecord:

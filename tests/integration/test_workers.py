@@ -26,7 +26,7 @@ from tests.support import (
     REDIS_URL,
     ROOT,
     Proc,
-    _drop_prefix_now,
+    drop_prefix,
     http,
     start_agent,
     wait_until,
@@ -109,7 +109,7 @@ def supervisor() -> Iterator[tuple[Proc, str]]:
         yield proc, line
     finally:
         proc.stop(timeout=15)
-        _drop_prefix_now(prefix, REDIS_URL)
+        drop_prefix(prefix, REDIS_URL)
 
 
 def children(pid: int) -> set[int]:

@@ -7,17 +7,14 @@ of its own in ``log_dir``; the gateway's URL is read from the line it prints whe
 from __future__ import annotations
 
 import os
-import re
-import select
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
 
-from agent_reach._children import die_with_parent
+from agent_reach._children import die_with_parent, listening_url
 from agent_reach.errors import GatewayUnavailable
 from agent_reach.sdk.client import SyncReachClient
 
@@ -29,7 +26,6 @@ AGENTS = {
     "agent://note-01": "agent_reach.demo.note",
     "agent://scheduler-01": "agent_reach.demo.scheduler",
 }
-_LISTENING = re.compile(r"listening on (http://\S+)")
 
 
 class StackError(Exception):
@@ -88,21 +84,6 @@ class Stack:
                 proc.stdout.close()
 
 
-def _read_url(stdout: IO[bytes], proc: subprocess.Popen[bytes], deadline: float) -> str:
-    buf = b""
-    while time.monotonic() < deadline and proc.poll() is None:
-        ready, _, _ = select.select([stdout], [], [], 0.1)
-        if ready:
-            chunk = os.read(stdout.fileno(), 4096)
-            if not chunk:
-                break
-            buf += chunk
-            match = _LISTENING.search(buf.decode(errors="replace"))
-            if match:
-                return match.group(1)
-    raise StackError(f"the gateway did not start: {buf.decode(errors='replace').strip()}")
-
-
 def start(
     log_dir: Path,
     *,
@@ -119,14 +100,13 @@ def start(
             "gateway",
             ["-m", "agent_reach", "serve", "--host", host, "--port", str(port), *serve_args],
         )
-        assert gw.stdout is not None
-        try:
-            stack.url = _read_url(gw.stdout, gw, deadline)
-        except StackError:
+        url = listening_url(gw, deadline)
+        if url is None:
             raise StackError(
                 f"the gateway did not start on {host}:{port} (see {log_dir}/gateway.log;"
                 " is the port taken?)"
-            ) from None
+            )
+        stack.url = url
         for endpoint_id, module in AGENTS.items():
             name = endpoint_id.removeprefix("agent://")
             stack.spawn(name, ["-m", module, "--gateway", stack.url, "--id", endpoint_id])

@@ -11,8 +11,6 @@ shared between them.
 from __future__ import annotations
 
 import os
-import re
-import select
 import signal
 import socket
 import subprocess
@@ -22,13 +20,12 @@ import time
 from collections.abc import Sequence
 from typing import IO
 
-from agent_reach._children import die_with_parent
+from agent_reach._children import die_with_parent, listening_url
 from agent_reach.settings import GatewaySettings, redacted
 
 __all__ = ["supervise"]
 
 START_TIMEOUT_S = 30.0
-_LISTENING = re.compile(rb"listening on (http://\S+)")
 
 
 def _reserve(host: str, port: int) -> socket.socket:
@@ -68,33 +65,6 @@ def _worker_argv(argv: Sequence[str], port: int) -> list[str]:
     ]
 
 
-def _wait_listening(
-    proc: subprocess.Popen[bytes], deadline: float, stop: threading.Event | None = None
-) -> str | None:
-    """The URL a worker prints once it listens; None when it exits, stays silent until
-    ``deadline``, or ``stop`` is set meanwhile."""
-    stdout = proc.stdout
-    assert stdout is not None
-    buf = b""
-    while proc.poll() is None and not (stop is not None and stop.is_set()):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        # a bounded wait: a worker that never prints must not hold the supervisor forever
-        # (raw reads, so that nothing waits unseen in a file object's buffer)
-        ready, _, _ = select.select([stdout.fileno()], [], [], min(left, 0.2))
-        if not ready:
-            continue
-        chunk = os.read(stdout.fileno(), 4096)
-        if not chunk:
-            break
-        buf += chunk
-        match = _LISTENING.search(buf)
-        if match:
-            return match.group(1).decode()
-    return None
-
-
 def _drain(stdout: IO[bytes]) -> None:
     """Keep reading a worker's stdout so that it never blocks on a full pipe."""
     for _ in iter(stdout.readline, b""):
@@ -124,7 +94,7 @@ def supervise(settings: GatewaySettings, argv: Sequence[str]) -> int:
     workers = [spawn() for _ in range(settings.workers)]
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
-        urls = [_wait_listening(w, deadline, stop) for w in workers]
+        urls = [listening_url(w, deadline, stop) for w in workers]
         if stop.is_set():  # SIGINT/SIGTERM while starting: stop them all, as asked
             return 0
         if None in urls:
@@ -151,7 +121,7 @@ def supervise(settings: GatewaySettings, argv: Sequence[str]) -> int:
                 last_restart = time.monotonic()
                 old, workers[i] = w.pid, spawn()
                 deadline = time.monotonic() + START_TIMEOUT_S
-                if _wait_listening(workers[i], deadline, stop) is not None:
+                if listening_url(workers[i], deadline, stop) is not None:
                     threading.Thread(target=_drain, args=(workers[i].stdout,), daemon=True).start()
                     print(
                         f"agent-reach worker {workers[i].pid} listening (replaces {old})",

@@ -59,6 +59,7 @@ from agent_reach.core.model import EndpointRecord
 from agent_reach.logs import log
 from agent_reach.registry.base import RegistryListener, RegistryState
 from agent_reach.registry.memory import MemoryRegistry
+from agent_reach.settings import redacted
 
 __all__ = ["STALENESS_BOUND_S", "RedisRegistry"]
 
@@ -197,7 +198,7 @@ class RedisRegistry:
         log(
             logging.INFO,
             "registry.started",
-            url=_safe(self.url),
+            url=redacted(self.url),
             prefix=self.prefix,
             records=len(self),
         )
@@ -541,7 +542,7 @@ class RedisRegistry:
             log(
                 logging.WARNING,
                 "registry.unavailable",
-                url=_safe(self.url),
+                url=redacted(self.url),
                 error=str(exc),
                 note="routing on the last view; writes are buffered",
             )
@@ -554,7 +555,7 @@ class RedisRegistry:
             log(
                 logging.WARNING,
                 "registry.recovered",
-                url=_safe(self.url),
+                url=redacted(self.url),
                 unavailable_s=None if down_for is None else round(down_for, 3),
             )
 
@@ -626,11 +627,3 @@ class RedisRegistry:
 
 def _unbound() -> float:
     raise RuntimeError("RedisRegistry.bind(now) was not called: the gateway binds its clock")
-
-
-def _safe(url: str) -> str:
-    """The URL without a password, for logs."""
-    if "@" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    return f"{scheme}://***@{rest.split('@', 1)[1]}"
