@@ -110,8 +110,10 @@ def start_agent(
     *,
     intents: str = "test.echo",
     delay_ms: float = 0.0,
+    token: str | None = None,
 ) -> Proc:
-    """A real agent process (tests/agents/behave.py), registered when this returns."""
+    """A real agent process (tests/agents/behave.py), registered when this returns; with
+    ``token`` (its enrollment token, as AGENT_REACH_TOKEN), it verifies deliveries."""
     return _start(
         [
             sys.executable,
@@ -126,27 +128,53 @@ def start_agent(
             intents,
             "--delay-ms",
             str(delay_ms),
-        ]
+        ],
+        env={"AGENT_REACH_TOKEN": token} if token else None,
     )
 
 
 def http(
-    method: str, url: str, body: Any = None, *, raw: bytes | None = None, timeout: float = 30.0
+    method: str,
+    url: str,
+    body: Any = None,
+    *,
+    raw: bytes | None = None,
+    timeout: float = 30.0,
+    token: str | None = None,
+    headers: dict[str, str] | None = None,
 ) -> tuple[int, Any]:
-    """One HTTP call; returns (status, parsed JSON or text)."""
-    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-    req = request.Request(
-        url, data=data, method=method, headers={"Content-Type": "application/json"}
+    """One HTTP call; returns (status, parsed JSON or text). ``token``: a bearer token."""
+    status, payload, _ = http_full(
+        method, url, body, raw=raw, timeout=timeout, token=token, headers=headers
     )
+    return status, payload
+
+
+def http_full(
+    method: str,
+    url: str,
+    body: Any = None,
+    *,
+    raw: bytes | None = None,
+    timeout: float = 30.0,
+    token: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any, dict[str, str]]:
+    """:func:`http`, with the answer's headers too."""
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    sent = {"Content-Type": "application/json", **(headers or {})}
+    if token is not None:
+        sent["Authorization"] = f"Bearer {token}"
+    req = request.Request(url, data=data, method=method, headers=sent)
     try:
         with request.urlopen(req, timeout=timeout) as resp:
-            status, payload = resp.status, resp.read()
+            status, payload, got = resp.status, resp.read(), dict(resp.headers)
     except error.HTTPError as exc:
-        status, payload = exc.code, exc.read()
+        status, payload, got = exc.code, exc.read(), dict(exc.headers)
     try:
-        return status, json.loads(payload)
+        return status, json.loads(payload), got
     except ValueError:
-        return status, payload.decode(errors="replace")
+        return status, payload.decode(errors="replace"), got
 
 
 def wait_until(predicate: Any, timeout: float, interval: float = 0.02) -> Any:

@@ -218,20 +218,22 @@ def error_text(exc: AgentReachError) -> Text:
     out.append("error ", style="bold red")
     out.append(exc.code, style="bold red")
     out.append(f": {exc.detail}\n")
-    if isinstance(exc, ReachError):
-        if exc.trace_id:
-            out.append("trace    ", style="dim")
-            out.append(exc.trace_id)
-            out.append(f"  (agent-reach trace {exc.trace_id})\n", style="dim")
-        if exc.msg_id:
-            out.append("msg      ", style="dim")
-            out.append(f"{exc.msg_id}\n")
-        if "attempts" in exc.fields:
-            out.append("attempts ", style="dim")
-            out.append_text(attempts_text(exc.attempts))
-            out.append("\n")
+    # a send's answer carries its ids whatever the error (a 403 of token mode too)
+    trace_id, msg_id = exc.fields.get("trace_id"), exc.fields.get("msg_id")
+    attempts = exc.fields.get("attempts")
+    if isinstance(trace_id, str) and trace_id:
+        out.append("trace    ", style="dim")
+        out.append(trace_id)
+        out.append(f"  (agent-reach trace {trace_id})\n", style="dim")
+    if isinstance(msg_id, str) and msg_id:
+        out.append("msg      ", style="dim")
+        out.append(f"{msg_id}\n")
+    if isinstance(attempts, list) and (attempts or isinstance(exc, ReachError)):
+        out.append("attempts ", style="dim")
+        out.append_text(attempts_text(attempts))
+        out.append("\n")
     for key, value in exc.fields.items():
-        if isinstance(exc, ReachError) and key in _REACH_FIELDS:
+        if key in _REACH_FIELDS:
             continue
         out.append(f"{key}: ", style="dim")
         out.append(f"{_value(value)}\n")

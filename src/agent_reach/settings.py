@@ -2,18 +2,38 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from agent_reach.core.model import Thresholds
+from agent_reach.core.netguard import AddressGuard
 
-__all__ = ["DEFAULT_GATEWAY_URL", "GatewaySettings", "gateway_url", "gateway_urls", "redacted"]
+__all__ = [
+    "DEFAULT_GATEWAY_URL",
+    "GatewaySettings",
+    "gateway_token",
+    "gateway_url",
+    "gateway_urls",
+    "is_loopback",
+    "redacted",
+]
 
 DEFAULT_PURGE_AFTER_S = 3600.0
 DEFAULT_GATEWAY_URL = "http://127.0.0.1:7700"
 GATEWAY_ENV = "AGENT_REACH_GATEWAY"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a bind address) is reachable only from this machine."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name other than localhost: it may resolve anywhere
 
 
 def redacted(url: str) -> str:
@@ -105,6 +125,16 @@ class GatewaySettings:
     retry_budget_ratio: float = 0.2
     retry_budget_min_per_s: float = 10.0
     log_level: str = "INFO"
+    # access control (docs/security.md)
+    auth: str = "open"  # "open" (loopback only, unless insecure_open_mode) or "tokens"
+    keys: str | None = None  # token mode: the signing keys' directory
+    policy: str | None = None  # token mode: the policy file (TOML)
+    insecure_open_mode: bool = False  # open mode off loopback: anyone may do anything
+    rate_limit: float | None = None  # requests a second per sender (None: no limit)
+    rate_burst: float | None = None  # bucket size [max(1, rate_limit)]
+    endpoint_networks: str | None = None  # CIDRs endpoint URLs may point into [any but denied]
+    endpoint_token_ttl: float = 900.0  # seconds an endpoint token lives (renewed by heartbeats)
+    reload_interval: float = 2.0  # seconds between checks of the key directory and policy file
 
     @property
     def thresholds(self) -> Thresholds:
@@ -148,3 +178,55 @@ class GatewaySettings:
             )
         if self.max_body_bytes < 1024:
             raise ValueError("max-body-bytes must be at least 1024")
+        self._check_access()
+
+    def _check_access(self) -> None:
+        if self.auth not in ("open", "tokens"):
+            raise ValueError(f"auth must be 'open' or 'tokens', got {self.auth!r}")
+        if self.auth == "tokens":
+            if not self.keys:
+                raise ValueError(
+                    "--auth tokens needs --keys DIR (make one with `agent-reach auth keygen"
+                    " --keys DIR`)"
+                )
+            if not self.policy:
+                raise ValueError(
+                    "--auth tokens needs --policy FILE: token mode denies by default, and"
+                    " without a policy nothing could register or send (docs/security.md)"
+                )
+        elif not is_loopback(self.host) and not self.insecure_open_mode:
+            raise ValueError(
+                f"refusing to serve in open mode on {self.host}: without auth anyone who can"
+                " reach this address may register, deregister and send as any agent. Use"
+                " --auth tokens (docs/security.md), bind to 127.0.0.1, or pass"
+                " --insecure-open-mode to accept the risk"
+            )
+        if self.rate_limit is not None and self.rate_limit <= 0:
+            raise ValueError("rate-limit must be > 0 requests a second")
+        if self.rate_burst is not None and self.rate_burst < 1:
+            raise ValueError("rate-burst must be at least 1")
+        if self.auth == "tokens" and self.endpoint_token_ttl < 2 * self.heartbeat_interval:
+            raise ValueError(
+                "endpoint-token-ttl must be at least two heartbeat intervals: heartbeats renew"
+                " the token once half of it is left"
+            )
+        if self.reload_interval <= 0:
+            raise ValueError("reload-interval must be > 0")
+        AddressGuard.from_csv(self.endpoint_networks)  # raises ValueError naming a bad network
+
+    @property
+    def open_mode(self) -> bool:
+        """Whether anyone may do anything (no tokens)."""
+        return self.auth == "open"
+
+
+TOKEN_ENV = "AGENT_REACH_TOKEN"
+
+
+def gateway_token(explicit: str | None = None, env: Mapping[str, str] | None = None) -> str | None:
+    """The bearer token clients and agents present to a gateway in token mode: ``explicit``,
+    else ``$AGENT_REACH_TOKEN``, else None (open mode). The one place the SDKs read it."""
+    if explicit:
+        return explicit.strip()
+    value = (os.environ if env is None else env).get(TOKEN_ENV, "").strip()
+    return value or None

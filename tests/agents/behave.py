@@ -46,6 +46,8 @@ async def handle(payload: Any, ctx: ReachContext) -> dict[str, Any]:
         "msg_id": ctx.msg_id,
         "attempt": ctx.attempt,
         "deadline_ms": ctx.deadline_ms,
+        "sender": ctx.sender,
+        "verified": ctx.verified,
     }
 
 

@@ -3,6 +3,7 @@ on 127.0.0.1:6379, a unique key prefix per test)."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import AsyncIterator
 
@@ -94,3 +95,31 @@ async def test_listeners_see_every_change_after_the_view(registry: RegistryBacke
         ("agent://a", True, True, True),
         ("agent://a", True, False, False),
     ]
+
+
+async def test_the_owner_of_a_registration_is_kept_and_shared(registry: RegistryBackend) -> None:
+    """Token mode binds an id to its registration (``owner``): a heartbeat keeps it, a new
+    registration replaces it, and another view of a shared registry sees the same."""
+    await registry.upsert(rec("a")._replace(owner="gen-1"))
+    after = await registry.touch("agent://a", 150.0, 1_700_000_150.0)
+    assert after is not None and after.owner == "gen-1"
+    await registry.upsert(rec("a")._replace(owner="gen-2"))
+    record = registry.get("agent://a")
+    assert record is not None and record.owner == "gen-2"
+    if registry.state().backend == "memory":
+        return
+    other = open_registry(REDIS_URL, prefix=registry.prefix)  # type: ignore[attr-defined]
+    other.bind(lambda: 100.0)
+    await other.start()
+    try:
+        seen = other.get("agent://a")
+        assert seen is not None and seen.owner == "gen-2"
+        await registry.upsert(rec("a")._replace(owner="gen-3"))  # a change, seen through pub/sub
+        for _ in range(200):
+            seen = other.get("agent://a")
+            if seen is not None and seen.owner == "gen-3":
+                break
+            await asyncio.sleep(0.01)
+        assert seen is not None and seen.owner == "gen-3"
+    finally:
+        await other.close()

@@ -252,3 +252,40 @@ def save_screenshot(page: Any, tmp_path: Path) -> None:
     page.locator("#f-intent").blur()
     page.screenshot(path=str(path), full_page=True)
     assert path.stat().st_size > 10_000
+
+
+def test_token_mode_dashboard_takes_the_operator_token_from_the_fragment(
+    browser: Any, tmp_path: Path
+) -> None:
+    from agent_reach.auth.keys import KeyRing, generate_key
+    from agent_reach.auth.tokens import Kind, TokenService
+
+    keys = tmp_path / "keys"
+    generate_key(keys)
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[[claim]]\nendpoints = ["agent://dash-*"]\nintents = ["dash.*"]\n')
+    ring = KeyRing(keys)
+    ring.load()
+    operator, _ = TokenService(ring).issue(Kind.OPERATOR, "operator:test", 600)
+    with gateway("--auth", "tokens", "--keys", str(keys), "--policy", str(policy)) as proc:
+        enroll = http(
+            "POST",
+            f"{proc.url}/v1/tokens",
+            {"kind": "enroll", "endpoints": ["agent://dash-*"], "intents": ["dash.*"]},
+            token=operator,
+        )[1]["token"]
+        agent = start_agent(proc.url, "agent://dash-01", intents="dash.echo", token=enroll)
+        context = browser.new_context()
+        try:
+            page = context.new_page()
+            page.set_default_timeout(WAIT_MS)
+            page.goto(f"{proc.url}/dashboard")  # no token: the page says what it needs
+            expect(page.locator("#live")).to_contain_text("token mode")
+            expect(agent_row(page, "agent://dash-01")).to_have_count(0)
+            page.goto(f"{proc.url}/dashboard#token={operator}")
+            expect(agent_row(page, "agent://dash-01")).to_be_visible()
+            expect(page.locator("#live")).to_have_attribute("data-state", "live")
+            assert "token=" not in page.url  # taken out of the address bar at once
+        finally:
+            context.close()
+            agent.stop()

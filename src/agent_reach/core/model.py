@@ -43,6 +43,7 @@ class EndpointRecord(NamedTuple):
     description: str
     last_seen: float
     last_seen_at: float
+    owner: str = ""  # token mode: the registration (endpoint token ``gen``) that holds the id
 
 
 @dataclass(frozen=True, slots=True)

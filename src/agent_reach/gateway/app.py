@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import random
 import re
 from collections.abc import Awaitable, Callable
@@ -23,8 +24,10 @@ from typing import Any
 
 from aiohttp import web
 
+from agent_reach.auth.tokens import Kind
 from agent_reach.clock import Clock, SystemClock
 from agent_reach.core.intents import is_endpoint_id
+from agent_reach.core.netguard import AddressGuard
 from agent_reach.errors import (
     AgentReachError,
     EndpointNotRegistered,
@@ -32,7 +35,17 @@ from agent_reach.errors import (
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
+    RateLimited,
     TraceNotFound,
+)
+from agent_reach.gateway.access import (
+    ENDPOINTS,
+    OPERATORS,
+    READERS,
+    REGISTRANTS,
+    SENDERS,
+    Access,
+    Caller,
 )
 from agent_reach.gateway.metrics import GatewayMetrics
 from agent_reach.gateway.monitor import run_purger, run_ticker
@@ -42,6 +55,7 @@ from agent_reach.gateway.schemas import (
     RegisterBody,
     RouteQuery,
     SendBody,
+    TokenRequest,
     convert,
     decode,
     encode,
@@ -135,7 +149,10 @@ class GatewayHTTP:
         self.registry = registry or open_registry(
             settings.registry, prefix=settings.registry_prefix
         )
-        self.transport = transport or HttpTransport(max_response_bytes=settings.max_body_bytes)
+        self.transport = transport or HttpTransport(
+            max_response_bytes=settings.max_body_bytes,
+            address_guard=AddressGuard.from_csv(settings.endpoint_networks),
+        )
         self.gateway = Gateway(settings, self.registry, clock, rng=rng)
         self.metrics = GatewayMetrics(self.gateway.status_counts, self.registry.state)
         self.traces = TraceStore(settings.trace_capacity)
@@ -145,8 +162,19 @@ class GatewayHTTP:
             heartbeat_interval_s=float(settings.heartbeat_interval),
             trace_count=self.traces.__len__,
         )
+        self.access = Access(
+            settings,
+            wall=clock.wall,
+            monotonic=clock.monotonic,
+            on_denied=lambda action, status: self.metrics.denied.labels(action, status).inc(),
+        )
         self.reacher = Reacher(
-            self.gateway, self.transport, self.metrics, self.traces, wall=clock.wall
+            self.gateway,
+            self.transport,
+            self.metrics,
+            self.traces,
+            wall=clock.wall,
+            signer=self.access.tokens,
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._static = _load_static()
@@ -165,6 +193,9 @@ class GatewayHTTP:
             ("GET", "/v1/traces"): self.recent_traces,
             ("GET", "/v1/inflight"): self.inflight,
             ("GET", "/v1/diagnostics"): self.diagnostics,
+            ("GET", "/v1/keys"): self.keys,
+            ("POST", "/v1/tokens"): self.issue_token,
+            ("POST", "/v1/reload"): self.reload,
             ("GET", "/"): self.dashboard,
             ("GET", "/dashboard"): self.dashboard,
             ("GET", "/static/"): self.static,
@@ -177,12 +208,15 @@ class GatewayHTTP:
     # --- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Open the registry and transport, start the ticker and the purge."""
+        """Load the keys and policy (token mode; ValueError when they cannot be used), open
+        the registry and transport, start the ticker, the purge and the reloader."""
+        self.access.load()
         await self.registry.start()
         await self.transport.start()
         self._tasks = [
             asyncio.create_task(run_ticker(self.gateway, self.metrics), name="agent-reach-ticker"),
             asyncio.create_task(run_purger(self.gateway), name="agent-reach-purger"),
+            asyncio.create_task(self.access.run_reloader(), name="agent-reach-reloader"),
         ]
 
     async def close(self) -> None:
@@ -204,6 +238,10 @@ class GatewayHTTP:
             if handler is None:
                 handler, arg = self._resolve(request.method, path)
             return await handler(request, arg)
+        except RateLimited as exc:
+            answer = _json(exc.to_body(), exc.status)
+            answer.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s or 1)))
+            return answer
         except AgentReachError as exc:
             return _json(exc.to_body(), exc.status)
         except asyncio.CancelledError:
@@ -251,39 +289,73 @@ class GatewayHTTP:
 
     # --- handlers: parse, call the service, render -----------------------------------------
 
+    def _caller(
+        self,
+        request: web.BaseRequest,
+        kinds: frozenset[Kind],
+        action: str,
+        trace_id: str | None = None,
+    ) -> Caller:
+        return self.access.caller(
+            request.headers.get("Authorization"), request.remote, kinds, action, trace_id=trace_id
+        )
+
     async def register(self, request: web.BaseRequest, _: str) -> web.Response:
+        caller = self._caller(request, REGISTRANTS, "register")
         body = decode(await self._body(request), RegisterBody)
-        record = await self.gateway.register(body)
+        current = self.registry.get(body.endpoint_id)
+        status = None if current is None else self.gateway.health(current).status
+        grant = self.access.check_register(
+            caller, body.endpoint_id, body.capabilities, current, status
+        )
+        await self.access.check_endpoint_url(caller, body.endpoint_id, body.endpoint_url)
+        record = await self.gateway.register(body, owner=grant.owner)
         self.metrics.registrations.inc()
         return _json(
             {
                 "ok": True,
                 "endpoint_id": record.endpoint_id,
                 "heartbeat_interval_s": float(self.settings.heartbeat_interval),
+                **grant.fields(),
             }
         )
 
     async def heartbeat(self, request: web.BaseRequest, _: str) -> web.Response:
+        caller = self._caller(request, ENDPOINTS, "heartbeat")
         body = decode(await self._body(request), EndpointIdBody)
+        if caller.claims is not None:
+            self.access.check_owner(
+                caller, "heartbeat", body.endpoint_id, self.registry.get(body.endpoint_id)
+            )
         try:
             health = await self.gateway.heartbeat(body.endpoint_id)
         except EndpointNotRegistered:
             self.metrics.heartbeats_unknown.inc()
             raise
         self.metrics.heartbeats_ok.inc()
-        return _json({"ok": True, "endpoint_id": body.endpoint_id, "status": health.status.value})
+        answer = {"ok": True, "endpoint_id": body.endpoint_id, "status": health.status.value}
+        renewed = self.access.renewal(caller)
+        if renewed is not None:
+            answer.update(renewed.fields())
+        return _json(answer)
 
     async def deregister(self, request: web.BaseRequest, _: str) -> web.Response:
+        caller = self._caller(request, ENDPOINTS | OPERATORS, "deregister")
         body = decode(await self._body(request), EndpointIdBody)
+        self.access.check_owner(
+            caller, "deregister", body.endpoint_id, self.registry.get(body.endpoint_id)
+        )
         await self.gateway.deregister(body.endpoint_id)
         return _json({"ok": True})
 
     async def agents(self, request: web.BaseRequest, _: str) -> web.Response:
+        self._caller(request, READERS, "list agents")
         gw = self.gateway
         now = gw.now()
         return _json({"agents": [gw.describe(r, now) for r in gw.registry.records()]})
 
     async def agent(self, request: web.BaseRequest, name: str) -> web.Response:
+        self._caller(request, READERS, "read an agent")
         endpoint_id = f"agent://{name}"
         gw = self.gateway
         record = gw.registry.get(endpoint_id) if is_endpoint_id(endpoint_id) else None
@@ -293,6 +365,9 @@ class GatewayHTTP:
 
     async def send(self, request: web.BaseRequest, _: str) -> web.Response:
         received_at = self.reacher.clock.monotonic()
+        access = self.access
+        trace_id = None
+        body: SendBody | None = None
         try:
             if "X-Reach-Attempt" in request.headers:
                 raise InvalidRequest(
@@ -300,35 +375,58 @@ class GatewayHTTP:
                     "points at a gateway's /v1/send, and the gateway will not deliver to itself",
                     field="X-Reach-Attempt",
                 )
+            # the body first (bounded, cheap): a refusal then names the caller's own msg_id and
+            # trace_id, and its audit line that trace id
             body = decode(await self._body(request), SendBody)
-            result = await self.reacher.send(body, received_at, request.headers.get("traceparent"))
+            if not access.open:
+                body.msg_id = body.msg_id or new_id("msg")
+                body.trace_id = trace_id = body.trace_id or new_id("trace")
+            caller = self._caller(request, SENDERS, "send", trace_id)
+            access.limit(caller, trace_id)
+            body.sender, scope = access.check_send(
+                caller, body.sender, body.intent, body.recipient_hint, trace_id
+            )
+            result = await self.reacher.send(
+                body, received_at, request.headers.get("traceparent"), scope
+            )
         except AgentReachError as exc:
+            if body is not None:
+                for key, value in (("msg_id", body.msg_id), ("trace_id", body.trace_id)):
+                    if value is not None:
+                        exc.fields.setdefault(key, value)
             raise _with_ids(exc) from None
         return _json(result.to_body())
 
     async def route(self, request: web.BaseRequest, _: str) -> web.Response:
         try:
+            caller = self._caller(request, READERS, "route")
             query = convert(dict(request.query), RouteQuery)
+            _sender, scope = self.access.check_send(
+                caller, None, query.intent, query.recipient_hint, None, action="route"
+            )
             answer = self.gateway.explain_route(
-                query.intent, query.recipient_hint, query.timeout_ms
+                query.intent, query.recipient_hint, query.timeout_ms, scope
             )
         except AgentReachError as exc:
             raise _with_ids(exc) from None
         return _json(answer)
 
     async def trace(self, request: web.BaseRequest, trace_id: str) -> web.Response:
+        caller = self._caller(request, READERS, "read a trace")
         events = self.traces.get(trace_id)
-        if events is None:
+        if events is None or not self.access.may_read_trace(caller, trace_id, events):
             raise TraceNotFound(f"no recent request with trace_id {trace_id!r}")
         return _json({"trace_id": trace_id, "events": events})
 
     async def recent_traces(self, request: web.BaseRequest, _: str) -> web.Response:
+        self._caller(request, OPERATORS, "list traces")
         # an empty value (``?intent=``) means no filter, as a form with a blank field sends it
         query = convert({k: v for k, v in request.query.items() if v}, TraceQuery)
         found = self.traces.recent(query.intent, query.outcome, query.limit)
         return _json({"traces": [summary.to_body() for summary in found]})
 
     async def inflight(self, request: web.BaseRequest, _: str) -> web.Response:
+        self._caller(request, OPERATORS, "read deliveries in flight")
         # the delivery attempts this gateway process has open now, by endpoint
         counts = {eid: s.inflight for eid, s in self.gateway.stats.items() if s.inflight > 0}
         return _json(
@@ -354,7 +452,22 @@ class GatewayHTTP:
         return web.Response(body=item.body, headers=item.headers)
 
     async def diagnostics(self, request: web.BaseRequest, _: str) -> web.Response:
+        self._caller(request, OPERATORS, "read diagnostics")
         return _json(self.gateway.diagnostics())
+
+    async def keys(self, request: web.BaseRequest, _: str) -> web.Response:
+        # public: agents verify delivery assertions against it (empty in open mode)
+        return _json(self.access.jwks())
+
+    async def issue_token(self, request: web.BaseRequest, _: str) -> web.Response:
+        caller = self._caller(request, OPERATORS, "issue tokens")
+        body = decode(await self._body(request), TokenRequest)
+        return _json(self.access.issue(caller, body))
+
+    async def reload(self, request: web.BaseRequest, _: str) -> web.Response:
+        caller = self._caller(request, OPERATORS, "reload keys and policy")
+        self.access.admin(caller, "reload", "keys+policy")
+        return _json(self.access.reload())
 
     async def healthz(self, request: web.BaseRequest, _: str) -> web.Response:
         # always 200 while the gateway serves: with its shared registry away it still routes on

@@ -179,6 +179,12 @@ class GatewayMetrics:
         self.registrations = Counter(
             "agent_reach_registrations", "Registrations (new or replacing)", registry=r
         )
+        self.denied = Counter(
+            "agent_reach_denied",
+            "Requests refused by access control (401, 403, 429), by action and status",
+            ["action", "status"],
+            registry=r,
+        )
         self.loop_lag = Gauge(
             "agent_reach_event_loop_lag_seconds", "Last measured event-loop lag", registry=r
         )

@@ -33,7 +33,7 @@ from agent_reach.errors import (
 )
 from agent_reach.gateway.metrics import GatewayMetrics
 from agent_reach.gateway.schemas import Attempt, DeliveryBody, SendBody, encode
-from agent_reach.gateway.service import Gateway, RoutePlan
+from agent_reach.gateway.service import Gateway, RoutePlan, RouteScope
 from agent_reach.gateway.traces import TraceStore
 from agent_reach.logs import TRACE_ID, log
 from agent_reach.otel import gateway_tracer
@@ -42,6 +42,7 @@ from agent_reach.transport.base import Transport
 
 if TYPE_CHECKING:
     from agent_reach._otel import GatewayTracer, ReceiveSpan
+    from agent_reach.auth.tokens import TokenService
 
 __all__ = ["ReachResult", "Reacher", "new_id"]
 
@@ -91,6 +92,7 @@ class Reacher:
         *,
         wall: Callable[[], float] = time.time,
         tracer: GatewayTracer | None = None,
+        signer: TokenService | None = None,
     ) -> None:
         self.gateway = gateway
         self.transport = transport
@@ -101,6 +103,8 @@ class Reacher:
         self._wall = wall
         # OpenTelemetry spans (None: off, the default; agent_reach.otel says when it is on)
         self.otel = tracer if tracer is not None else gateway_tracer()
+        # token mode: each delivery carries an assertion signed by the gateway
+        self.signer = signer
 
     def _trace(self, trace_id: str, kind: str, **data: Any) -> None:
         self.traces.add(trace_id, self._wall(), kind, **data)
@@ -139,12 +143,17 @@ class Reacher:
         return trace_id, "", span
 
     async def send(
-        self, body: SendBody, received_at: float, traceparent: str | None = None
+        self,
+        body: SendBody,
+        received_at: float,
+        traceparent: str | None = None,
+        scope: RouteScope | None = None,
     ) -> ReachResult:
         """Deliver ``body``; raise a :class:`ReachError` carrying msg_id, trace_id and attempts.
 
         ``received_at`` is the monotonic time the request arrived: the deadline counts from it.
-        ``traceparent`` is the request's W3C header, if any.
+        ``traceparent`` is the request's W3C header, if any. ``scope`` (token mode) keeps the
+        candidates the policy lets this sender reach.
         """
         msg_id = body.msg_id or new_id("msg")
         timeout_ms = body.timeout_ms or self.settings.default_timeout_ms
@@ -168,7 +177,7 @@ class Reacher:
             )
             if span is not None:
                 span.planning()
-            plan = self.gateway.plan(body.intent, body.recipient_hint)
+            plan = self.gateway.plan(body.intent, body.recipient_hint, scope=scope)
             # a registered tag, so that callers cannot grow the metrics' label set at will
             intent_label = next(iter(plan.confidence))
             payload = encode(
@@ -183,8 +192,20 @@ class Reacher:
                     timeout_ms=timeout_ms,
                 )
             )
+            assertion = None
+            if self.signer is not None:
+                assertion = self._assertion(self.signer, body, msg_id, payload)
             endpoint_id, answer = await self._attempts(
-                plan, deadline, timeout_ms, msg_id, trace_id, payload, attempts, parent, span
+                plan,
+                deadline,
+                timeout_ms,
+                msg_id,
+                trace_id,
+                payload,
+                attempts,
+                parent,
+                span,
+                assertion,
             )
             elapsed = round((self.clock.monotonic() - received_at) * 1000.0, 3)
             self._finish(intent_label, "ok", elapsed)
@@ -240,6 +261,23 @@ class Reacher:
             if span is not None:
                 span.end()
 
+    def _assertion(
+        self, signer: TokenService, body: SendBody, msg_id: str, payload: bytes
+    ) -> Callable[[str, float], str]:
+        """What signs this request's deliveries: (recipient, seconds left) -> assertion."""
+
+        def sign(recipient: str, remaining_s: float) -> str:
+            return signer.sign_delivery(
+                sender=body.sender,
+                recipient=recipient,
+                intent=body.intent,
+                msg_id=msg_id,
+                body=payload,
+                expires_at=self._wall() + remaining_s,
+            )
+
+        return sign
+
     def _finish(self, intent: str, outcome: str, elapsed_ms: float) -> None:
         self.metrics.request_done(intent, outcome, elapsed_ms / 1000.0)
 
@@ -254,9 +292,11 @@ class Reacher:
         attempts: list[Attempt],
         parent: str,
         span: ReceiveSpan | None,
+        assertion: Callable[[str, float], str] | None = None,
     ) -> tuple[str, msgspec.Raw]:
         """The attempts of one request; ``parent`` is the traceparent its deliveries carry
-        while OpenTelemetry is off, ``span`` its server span while on."""
+        while OpenTelemetry is off, ``span`` its server span while on; ``assertion`` signs
+        each delivery (token mode)."""
         gw = self.gateway
         clock = self.clock
         intent_label = next(iter(plan.confidence))  # the request's label (a registered tag)
@@ -283,7 +323,7 @@ class Reacher:
                     "agent_reach.per_try_timeout_ms": per_try,
                     "agent_reach.max_retries": retries_allowed,
                     "agent_reach.recipient_hint": plan.hint,
-                    "agent_reach.fallback": bool(plan.fallback_ids),
+                    "agent_reach.fallback": plan.intent not in plan.confidence,
                 }
             )
         tried: dict[str, None] = {}
@@ -309,6 +349,8 @@ class Reacher:
                 "X-Reach-Deadline-Ms": str(int(attempt_timeout * 1000)),
                 "traceparent": parent,
             }
+            if assertion is not None:
+                headers["X-Reach-Assertion"] = assertion(target, attempt_timeout)
             attempt_span = None
             if span is not None:
                 attempt_span = span.attempt(
@@ -434,7 +476,7 @@ class Reacher:
         }
         if len(t.healthy) + len(t.degraded) <= _TRACE_CANDIDATES:
             out["candidates"] = {"healthy": list(t.healthy), "degraded": list(t.degraded)}
-        if plan.fallback_ids:
+        if plan.intent not in plan.confidence:
             out["fallback"] = {"tags": sorted(plan.confidence)[:4], "matched": len(plan.confidence)}
         return out
 

@@ -22,6 +22,7 @@ __all__ = [
     "RegisterBody",
     "RouteQuery",
     "SendBody",
+    "TokenRequest",
     "convert",
     "decode",
     "encode",
@@ -73,6 +74,29 @@ class SendBody(msgspec.Struct, forbid_unknown_fields=True):
     payload: msgspec.Raw = msgspec.Raw(b"{}")
     priority: Literal["low", "normal", "high"] = "normal"
     timeout_ms: Annotated[int, msgspec.Meta(ge=1, le=MAX_TIMEOUT_MS)] | None = None
+
+
+MAX_TOKEN_TTL_S = 30 * 86400.0
+Pattern = Annotated[str, msgspec.Meta(min_length=1, max_length=140)]
+
+
+class TokenRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """``POST /v1/tokens`` (operator): an enrollment token for agents, or a client token.
+
+    ``enroll``: ``endpoints`` and ``intents`` (patterns) say which ids it may register with
+    which intents; ``subject`` is a label for people (default ``enroll``). ``client``:
+    ``subject`` is the sender id (``agent://NAME``) its holder sends as.
+    """
+
+    kind: Literal["enroll", "client"]
+    subject: Annotated[str, msgspec.Meta(min_length=1, max_length=140)] | None = None
+    endpoints: Annotated[list[Pattern], msgspec.Meta(max_length=64)] = msgspec.field(
+        default_factory=list
+    )
+    intents: Annotated[list[Pattern], msgspec.Meta(max_length=256)] = msgspec.field(
+        default_factory=list
+    )
+    ttl_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_TOKEN_TTL_S)] | None = None
 
 
 class DeliveryBody(msgspec.Struct, omit_defaults=False):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ from agent_reach.core.policy import RetryBudget, max_retries, per_try_timeout_ms
 from agent_reach.core.routing import Tiers, build_tiers, fallback_tags, pick
 from agent_reach.errors import (
     EndpointNotRegistered,
+    Forbidden,
     NoAvailableAgent,
     NoCapableAgent,
     RecipientIncapable,
@@ -40,12 +41,21 @@ from agent_reach.logs import log
 from agent_reach.registry.base import RegistryBackend, RegistryChange
 from agent_reach.settings import GatewaySettings
 
-__all__ = ["Gateway", "RoutePlan"]
+__all__ = ["Gateway", "RoutePlan", "RouteScope"]
 
 STALL_TICK_S = 0.25
 _JUST_SEEN = Health(Status.HEALTHY, "healthy", math.inf)  # only its status is read
 FAILURE_PENALTY_MS = 2000.0  # what a failed attempt costs in the load-aware score
 FALLBACK_CACHE_SIZE = 4096  # fallback answers kept (bounded: the keys are callers' strings)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteScope:
+    """Where a sender's request may go (token mode): the endpoints and the intent tags (of a
+    fallback match) the policy lets it reach. None: no limit of that kind."""
+
+    endpoint: Callable[[str], bool] | None = None
+    tag: Callable[[str], bool] | None = None
 
 
 @dataclass(slots=True)
@@ -144,8 +154,9 @@ class Gateway:
 
     # --- registry operations ---------------------------------------------------------------
 
-    async def register(self, body: RegisterBody) -> EndpointRecord:
-        """Insert or replace a record; counts as a heartbeat."""
+    async def register(self, body: RegisterBody, owner: str = "") -> EndpointRecord:
+        """Insert or replace a record; counts as a heartbeat. ``owner`` is the registration's
+        generation in token mode (``""`` in open mode)."""
         record = EndpointRecord(
             endpoint_id=body.endpoint_id,
             capabilities=tuple(body.capabilities),
@@ -153,6 +164,7 @@ class Gateway:
             description=body.description,
             last_seen=self.now(),
             last_seen_at=self.clock.wall(),
+            owner=owner,
         )
         before = await self.registry.upsert(record)
         log(
@@ -233,12 +245,22 @@ class Gateway:
             tiers.expire(now, rederive)
         return tiers
 
-    def plan(self, intent: str, hint: str | None, *, dry_run: bool = False) -> RoutePlan:
+    def plan(
+        self,
+        intent: str,
+        hint: str | None,
+        *,
+        dry_run: bool = False,
+        scope: RouteScope | None = None,
+    ) -> RoutePlan:
         """Validate where ``intent`` may go; raise the contract's routing errors.
 
         ``intent`` is a valid tag (checked at the edge). A refusal with ``no_capable_agent`` is
         noted in :attr:`unrouted` unless ``dry_run`` (``/v1/route``, which doctor itself calls).
+        ``scope`` (token mode: where the policy lets this sender's requests go) keeps only the
+        candidates, and the fallback tags, it accepts; when it accepts none: ``forbidden``.
         """
+        allowed = None if scope is None else scope.endpoint
         registry = self.registry
         now = self.now()
         if hint is not None:
@@ -251,10 +273,20 @@ class Gateway:
             if h.status is Status.DOWN:
                 raise NoAvailableAgent(f"{hint} is down: {h.reason}")
             return RoutePlan(intent, hint, None, {intent: 1.0})
-        if registry.by_intent(intent):
+        if registry.by_intent(intent) and allowed is None:
             tiers = self._intent_tiers(intent, now)
             confidence = {intent: 1.0}
             ids: tuple[str, ...] = ()
+        elif registry.by_intent(intent):
+            assert allowed is not None
+            confidence = {intent: 1.0}
+            ids = tuple(e for e in registry.by_intent(intent) if allowed(e))
+            if not ids:
+                raise Forbidden(
+                    f"the policy lets this sender reach {intent!r} only at endpoints that do"
+                    " not declare it"
+                )
+            tiers = build_tiers(ids, registry.get, self.stats, now, self.thresholds)
         else:
             cached = self._fallback.get(intent)
             if cached is None:
@@ -265,11 +297,26 @@ class Gateway:
                     self._fallback.clear()
                 self._fallback[intent] = cached
             confidence = cached
+            if confidence and scope is not None and scope.tag is not None:
+                tag_ok = scope.tag
+                confidence = {tag: c for tag, c in confidence.items() if tag_ok(tag)}
+                if not confidence:
+                    raise Forbidden(
+                        f"no agent declares {intent!r}, and the policy does not let this sender"
+                        " reach the intents it falls back to"
+                    )
             if not confidence:
                 if not dry_run:
                     self.unrouted.note(intent, self.clock.wall())
                 raise NoCapableAgent(f"no agent declares intent {intent!r}")
             ids = tuple(dict.fromkeys(e for tag in confidence for e in registry.by_intent(tag)))
+            if allowed is not None:
+                ids = tuple(e for e in ids if allowed(e))
+                if not ids:
+                    raise Forbidden(
+                        f"the policy lets this sender reach {intent!r} only at endpoints that"
+                        " do not declare it"
+                    )
             tiers = build_tiers(ids, registry.get, self.stats, now, self.thresholds)
         if not tiers.healthy and not tiers.degraded:
             raise NoAvailableAgent(
@@ -320,10 +367,14 @@ class Gateway:
         return max_retries(timeout_ms, self.settings.overhead_reserve_ms, per_try_ms)
 
     def explain_route(
-        self, intent: str, hint: str | None, timeout_ms: int | None
+        self,
+        intent: str,
+        hint: str | None,
+        timeout_ms: int | None,
+        scope: RouteScope | None = None,
     ) -> dict[str, Any]:
         """The ``/v1/route`` answer: the route a send would take now, delivering nothing."""
-        plan = self.plan(intent, hint, dry_run=True)
+        plan = self.plan(intent, hint, dry_run=True, scope=scope)
         chosen = self.choose(plan)
         per_try = self.per_try_ms(chosen) if chosen else None
         timeout = timeout_ms or self.settings.default_timeout_ms

@@ -70,6 +70,7 @@ class MemoryRegistry:
             before.description,
             last_seen,
             last_seen_at,
+            before.owner,
         )
         self._records[endpoint_id] = after
         self._announce(RegistryChange(endpoint_id, before, after))

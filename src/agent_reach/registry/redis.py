@@ -3,7 +3,7 @@
 Layout (every key under the hash tag ``{PREFIX}``, so one slot holds them all and the scripts
 also run on Redis Cluster)::
 
-    {P}:ep:ID     hash   caps (JSON list), url, desc
+    {P}:ep:ID     hash   caps (JSON list), url, desc, owner (token mode: the registration)
     {P}:seen      zset   ID -> last heartbeat, in Redis server time (unix seconds)
     {P}:ver       hash   ID -> version, bumped by every registration and removal
     {P}:epoch     string a token set once: if it vanishes, Redis lost its data
@@ -77,19 +77,20 @@ PURGE_GRACE_S = 10.0
 
 _TS = "local t = redis.call('TIME') local ts = tonumber(t[1]) + tonumber(t[2]) / 1000000 "
 
-# KEYS: ep, seen, ver, channel; ARGV: id, caps, url, desc, ts ('' for now), 'GT' or ''
+# KEYS: ep, seen, ver, channel; ARGV: id, caps, url, desc, ts ('' for now), 'GT' or '', owner
 # (a time ahead of Redis's own, from a measurement error, is cut to Redis's)
 _UPSERT = (
     _TS
     + """
 if ARGV[5] ~= '' then ts = math.min(ts, tonumber(ARGV[5])) end
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'caps', ARGV[2], 'url', ARGV[3], 'desc', ARGV[4])
+redis.call('HSET', KEYS[1], 'caps', ARGV[2], 'url', ARGV[3], 'desc', ARGV[4], 'owner', ARGV[7])
 if ARGV[6] == 'GT' then redis.call('ZADD', KEYS[2], 'GT', ts, ARGV[1])
 else redis.call('ZADD', KEYS[2], ts, ARGV[1]) end
 local seen = redis.call('ZSCORE', KEYS[2], ARGV[1])
 local ver = redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
-redis.call('PUBLISH', KEYS[4], cjson.encode({'u', ARGV[1], ARGV[2], ARGV[3], ARGV[4], seen, ver}))
+local event = {'u', ARGV[1], ARGV[2], ARGV[3], ARGV[4], seen, ver, ARGV[7]}
+redis.call('PUBLISH', KEYS[4], cjson.encode(event))
 return {seen, ver}
 """
 )
@@ -338,7 +339,15 @@ class RedisRegistry:
         ts = "" if self._offset is None else f"{record.last_seen + self._offset:.6f}"
         caps = json.dumps(list(record.capabilities))
         mode = "" if fresh else "GT"
-        args = [record.endpoint_id, caps, record.endpoint_url, record.description, ts, mode]
+        args = [
+            record.endpoint_id,
+            caps,
+            record.endpoint_url,
+            record.description,
+            ts,
+            mode,
+            record.owner,
+        ]
         _, ver = await self._upsert_script(keys=self._keys_of(record.endpoint_id), args=args)
         self._versions[record.endpoint_id] = int(ver)
         self._healthy()
@@ -375,6 +384,7 @@ class RedisRegistry:
             fields.get("desc", ""),
             ts - self._offset,
             ts,
+            fields.get("owner", ""),
         )
 
     async def _measure(self, pipe_commands: Callable[[Any], object]) -> list[Any]:
@@ -523,9 +533,11 @@ class RedisRegistry:
             return  # older than what the view has, or overtaken by a write buffered here
         self._versions[endpoint_id] = version
         fields = {"caps": event[2], "url": event[3], "desc": event[4]}
+        if len(event) > 7:
+            fields["owner"] = event[7]
         record = self._record(endpoint_id, fields, float(event[5]))
         current = self._view.get(endpoint_id)
-        if current is not None and current[:4] == record[:4]:
+        if current is not None and current[:4] == record[:4] and current.owner == record.owner:
             # the same registration (this gateway's own write, seen back): only a newer time
             if record.last_seen > current.last_seen + RESYNC_EPS_S:
                 await self._view.touch(endpoint_id, record.last_seen, record.last_seen_at)

@@ -82,7 +82,19 @@ class Trace(msgspec.Struct, frozen=True):
 
 
 class Registration(msgspec.Struct, frozen=True):
-    """The gateway's answer to a registration: the heartbeat interval to keep."""
+    """The gateway's answer to a registration: the heartbeat interval to keep and, in token
+    mode, the endpoint token that heartbeats, deregisters and sends as this id."""
 
     endpoint_id: str
     heartbeat_interval_s: float
+    token: str | None = None
+    token_expires_at: float | None = None
+
+
+class IssuedToken(msgspec.Struct, frozen=True):
+    """A token made by ``POST /v1/tokens`` (operator)."""
+
+    kind: str
+    subject: str
+    token: str
+    expires_at: float

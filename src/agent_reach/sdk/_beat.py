@@ -28,6 +28,15 @@ its answer at most 0.15 x the interval (at least 0.25 s): the rest of the interv
 registering elsewhere (with one gateway, every call keeps ``request_timeout_s``). An answer,
 even 5xx, is not a reason to move: a registry that is down behind one gateway is down behind
 all of them.
+
+In token mode (docs/security.md) the line registers with the agent's enrollment ``token`` and
+keeps the endpoint token the gateway answers with; heartbeats, re-registrations and the
+deregistration present that one, and a heartbeat answer that carries a renewed token replaces
+it. An endpoint token refused (401/403: expired while the agent was paused, or the id taken by
+another registration meanwhile) is dropped and the line registers again with the enrollment
+token. A registration refused because the id is still held by a live earlier registration
+(``reason: endpoint_held``, e.g. this agent restarted after a crash) is retried with the
+backoff until that record is down, not raised.
 """
 
 from __future__ import annotations
@@ -91,8 +100,11 @@ class Lifeline:
         cooloff_s: float = COOLOFF_S,
         rng: random.Random | None = None,
         clock: Clock | None = None,
+        token: str | None = None,
     ) -> None:
         urls = (gateway,) if isinstance(gateway, str) else tuple(gateway)
+        self._enroll_token = token
+        self.endpoint_token: str | None = None  # token mode: from the gateway's answers
         self._ring = GatewayRing([url.rstrip("/") for url in urls], cooloff_s=cooloff_s)
         self._clock = clock or SystemClock()
         self.connect_timeout_s = connect_timeout_s
@@ -271,21 +283,37 @@ class Lifeline:
         return aiohttp.ClientTimeout(total=total_s, sock_connect=connect)
 
     async def _post(
-        self, url: str, path: str, body: Mapping[str, Any], total_s: float | None = None
+        self,
+        url: str,
+        path: str,
+        body: Mapping[str, Any],
+        total_s: float | None = None,
+        token: str | None = None,
     ) -> tuple[int, Any]:
         assert self._session is not None
         timeout = self._timeout(self.request_timeout_s if total_s is None else total_s)
-        async with self._session.post(url + path, json=body, timeout=timeout) as resp:
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        async with self._session.post(
+            url + path, json=body, timeout=timeout, headers=headers
+        ) as resp:
             try:
                 answer = await resp.json(content_type=None)
             except ValueError:
                 answer = None
             return resp.status, answer
 
+    def _take_token(self, answer: Any) -> None:
+        token = answer.get("token") if isinstance(answer, dict) else None
+        if isinstance(token, str) and token:
+            self.endpoint_token = token
+
     async def _register(self, url: str) -> _Outcome:
         self._registering = True  # stays set if this call is cancelled: see _main
+        presented = self.endpoint_token or self._enroll_token
         try:
-            status, answer = await self._post(url, "/v1/register", self.registration)
+            status, answer = await self._post(
+                url, "/v1/register", self.registration, token=presented
+            )
         except (aiohttp.ClientError, TimeoutError) as exc:
             self._registering = False
             self._error = describe(exc)
@@ -293,6 +321,7 @@ class Lifeline:
         self._registering = False
         interval = answer.get("heartbeat_interval_s") if isinstance(answer, dict) else None
         if status == 200 and isinstance(interval, int | float) and interval > 0:
+            self._take_token(answer)
             self._ring.worked(url)
             self.interval = float(interval)
             self.registered = True
@@ -305,6 +334,19 @@ class Lifeline:
                 heartbeat_interval_s=self.interval,
             )
             return _Outcome.OK
+        refused = status in (401, 403)
+        if refused and self.endpoint_token is not None and presented == self.endpoint_token:
+            # our endpoint token is no longer good (expired, or the id was taken meanwhile):
+            # register again with the enrollment token
+            self.endpoint_token = None
+            self.registered = False
+            self._error = f"endpoint token refused ({status}): {answer}"
+            log(logging.WARNING, "agent.endpoint_token_refused", status=status, answer=answer)
+            return _Outcome.UNKNOWN
+        if status == 403 and isinstance(answer, dict) and answer.get("reason") == "endpoint_held":
+            self._error = f"registration refused for now ({status}): {answer.get('detail')}"
+            log(logging.WARNING, "agent.endpoint_held", endpoint_id=self.endpoint_id, gateway=url)
+            return _Outcome.FAILED
         if 400 <= status < 500 and status not in (408, 429):
             self._refusal = error_from_answer(status, answer)
             self._error = f"registration refused ({status}): {answer}"
@@ -321,7 +363,7 @@ class Lifeline:
             wait = min(self.request_timeout_s, max(_BEAT_WAIT * self.interval, _BEAT_WAIT_MIN_S))
         try:
             status, answer = await self._post(
-                url, "/v1/heartbeat", {"endpoint_id": self.endpoint_id}, wait
+                url, "/v1/heartbeat", {"endpoint_id": self.endpoint_id}, wait, self.endpoint_token
             )
         except (aiohttp.ClientError, TimeoutError) as exc:
             self._error = describe(exc)
@@ -329,7 +371,14 @@ class Lifeline:
             return _Outcome.UNREACHABLE if len(self._ring.urls) > 1 else _Outcome.FAILED
         if status == 200:
             self.beats += 1
+            self._take_token(answer)  # a renewed endpoint token, when the old one ages
             return _Outcome.OK
+        if status in (401, 403) and self.endpoint_token is not None:
+            # the endpoint token is no longer good: register again with the enrollment token
+            self.endpoint_token = None
+            self.registered = False
+            log(logging.WARNING, "agent.endpoint_token_refused", status=status, answer=answer)
+            return _Outcome.UNKNOWN
         if status == 404:
             # the gateway does not know us: it restarted (in-memory registry) or purged us
             self.registered = False
@@ -347,7 +396,10 @@ class Lifeline:
                 for index, url in enumerate(order):
                     try:
                         status, answer = await self._post(
-                            url, "/v1/deregister", {"endpoint_id": self.endpoint_id}
+                            url,
+                            "/v1/deregister",
+                            {"endpoint_id": self.endpoint_id},
+                            token=self.endpoint_token,
                         )
                     except aiohttp.ClientError as exc:
                         self._error = describe(exc)

@@ -55,6 +55,7 @@ from agent_reach.tracecontext import TRACEPARENT, TraceParent, parse_traceparent
 
 if TYPE_CHECKING:
     from agent_reach._otel import AgentTracer, HandleSpan
+    from agent_reach.sdk._assertions import DeliveryVerifier
     from agent_reach.sdk.agent import Agent
 
 __all__ = [
@@ -183,6 +184,7 @@ class Dispatcher:
         owner: Agent | None = None,
         now: Callable[[], float] = time.monotonic,
         tracer: AgentTracer | None = None,
+        verifier: DeliveryVerifier | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
@@ -196,6 +198,7 @@ class Dispatcher:
         )
         self._pool: ThreadPoolExecutor | None = None
         self.otel = tracer if tracer is not None else agent_tracer(endpoint_id)
+        self.verifier = verifier  # token mode: deliveries must carry the gateway's signature
 
     async def deliver(self, body: bytes, headers: Mapping[str, str]) -> Answer:
         """Answer one delivery. ``headers`` is looked up by lower-case name."""
@@ -214,6 +217,23 @@ class Dispatcher:
         )
         msg_id = d.msg_id or headers.get("x-reach-msg-id") or ""
         attempt = _header_int(headers, "x-reach-attempt") or 1
+        if self.verifier is not None:
+            refusal = await self.verifier.check(
+                body, headers, intent=d.intent, msg_id=msg_id, sender=d.sender
+            )
+            if refusal is not None:
+                status, why = refusal
+                log(
+                    logging.WARNING,
+                    "agent.delivery_refused",
+                    endpoint_id=self.endpoint_id,
+                    msg_id=msg_id,
+                    intent=d.intent,
+                    why=why,
+                    trace_id=trace_id,
+                )
+                code = "unauthorized" if status == 401 else "unavailable"
+                return error_answer(status, code, why)
         token = TRACE_ID.set(trace_id)
         try:
             if self.otel is None:
@@ -278,6 +298,7 @@ class Dispatcher:
             deadline_at=None if deadline_ms is None else arrived + deadline_ms / 1000.0,
             endpoint_id=self.endpoint_id,
             traceparent=received.header if received is not None else None,
+            verified=self.verifier is not None,
             _agent=self._owner,
             _span=span,
         )

@@ -101,8 +101,10 @@ class Gateways:
         max_connections: int = 100,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         clock: Clock | None = None,
+        token: Callable[[], str | None] | None = None,
     ) -> None:
         self.ring = ring
+        self._token = token  # the bearer token of each call (token mode), read when it is made
         self.connect_timeout_s = connect_timeout_s
         self._clock = clock or SystemClock()
         self._headers = dict(headers or {})
@@ -210,6 +212,8 @@ class Gateways:
     ) -> tuple[int, bytes, Mapping[str, str]]:
         data = None if body is None else msgspec.json.encode(body)
         headers = {"Content-Type": "application/json"} if data is not None else {}
+        if self._token is not None and (token := self._token()):
+            headers["Authorization"] = f"Bearer {token}"
         if extra:
             headers.update(extra)
         # a connect timeout of its own only where there is another gateway to go to

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 from aiohttp import StreamReader, web
 
 from agent_reach.core.intents import is_endpoint_id, is_intent
+from agent_reach.sdk._assertions import DeliveryVerifier
 from agent_reach.sdk._beat import Lifeline
 from agent_reach.sdk._delivery import (
     DEFAULT_WORKERS,
@@ -41,7 +42,7 @@ from agent_reach.sdk._delivery import (
 from agent_reach.sdk.asgi import AsgiDelivery
 from agent_reach.sdk.client import EMPTY, ReachClient, Reply
 from agent_reach.sdk.context import ReachContext, Reject
-from agent_reach.settings import gateway_urls
+from agent_reach.settings import gateway_token, gateway_urls
 
 __all__ = ["DEFAULT_WORKERS", "Agent", "Handler", "ReachContext", "Reject"]
 
@@ -63,6 +64,13 @@ class Agent:
     ``max_body_bytes`` get 413. ``shutdown_timeout`` bounds how long :meth:`stop` waits for
     deliveries in flight. Calls to the gateway time out after ``request_timeout_s``; while it
     cannot be reached, the agent retries with a backoff of up to ``retry_max_s``.
+
+    Token mode (docs/security.md): ``token`` is the agent's enrollment token (default
+    ``$AGENT_REACH_TOKEN``); the agent registers with it and then holds the endpoint token the
+    gateway answers with (renewed by heartbeats), which its heartbeats, deregistration and
+    reaches present. ``verify_deliveries`` (default: on when the agent has a token) refuses
+    deliveries not signed by the gateway for this endpoint (unsigned, expired, replayed or
+    mis-addressed; :mod:`agent_reach.sdk._assertions`).
     """
 
     def __init__(
@@ -82,6 +90,8 @@ class Agent:
         max_body_bytes: int = 1 << 20,
         request_timeout_s: float = 5.0,
         retry_max_s: float = 5.0,
+        token: str | None = None,
+        verify_deliveries: bool | None = None,
     ) -> None:
         if not is_endpoint_id(endpoint_id):
             raise ValueError(f"{endpoint_id!r} is not an agent://name endpoint id")
@@ -97,6 +107,9 @@ class Agent:
         self.retry_max_s = retry_max_s
         self.handlers: dict[str, Handler] = {}
         self.url: str | None = None  # the endpoint_url registered, once started
+        self._token = gateway_token(token)
+        if verify_deliveries is None:
+            verify_deliveries = self._token is not None
         self._dispatcher = Dispatcher(
             endpoint_id,
             self.handlers,
@@ -105,6 +118,7 @@ class Agent:
             dedup_ttl_s=dedup_ttl_s,
             dedup_max_bytes=dedup_max_bytes,
             owner=self,
+            verifier=DeliveryVerifier(endpoint_id, self._fetch_keys) if verify_deliveries else None,
         )
         self._lifeline: Lifeline | None = None
         self._runner: web.AppRunner | None = None
@@ -141,6 +155,18 @@ class Agent:
     def registered(self) -> bool:
         """Whether the gateway has this agent registered, as far as the agent knows."""
         return self._lifeline is not None and self._lifeline.registered
+
+    @property
+    def verifies_deliveries(self) -> bool:
+        """Whether deliveries must carry the gateway's signature for this endpoint."""
+        return self._dispatcher.verifier is not None
+
+    @property
+    def endpoint_token(self) -> str | None:
+        """Token mode: the endpoint token the gateway gave this agent (None before, or in open
+        mode). It heartbeats, deregisters and sends as this id: keep it to the agent."""
+        line = self._lifeline
+        return line.endpoint_token if line is not None else None
 
     @property
     def heartbeat_interval(self) -> float | None:
@@ -255,9 +281,19 @@ class Agent:
         also carries the request's trace id and keeps within its deadline. One pooled client
         per agent, on the agent's event loop; closed when the agent stops.
         """
+        return await self._reach_client().send(intent, payload, **options)
+
+    def _reach_client(self) -> ReachClient:
         if self._client is None:
-            self._client = ReachClient(self.gateways, sender=self.endpoint_id)
-        return await self._client.send(intent, payload, **options)
+            # token mode: the agent sends as itself with its endpoint token (the current one)
+            self._client = ReachClient(
+                self.gateways, sender=self.endpoint_id, token=lambda: self.endpoint_token
+            )
+        return self._client
+
+    async def _fetch_keys(self) -> Any:
+        """The gateway's JWKS (``GET /v1/keys``), to verify deliveries with."""
+        return await self._reach_client().get("/v1/keys")
 
     def reach_blocking(self, coro: Any) -> Any:
         """Run an awaitable of :meth:`reach` on the agent's event loop from a worker thread."""
@@ -295,6 +331,7 @@ class Agent:
             },
             request_timeout_s=self.request_timeout_s,
             retry_max_s=self.retry_max_s,
+            token=self._token,
         )
         self._lifeline = line
         try:

@@ -25,7 +25,7 @@ import asyncio
 import math
 import secrets
 import threading
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar
 from urllib.parse import quote
@@ -43,19 +43,21 @@ from agent_reach.sdk._answers import (
     AgentInfo,
     Attempt,
     Candidate,
+    IssuedToken,
     Registration,
     Reply,
     RouteExplanation,
     Trace,
 )
 from agent_reach.sdk._failover import CONNECT_TIMEOUT_S, COOLOFF_S, GatewayRing, Gateways
-from agent_reach.settings import gateway_urls
+from agent_reach.settings import gateway_token, gateway_urls
 from agent_reach.tracecontext import TRACEPARENT
 
 __all__ = [
     "AgentInfo",
     "Attempt",
     "Candidate",
+    "IssuedToken",
     "ReachClient",
     "Registration",
     "Reply",
@@ -89,7 +91,9 @@ class ReachClient:
     that does not name one (an agent reaching others passes its own id); ``timeout_s`` bounds
     the calls that are not sends, across all the gateways tried; with several gateways, making
     a connection may take ``connect_timeout_s`` at most before the next is tried; ``headers`` go
-    on every request (e.g. an ``Authorization`` header).
+    on every request. ``token`` is the bearer token of a gateway in token mode
+    (docs/security.md): a string, or a function giving the current one (an agent's endpoint
+    token, renewed by its heartbeats); it defaults to ``$AGENT_REACH_TOKEN``, if set.
     """
 
     def __init__(
@@ -104,13 +108,20 @@ class ReachClient:
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         cooloff_s: float = COOLOFF_S,
         clock: Clock | None = None,
+        token: str | Callable[[], str | None] | None = None,
     ) -> None:
+        if token is None or isinstance(token, str):
+            fixed = gateway_token(token)
+            current: Callable[[], str | None] = lambda: fixed  # noqa: E731
+        else:
+            current = token
         self._gateways = Gateways(
             GatewayRing(gateway_urls(gateway), cooloff_s=cooloff_s),
             headers=headers,
             max_connections=max_connections,
             connect_timeout_s=connect_timeout_s,
             clock=clock,
+            token=current,
         )
         self.sender = sender
         self.timeout_ms = timeout_ms
@@ -306,6 +317,32 @@ class ReachClient:
             "POST", "/v1/deregister", _Ok, body={"endpoint_id": endpoint_id}, resend=False
         )
 
+    async def issue_token(
+        self,
+        kind: Literal["enroll", "client"],
+        *,
+        subject: str | None = None,
+        endpoints: Sequence[str] = (),
+        intents: Sequence[str] = (),
+        ttl_s: float | None = None,
+    ) -> IssuedToken:
+        """Have the gateway issue an enrollment or client token (needs an operator token).
+
+        ``enroll``: which endpoint ids (``endpoints``, patterns such as ``agent://weather-*``)
+        may register with which intents (``intents``, e.g. ``weather.*``). ``client``:
+        ``subject`` is the ``agent://NAME`` id its holder sends as.
+        """
+        body: dict[str, Any] = {
+            "kind": kind,
+            "endpoints": list(endpoints),
+            "intents": list(intents),
+        }
+        if subject is not None:
+            body["subject"] = subject
+        if ttl_s is not None:
+            body["ttl_s"] = ttl_s
+        return await self._json("POST", "/v1/tokens", IssuedToken, body=body, resend=False)
+
     async def healthz(self) -> bool:
         """True when the gateway answers ``/healthz``; GatewayUnavailable when it cannot."""
         answer = await self._json("GET", "/healthz", _Ok)
@@ -433,6 +470,10 @@ class SyncReachClient:
     def deregister(self, endpoint_id: str) -> None:
         """:meth:`ReachClient.deregister`, blocking."""
         self._run(self.client.deregister(endpoint_id))
+
+    def issue_token(self, kind: Literal["enroll", "client"], **options: Any) -> IssuedToken:
+        """:meth:`ReachClient.issue_token`, blocking."""
+        return self._run(self.client.issue_token(kind, **options))
 
     def healthz(self) -> bool:
         """:meth:`ReachClient.healthz`, blocking."""

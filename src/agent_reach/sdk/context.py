@@ -31,7 +31,9 @@ class ReachContext:
     header's value (None without one), ``deadline_at`` the :func:`time.monotonic` time it
     runs out, and :meth:`remaining_s` / :meth:`remaining_ms` what is left of it now. Work past
     the deadline is wasted: the gateway has stopped waiting for this attempt. ``traceparent`` is
-    the W3C header the delivery carried (None without a valid one).
+    the W3C header the delivery carried (None without a valid one). ``verified`` is True when
+    the agent verifies deliveries (token mode): then ``sender``, ``intent`` and the payload are
+    what the gateway signed, not merely what the network brought.
     """
 
     msg_id: str
@@ -44,6 +46,7 @@ class ReachContext:
     deadline_at: float | None
     endpoint_id: str = ""
     traceparent: str | None = None
+    verified: bool = False
     # the agent that received the request, for helpers built on it (agent-to-agent reach)
     _agent: Agent | None = field(default=None, repr=False, compare=False)
     # the delivery's OpenTelemetry span (None while export is off): onward reaches are its children

@@ -4,17 +4,45 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import socket
 from collections.abc import Mapping
 
 import aiohttp
 import msgspec
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.resolver import DefaultResolver
 
 from agent_reach.core.model import Outcome
+from agent_reach.core.netguard import AddressGuard
 from agent_reach.transport.base import Delivery
 
-__all__ = ["HttpTransport"]
+__all__ = ["GuardedResolver", "HttpTransport"]
 
 _JSON = {"Content-Type": "application/json"}
+
+
+class GuardedResolver(AbstractResolver):
+    """aiohttp's resolver, keeping only the addresses the guard allows: an endpoint URL whose
+    name resolves into a denied network now (DNS rebinding) is not connected to. Literal
+    addresses never reach a resolver; registration checks those."""
+
+    def __init__(self, guard: AddressGuard) -> None:
+        self._guard = guard
+        self._inner = DefaultResolver()
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        found = await self._inner.resolve(host, port, family)
+        refusals = [self._guard.refusal_for_address(item["host"]) for item in found]
+        kept = [item for item, refusal in zip(found, refusals, strict=True) if refusal is None]
+        if not kept:
+            reason = next((r for r in refusals if r is not None), "no address")
+            raise OSError(f"{host}: {reason}")
+        return kept
+
+    async def close(self) -> None:
+        await self._inner.close()
 
 
 class HttpTransport:
@@ -31,11 +59,13 @@ class HttpTransport:
         pool_size: int = 1024,
         pool_per_host: int = 256,
         keepalive_s: float = 4.0,
+        address_guard: AddressGuard | None = None,
     ) -> None:
         self.max_response_bytes = max_response_bytes
         self._pool_size = pool_size
         self._pool_per_host = pool_per_host
         self._keepalive_s = keepalive_s
+        self._guard = address_guard
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -45,6 +75,7 @@ class HttpTransport:
                 limit_per_host=self._pool_per_host,
                 keepalive_timeout=self._keepalive_s,
                 ttl_dns_cache=60,
+                resolver=None if self._guard is None else GuardedResolver(self._guard),
             )
             self._session = aiohttp.ClientSession(
                 connector=connector,

@@ -93,11 +93,32 @@ function syncRows(tbody, items, keyOf, create, update) {
   for (const [key, row] of existing) if (!wanted.has(key)) row.remove();
 }
 
+// Token mode: the page is opened once as /dashboard#token=OPERATOR_TOKEN; the token is kept
+// for this tab only (sessionStorage) and taken out of the address bar at once.
+const TOKEN_KEY = "agent-reach-token";
+function takeToken() {
+  const given = /(?:^|&)token=([^&]+)/.exec(location.hash.slice(1));
+  if (!given) return false;
+  sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(given[1]));
+  history.replaceState(null, "", location.pathname + location.search);
+  return true;
+}
+takeToken();
+// a token given to the open page (only the #fragment changed: the page is not reloaded)
+window.addEventListener("hashchange", () => {
+  if (takeToken()) poll();
+});
+
+function authHeaders() {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  return token ? { Authorization: `Bearer ${token}` } : {};
+}
+
 async function getJSON(path, init = {}) {
   const response = await fetch(path, {
     cache: "no-store",
     ...init,
-    headers: { Accept: "application/json", ...(init.headers || {}) },
+    headers: { Accept: "application/json", ...authHeaders(), ...(init.headers || {}) },
   });
   let body = null;
   try {
@@ -400,6 +421,15 @@ async function poll() {
       getJSON("v1/inflight"),
       getJSON(tracesUrl()),
     ]);
+    if (agents.status === 401 || agents.status === 403) {
+      live.dataset.state = "down";
+      setText(
+        live,
+        "this gateway runs in token mode: open the page as /dashboard#token=OPERATOR_TOKEN " +
+          "(agent-reach auth token operator --keys DIR)",
+      );
+      return;
+    }
     if (agents.status !== 200 || !agents.body) throw new Error(`/v1/agents answered HTTP ${agents.status}`);
     state.agents = agents.body.agents;
     state.inflight = inflight.status === 200 && inflight.body ? inflight.body : null;

@@ -1,0 +1,277 @@
+"""Reach tokens and delivery assertions: EdDSA-signed JWTs made and checked by the gateway.
+
+What each token proves (docs/security.md, "Tokens"):
+
+==========  ==================================  =========================================
+kind        subject (``sub``)                   lets its holder
+==========  ==================================  =========================================
+operator    a person or tool, ``operator:NAME``  admin actions: issue tokens, deregister
+                                                any id, read any trace, reload
+enroll      a label for people                  register ids matching ``endpoints`` with
+                                                intents matching ``intents``
+endpoint    one endpoint id                     heartbeat, deregister and re-register that
+                                                id (this registration only: ``gen``), and
+                                                send as that id
+client      a sender id, ``agent://NAME``       send as that id
+delivery    the sender (or ``""``)              -- (the gateway's assertion to a recipient)
+==========  ==================================  =========================================
+
+Invariants:
+- Bearer tokens carry ``aud = "agent-reach"``; a delivery assertion carries the recipient's
+  endpoint id as ``aud`` and ``kind = "delivery"``: one can never be used as the other.
+- Every token expires (``exp`` is required); the verifier allows :data:`LEEWAY_S` of clock skew.
+- A verified token is remembered (bounded) until it expires or the keys change, so a caller's
+  token costs one signature check, not one per request.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import os
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import jwt
+
+from agent_reach.auth.keys import KeyRing
+from agent_reach.core.intents import is_endpoint_id
+from agent_reach.errors import Unauthorized
+
+__all__ = [
+    "AUDIENCE",
+    "LEEWAY_S",
+    "Claims",
+    "Kind",
+    "TokenService",
+    "TokenVerifier",
+    "body_hash",
+]
+
+AUDIENCE = "agent-reach"
+ISSUER = "agent-reach"
+LEEWAY_S = 5.0
+CACHE_SIZE = 10_000
+MAX_TOKEN_BYTES = 4096
+_ALGORITHMS = ["EdDSA"]
+
+
+class Kind(enum.StrEnum):
+    """What a token is for."""
+
+    OPERATOR = "operator"
+    ENROLL = "enroll"
+    ENDPOINT = "endpoint"
+    CLIENT = "client"
+    DELIVERY = "delivery"
+
+
+@dataclass(frozen=True, slots=True)
+class Claims:
+    """A verified token."""
+
+    kind: Kind
+    subject: str
+    expires_at: float
+    issued_at: float
+    token_id: str
+    endpoints: tuple[str, ...] = ()  # enroll: the endpoint id patterns it may register
+    intents: tuple[str, ...] = ()  # enroll, endpoint: the intent patterns it may claim
+    generation: str = ""  # endpoint: the registration it belongs to
+
+    def remaining_s(self, now: float) -> float:
+        """Seconds until it expires."""
+        return self.expires_at - now
+
+
+class TokenVerifier(Protocol):
+    """Checks a bearer token."""
+
+    def verify(self, token: str, kinds: Collection[Kind]) -> Claims:
+        """The token's claims; :class:`~agent_reach.errors.Unauthorized` (with the reason as
+        its detail) when it is malformed, tampered, expired, signed by an unknown key, or of a
+        kind not in ``kinds``."""
+        ...
+
+
+def body_hash(body: bytes) -> str:
+    """The ``bh`` claim of a delivery assertion: SHA-256 of the delivered body, hex."""
+    return hashlib.sha256(body).hexdigest()
+
+
+def _strings(value: Any, name: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise Unauthorized(f"token claim {name!r} is not a list of strings")
+    return tuple(value)
+
+
+class TokenService:
+    """Issues and verifies tokens with the keys of ``keys`` (a :class:`KeyRing`).
+
+    ``wall`` is the clock of ``iat``/``exp`` (unix seconds).
+    """
+
+    def __init__(
+        self,
+        keys: KeyRing,
+        *,
+        issuer: str = ISSUER,
+        wall: Callable[[], float] = time.time,
+        leeway_s: float = LEEWAY_S,
+    ) -> None:
+        self.keys = keys
+        self.issuer = issuer
+        self.wall = wall
+        self.leeway_s = leeway_s
+        self._cache: dict[str, Claims] = {}
+        self._cache_version = keys.version
+
+    # --- issuing ---------------------------------------------------------------------------
+
+    def issue(
+        self,
+        kind: Kind,
+        subject: str,
+        ttl_s: float,
+        *,
+        endpoints: Sequence[str] = (),
+        intents: Sequence[str] = (),
+        generation: str = "",
+    ) -> tuple[str, float]:
+        """A new bearer token and its expiry (unix seconds)."""
+        if kind is Kind.DELIVERY:
+            raise ValueError("delivery assertions are made by sign_delivery")
+        if ttl_s <= 0:
+            raise ValueError("a token's lifetime must be positive")
+        if kind in (Kind.ENDPOINT, Kind.CLIENT) and not is_endpoint_id(subject):
+            raise ValueError(
+                f"the subject of a {kind} token is an agent://name id, not {subject!r}"
+            )
+        now = self.wall()
+        claims: dict[str, Any] = {
+            "iss": self.issuer,
+            "aud": AUDIENCE,
+            "sub": subject,
+            "kind": kind.value,
+            "iat": int(now),
+            "exp": now + ttl_s,
+            "jti": os.urandom(12).hex(),
+        }
+        if endpoints:
+            claims["endpoints"] = list(endpoints)
+        if intents:
+            claims["intents"] = list(intents)
+        if generation:
+            claims["gen"] = generation
+        return self._sign(claims), claims["exp"]
+
+    def sign_delivery(
+        self,
+        *,
+        sender: str | None,
+        recipient: str,
+        intent: str,
+        msg_id: str,
+        body: bytes,
+        expires_at: float,
+    ) -> str:
+        """The assertion of one delivery attempt (header ``X-Reach-Assertion``): who sends
+        what to whom, bound to the body, valid until the request's deadline."""
+        return self._sign(
+            {
+                "iss": self.issuer,
+                "aud": recipient,
+                "sub": sender or "",
+                "kind": Kind.DELIVERY.value,
+                "intent": intent,
+                "msg_id": msg_id,
+                "bh": body_hash(body),
+                "iat": int(self.wall()),
+                "exp": expires_at,
+                "jti": os.urandom(12).hex(),
+            }
+        )
+
+    def _sign(self, claims: dict[str, Any]) -> str:
+        key = self.keys.signing_key(self.wall())
+        return jwt.encode(claims, key.private, algorithm="EdDSA", headers={"kid": key.kid})
+
+    # --- verifying -------------------------------------------------------------------------
+
+    def verify(self, token: str, kinds: Collection[Kind]) -> Claims:
+        """See :meth:`TokenVerifier.verify`."""
+        if self._cache_version != self.keys.version:  # keys changed: verify everything again
+            self._cache.clear()
+            self._cache_version = self.keys.version
+        now = self.wall()
+        claims = self._cache.get(token)
+        if claims is None:
+            claims = self._decode(token)
+            if len(self._cache) >= CACHE_SIZE:
+                self._cache.clear()
+            self._cache[token] = claims
+        if claims.expires_at + self.leeway_s < now:
+            self._cache.pop(token, None)
+            raise Unauthorized("token expired")
+        if claims.kind not in kinds:
+            wanted = " or ".join(sorted(k.value for k in kinds))
+            raise Unauthorized(f"a {claims.kind} token cannot do this; it needs a {wanted} token")
+        return claims
+
+    def _decode(self, token: str) -> Claims:
+        if len(token) > MAX_TOKEN_BYTES:
+            raise Unauthorized("token too long")
+        if not token.isascii():  # a JWT is base64url and dots; PyJWT would fail to encode it
+            raise Unauthorized("malformed token (not ASCII)")
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.InvalidTokenError:
+            raise Unauthorized("malformed token (not a JWT)") from None
+        kid = header.get("kid")
+        key = self.keys.public_key(kid) if isinstance(kid, str) else None
+        if key is None:
+            raise Unauthorized("token signed by an unknown key (kid); see GET /v1/keys")
+        try:
+            raw = jwt.decode(
+                token,
+                key,
+                algorithms=_ALGORITHMS,
+                audience=AUDIENCE,
+                issuer=self.issuer,
+                leeway=self.leeway_s,
+                options={"require": ["exp", "iat", "sub", "aud", "iss"]},
+            )
+        except jwt.ExpiredSignatureError:
+            raise Unauthorized("token expired") from None
+        except jwt.InvalidSignatureError:
+            raise Unauthorized("token signature does not verify (tampered?)") from None
+        except jwt.InvalidTokenError as exc:
+            raise Unauthorized(f"invalid token: {exc}") from None
+        try:
+            kind = Kind(str(raw.get("kind")))
+        except ValueError:
+            raise Unauthorized("token has no valid 'kind' claim") from None
+        if kind is Kind.DELIVERY:
+            raise Unauthorized("a delivery assertion is not a bearer token")
+        subject = raw["sub"]
+        if not isinstance(subject, str) or not subject:
+            raise Unauthorized("token has no subject")
+        if kind in (Kind.ENDPOINT, Kind.CLIENT) and not is_endpoint_id(subject):
+            raise Unauthorized(f"a {kind} token's subject must be an agent://name id")
+        generation = raw.get("gen", "")
+        if not isinstance(generation, str) or (kind is Kind.ENDPOINT and not generation):
+            raise Unauthorized("endpoint token without a registration generation")
+        return Claims(
+            kind=kind,
+            subject=subject,
+            expires_at=float(raw["exp"]),
+            issued_at=float(raw["iat"]),
+            token_id=str(raw.get("jti", "")),
+            endpoints=_strings(raw.get("endpoints"), "endpoints"),
+            intents=_strings(raw.get("intents"), "intents"),
+            generation=generation,
+        )

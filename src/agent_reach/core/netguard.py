@@ -1,0 +1,176 @@
+"""Which addresses the gateway may deliver to: an allow list minus a deny list, pure.
+
+Invariants:
+- Denied wins over allowed: an address in a denied network is refused whatever is allowed.
+- By default (:data:`DEFAULT_DENIED`) the gateway never delivers to this-network, link-local
+  (169.254.169.254 cloud metadata included), multicast, broadcast, unspecified or known cloud
+  metadata addresses, nor to the metadata host names in :data:`DENIED_HOSTS`.
+- An IPv4-mapped IPv6 address (``::ffff:a.b.c.d``) is judged as the IPv4 address it reaches
+  (and refused too when its IPv6 form is denied); an IPv6 zone id (``%eth0``) is ignored.
+- A host written as a legacy numeric IPv4 form that resolvers accept (``2852039166``,
+  ``0xa9.0xfe.0xa9.0xfe``, ``169.254.43518``) is judged as that address, not as a name.
+- :meth:`AddressGuard.refusal_for_host` only checks what the name itself says: callers must
+  still check every address a name resolves to with :meth:`AddressGuard.refusal_for_address`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Sequence
+
+__all__ = ["DEFAULT_DENIED", "DENIED_HOSTS", "AddressGuard", "is_ip"]
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+_WHY_DENIED = {
+    "0.0.0.0/8": "this-network addresses",
+    "169.254.0.0/16": "link-local and cloud metadata",
+    "fe80::/10": "IPv6 link-local",
+    "224.0.0.0/4": "multicast",
+    "ff00::/8": "IPv6 multicast",
+    "255.255.255.255/32": "broadcast",
+    "100.100.100.200/32": "Alibaba Cloud metadata",
+    "fd00:ec2::254/128": "AWS instance metadata over IPv6",
+    "::/128": "the unspecified address",
+}
+DEFAULT_DENIED: tuple[str, ...] = tuple(_WHY_DENIED)
+"""Networks refused by default whatever is allowed."""
+
+DENIED_HOSTS: frozenset[str] = frozenset({"metadata.google.internal", "metadata.goog", "metadata"})
+"""Host names refused by name (compared case-insensitively, without a trailing dot)."""
+
+DEFAULT_ALLOWED: tuple[str, ...] = ("0.0.0.0/0", "::/0")
+
+_LEGACY_PART = re.compile(r"0[xX][0-9a-fA-F]*|0[0-7]*|[1-9][0-9]*")
+
+
+def _strip(host: str) -> str:
+    host = host.strip()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host.split("%", 1)[0]
+
+
+def _parse_ip(address: str) -> IPAddress:
+    """The address ``address`` names (brackets and zone id dropped); ValueError if not an IP."""
+    try:
+        return ipaddress.ip_address(_strip(address))
+    except ValueError:
+        raise ValueError(f"{address!r} is not an IP address") from None
+
+
+def is_ip(host: str) -> bool:
+    """True when ``host`` is an IPv4 or IPv6 address (brackets and a zone id allowed)."""
+    try:
+        _parse_ip(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _legacy_ipv4(host: str) -> ipaddress.IPv4Address | None:
+    """The address ``inet_aton`` would read from ``host`` (octal, hex, 1-4 parts), if any."""
+    parts = host.split(".")
+    if not 1 <= len(parts) <= 4 or not all(_LEGACY_PART.fullmatch(p) for p in parts):
+        return None
+    values = [_int(p) for p in parts]
+    *head, last = values
+    if any(v > 0xFF for v in head) or last >= 1 << (8 * (5 - len(values))):
+        return None
+    number = last
+    for i, v in enumerate(head):
+        number |= v << (8 * (3 - i))
+    return ipaddress.IPv4Address(number)
+
+
+def _int(part: str) -> int:
+    if part[:2].lower() == "0x":
+        return int(part[2:] or "0", 16)  # a bare "0x" reads as 0, as inet_aton does
+    if len(part) > 1 and part[0] == "0":
+        return int(part, 8)
+    return int(part)
+
+
+def _networks(cidrs: Sequence[str], what: str) -> tuple[IPNetwork, ...]:
+    out: list[IPNetwork] = []
+    for cidr in cidrs:
+        try:
+            out.append(ipaddress.ip_network(cidr.strip(), strict=False))
+        except ValueError:
+            raise ValueError(f"{what} network {cidr!r} is not a CIDR or an IP address") from None
+    return tuple(out)
+
+
+class AddressGuard:
+    """Decides whether the gateway may deliver to an address or host.
+
+    ``allowed`` and ``denied`` are CIDRs or single addresses (``ValueError`` naming a bad one);
+    an address must be in some allowed network and in no denied one.
+    """
+
+    __slots__ = ("allowed", "denied")
+
+    def __init__(
+        self,
+        allowed: Sequence[str] = DEFAULT_ALLOWED,
+        denied: Sequence[str] = DEFAULT_DENIED,
+    ) -> None:
+        self.allowed = _networks(allowed, "allowed")
+        self.denied = _networks(denied, "denied")
+
+    @classmethod
+    def from_csv(cls, allowed_csv: str | None) -> AddressGuard:
+        """A guard allowing the comma-separated CIDRs/addresses (None or empty: the default)."""
+        items = [item.strip() for item in (allowed_csv or "").split(",") if item.strip()]
+        return cls(items) if items else cls()
+
+    def __repr__(self) -> str:
+        return f"AddressGuard({self.describe()})"
+
+    def describe(self) -> str:
+        """Short text of the allowed and denied networks, for a log line."""
+        allowed = ", ".join(map(str, self.allowed)) or "nothing"
+        denied = ", ".join(map(str, self.denied)) or "nothing"
+        return f"allowed {allowed}; denied {denied}"
+
+    def refusal_for_address(self, address: str) -> str | None:
+        """None when the gateway may deliver to ``address``, else the reason as a sentence.
+
+        ``ValueError`` when ``address`` is not an IP address.
+        """
+        return self._refusal(address, _parse_ip(address))
+
+    def refusal_for_host(self, host: str) -> str | None:
+        """Like :meth:`refusal_for_address` for an IP; for a name, the :data:`DENIED_HOSTS` check.
+
+        A name's resolved addresses must still be checked by the caller.
+        """
+        if is_ip(host):
+            return self.refusal_for_address(host)
+        name = host.strip().rstrip(".").lower()
+        if name in DENIED_HOSTS:
+            return f"{host} is a cloud metadata host name, which this gateway never delivers to"
+        legacy = _legacy_ipv4(name)
+        if legacy is not None:
+            return self._refusal(host, legacy)
+        return None
+
+    def _refusal(self, shown: str, ip: IPAddress) -> str | None:
+        forms: list[IPAddress] = [ip]
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            forms.insert(0, ip.ipv4_mapped)
+        effective = forms[0]
+        label = shown if str(effective) == shown else f"{shown} ({effective})"
+        for form in forms:
+            for net in self.denied:
+                if form in net:
+                    why = _WHY_DENIED.get(str(net))
+                    return f"{label} is in {net}, which this gateway never delivers to" + (
+                        f" ({why})" if why else ""
+                    )
+        if not any(effective in net for net in self.allowed):
+            allowed = ", ".join(map(str, self.allowed)) or "(none)"
+            return f"{label} is outside the allowed networks {allowed}"
+        return None

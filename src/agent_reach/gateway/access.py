@@ -1,0 +1,607 @@
+"""Access control at the gateway's edge: who may register, heartbeat, deregister, send, read.
+
+Two modes (docs/security.md):
+
+- **open** (the default, loopback only unless ``--insecure-open-mode``): no credentials; anyone
+  who can reach the port may do anything, as before token mode existed.
+- **tokens**: every API call but ``/healthz``, ``/metrics``, ``/v1/keys`` and the dashboard's
+  static files needs ``Authorization: Bearer TOKEN`` (:mod:`agent_reach.auth.tokens`), and the
+  policy file (:mod:`agent_reach.core.access`) says, deny by default, who may reach which
+  intents and which ids may claim which intents.
+
+Invariants:
+- A refusal changes nothing: every check here runs before the registry or a transport is
+  touched, and raises ``unauthorized`` (401: no or bad credentials) or ``forbidden`` (403: good
+  credentials, not allowed) with a reason.
+- A live endpoint id belongs to its current registration: the endpoint token names it (``sub``)
+  and the registration (``gen``, kept in the record as ``owner``). Only that token heartbeats,
+  deregisters or re-registers it; an enrollment may take an id only while it is free (absent or
+  down). An operator may deregister any id.
+- ``sender`` is the token's subject; a body that names another sender is refused.
+- Every denial and every admin action is one JSON log line (``audit.denied``,
+  ``audit.admin``) with who, what, why and the trace id where one applies.
+- Rate limits (per sender; per remote address for failed authentication, so that a flood of
+  bad tokens costs a signature check at most ``rate`` times a second) answer 429 with the
+  seconds to wait.
+- The key directory and the policy file are re-read when they change (polled every
+  ``reload_interval`` seconds, or ``POST /v1/reload``); a bad one is refused with the line at
+  fault and the old one stays in force.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
+
+from agent_reach.auth.keys import KeyDirectoryError, KeyRing
+from agent_reach.auth.tokens import Claims, Kind, TokenService
+from agent_reach.core.access import (
+    Policy,
+    PolicyError,
+    compile_pattern,
+    parse_policy,
+    scope_allows,
+)
+from agent_reach.core.intents import is_endpoint_id
+from agent_reach.core.model import EndpointRecord, Status
+from agent_reach.core.netguard import AddressGuard, is_ip
+from agent_reach.core.ratelimit import RateLimiter
+from agent_reach.errors import Forbidden, InvalidRequest, NotFound, RateLimited, Unauthorized
+from agent_reach.gateway.schemas import TokenRequest
+from agent_reach.gateway.service import RouteScope
+from agent_reach.logs import log
+from agent_reach.settings import GatewaySettings
+
+__all__ = ["READERS", "REGISTRANTS", "SENDERS", "Access", "Caller", "EndpointGrant"]
+
+SENDERS = frozenset({Kind.ENDPOINT, Kind.CLIENT})
+REGISTRANTS = frozenset({Kind.ENROLL, Kind.ENDPOINT})
+READERS = frozenset({Kind.OPERATOR, Kind.ENDPOINT, Kind.CLIENT})
+OPERATORS = frozenset({Kind.OPERATOR})
+ENDPOINTS = frozenset({Kind.ENDPOINT})
+RESOLVE_TIMEOUT_S = 2.0
+DEFAULT_ENROLL_TTL_S = 86400.0
+DEFAULT_CLIENT_TTL_S = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who makes a request: its verified token (None in open mode) and address."""
+
+    claims: Claims | None
+    remote: str
+
+    @property
+    def who(self) -> str:
+        """The caller for log lines: the token's subject, else its address."""
+        if self.claims is None:
+            return f"anonymous@{self.remote}"
+        return self.claims.subject
+
+    @property
+    def is_operator(self) -> bool:
+        """Whether it holds an operator token (or anything goes: open mode)."""
+        return self.claims is None or self.claims.kind is Kind.OPERATOR
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointGrant:
+    """What a registration gives its agent in token mode: the record's owner generation and the
+    endpoint token that proves it (renewed through heartbeat answers)."""
+
+    owner: str
+    token: str = ""
+    expires_at: float = 0.0
+
+    def fields(self) -> dict[str, Any]:
+        """The answer's extra fields (none in open mode)."""
+        if not self.token:
+            return {}
+        return {"token": self.token, "token_expires_at": round(self.expires_at, 3)}
+
+
+class Access:
+    """The gateway's access control; see the module docstring.
+
+    ``wall`` is the clock of token times (unix seconds), ``monotonic`` that of rate limits;
+    ``on_denied(action, status)`` is called for each denial (the metric).
+    """
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        *,
+        wall: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        on_denied: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self._on_denied = on_denied  # (action, status): the denial metric
+        self.open = settings.open_mode
+        self.wall = wall
+        self.monotonic = monotonic
+        self.keys: KeyRing | None = None
+        self.tokens: TokenService | None = None
+        if not self.open:
+            assert settings.keys is not None and settings.policy is not None  # settings.check()
+            self.keys = KeyRing(settings.keys)
+            self.tokens = TokenService(self.keys, wall=wall)
+        self.policy_path = Path(settings.policy) if settings.policy else None
+        self.policy = Policy.empty()
+        self._policy_stamp: tuple[int, int] | None = None
+        self.addresses = AddressGuard.from_csv(settings.endpoint_networks)
+        self.limiter: RateLimiter | None = None
+        if settings.rate_limit is not None:
+            burst = settings.rate_burst or max(1.0, settings.rate_limit)
+            self.limiter = RateLimiter(settings.rate_limit, burst)
+        self.endpoint_ttl_s = settings.endpoint_token_ttl
+
+    # --- loading and reloading -------------------------------------------------------------
+
+    def load(self) -> None:
+        """First load of keys and policy; ValueError (the reason, with the policy line at
+        fault) when either cannot be used: the gateway does not start."""
+        if self.open:
+            log(
+                logging.WARNING,
+                "auth.open_mode",
+                detail="no credentials required: anyone who can reach this address may "
+                "register, deregister and send as any agent (docs/security.md)",
+                host=self.settings.host,
+            )
+            return
+        assert self.keys is not None
+        try:
+            self.keys.load()
+        except KeyDirectoryError as exc:
+            raise ValueError(str(exc)) from None
+        self._load_policy()
+        log(
+            logging.INFO,
+            "auth.token_mode",
+            keys=len(self.keys.keys),
+            signing_kid=self.keys.signing_key(self.wall()).kid,
+            policy_file=str(self.policy_path),
+            policy=self.policy.summary(),
+        )
+
+    def _load_policy(self) -> bool:
+        """Read the policy file when it changed; PolicyError (old policy kept) when bad."""
+        path = self.policy_path
+        assert path is not None
+        try:
+            st = path.stat()
+            stamp = (st.st_mtime_ns, st.st_size)
+            if stamp == self._policy_stamp:
+                return False
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeError) as exc:
+            raise PolicyError(f"cannot read it: {exc}", line=None, source=str(path)) from None
+        policy = parse_policy(text, source=str(path))
+        self.policy, self._policy_stamp = policy, stamp
+        return True
+
+    def reload(self) -> dict[str, Any]:
+        """Re-read the keys and the policy where they changed. A bad file is refused (logged
+        ``auth.reload_failed`` and raised as InvalidRequest naming the line at fault) and the
+        one in force stays."""
+        if self.open:
+            return {"ok": True, "mode": "open"}
+        assert self.keys is not None
+        try:
+            keys_changed = self.keys.load()
+        except KeyDirectoryError as exc:
+            log(logging.ERROR, "auth.reload_failed", what="keys", error=str(exc))
+            raise InvalidRequest(f"keys not reloaded, the old ones stay: {exc}") from None
+        try:
+            policy_changed = self._load_policy()
+        except PolicyError as exc:
+            log(logging.ERROR, "auth.reload_failed", what="policy", error=str(exc), line=exc.line)
+            refused = InvalidRequest(f"policy not reloaded, the old one stays: {exc}")
+            refused.fields["line"] = exc.line
+            raise refused from None
+        if keys_changed or policy_changed:
+            log(
+                logging.INFO,
+                "auth.reloaded",
+                keys=len(self.keys.keys),
+                keys_changed=keys_changed,
+                policy_changed=policy_changed,
+                policy=self.policy.summary(),
+            )
+        return {
+            "ok": True,
+            "mode": "tokens",
+            "keys": len(self.keys.keys),
+            "signing_kid": self.keys.signing_key(self.wall()).kid,
+            "keys_changed": keys_changed,
+            "policy_changed": policy_changed,
+            "policy": self.policy.summary(),
+        }
+
+    async def run_reloader(self) -> None:
+        """Poll the key directory and the policy file; reload what changed."""
+        if self.open:
+            return
+        while True:
+            await asyncio.sleep(self.settings.reload_interval)
+            try:
+                self.reload()
+            except InvalidRequest:
+                pass  # logged by reload(); the old keys and policy stay in force
+            except Exception:  # a bug must not end the loop: the next change is still seen
+                log(logging.ERROR, "auth.reloader_error", exc_info=True)
+
+    def jwks(self) -> dict[str, Any]:
+        """``GET /v1/keys``: the public keys deliveries and tokens are signed with."""
+        return {"keys": []} if self.keys is None else self.keys.jwks()
+
+    # --- who is calling --------------------------------------------------------------------
+
+    def caller(
+        self,
+        authorization: str | None,
+        remote: str | None,
+        kinds: Collection[Kind],
+        action: str,
+        *,
+        trace_id: str | None = None,
+    ) -> Caller:
+        """Authenticate a request for ``action``: Unauthorized without a valid bearer token,
+        Forbidden when its kind may not do ``action`` (open mode: anyone)."""
+        address = remote or "?"
+        if self.open:
+            return Caller(None, address)
+        assert self.tokens is not None
+        try:
+            if not authorization:
+                raise Unauthorized(f"{action} needs a bearer token (Authorization: Bearer ...)")
+            scheme, _, token = authorization.partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise Unauthorized("the Authorization header must be 'Bearer TOKEN'")
+            claims = self.tokens.verify(token.strip(), tuple(Kind))
+        except Unauthorized as exc:
+            self.denied(f"anonymous@{address}", action, "", exc.detail, trace_id, status=401)
+            self._limit_failures(address)
+            raise
+        caller = Caller(claims, address)
+        if claims.kind not in kinds:
+            wanted = " or ".join(sorted(k.value for k in kinds))
+            self.deny(
+                caller,
+                action,
+                "",
+                f"{_a(claims.kind)} token cannot {action}; it needs {_a(wanted)} token",
+                trace_id,
+            )
+        return caller
+
+    def _limit_failures(self, address: str) -> None:
+        if self.limiter is not None:
+            wait = self.limiter.take(f"unauthenticated@{address}", self.monotonic())
+            if wait > 0:
+                raise RateLimited(
+                    "too many requests with bad credentials from this address",
+                    retry_after_s=math.ceil(wait),
+                )
+
+    def limit(self, caller: Caller, trace_id: str | None = None) -> None:
+        """Take one request from the caller's bucket; RateLimited when it is empty."""
+        if self.limiter is None:
+            return
+        key = caller.claims.subject if caller.claims is not None else f"@{caller.remote}"
+        wait = self.limiter.take(key, self.monotonic())
+        if wait > 0:
+            self.denied(caller.who, "send", "", "rate limit", trace_id, status=429)
+            raise RateLimited(
+                f"{caller.who} is over its rate limit of {self.settings.rate_limit:g} requests/s",
+                retry_after_s=max(1, math.ceil(wait)),
+            )
+
+    # --- audit -----------------------------------------------------------------------------
+
+    def denied(
+        self,
+        who: str,
+        action: str,
+        target: str,
+        why: str,
+        trace_id: str | None,
+        *,
+        status: int = 403,
+    ) -> None:
+        """Log one denial (``audit.denied``) and count it."""
+        if self._on_denied is not None:
+            self._on_denied(action, status)
+        log(
+            logging.WARNING,
+            "audit.denied",
+            who=who,
+            action=action,
+            target=target,
+            why=why,
+            status=status,
+            trace_id=trace_id,
+        )
+
+    def deny(
+        self,
+        caller: Caller,
+        action: str,
+        target: str,
+        why: str,
+        trace_id: str | None = None,
+        **fields: Any,
+    ) -> NoReturn:
+        """Log the denial and raise Forbidden with ``why`` (and ``fields`` in the answer)."""
+        self.denied(caller.who, action, target, why, trace_id)
+        raise Forbidden(why, **fields)
+
+    def admin(self, caller: Caller, action: str, target: str, **data: Any) -> None:
+        """Log one admin action (``audit.admin``); nothing in open mode."""
+        if caller.claims is not None:
+            log(logging.INFO, "audit.admin", who=caller.who, action=action, target=target, **data)
+
+    # --- registration and the heartbeat line -----------------------------------------------
+
+    def check_register(
+        self,
+        caller: Caller,
+        endpoint_id: str,
+        capabilities: list[str],
+        current: EndpointRecord | None,
+        current_status: Status | None,
+    ) -> EndpointGrant:
+        """May ``caller`` register ``endpoint_id`` with ``capabilities``, given the record that
+        holds the id now (and its status)? Returns the grant; Forbidden otherwise."""
+        claims = caller.claims
+        if claims is None:
+            return EndpointGrant(owner="")
+        if claims.kind is Kind.ENROLL:
+            scope = scope_allows(claims.endpoints, claims.intents, endpoint_id, capabilities)
+            generation = os.urandom(12).hex()
+        else:  # an endpoint token re-registers its own id, within its enrollment's intents
+            if claims.subject != endpoint_id:
+                self.deny(
+                    caller,
+                    "register",
+                    endpoint_id,
+                    f"this endpoint token is for {claims.subject}, not {endpoint_id}",
+                )
+            scope = scope_allows((endpoint_id,), claims.intents, endpoint_id, capabilities)
+            generation = claims.generation
+        if not scope.allowed:
+            self.deny(
+                caller, "register", endpoint_id, f"the token does not allow it: {scope.reason}"
+            )
+        claim = self.policy.may_claim(endpoint_id, capabilities)
+        if not claim.allowed:
+            self.deny(
+                caller, "register", endpoint_id, f"the policy does not allow it: {claim.reason}"
+            )
+        held = (
+            current is not None
+            and current.owner
+            and current.owner != generation
+            and current_status is not Status.DOWN
+        )
+        if held:
+            self.deny(
+                caller,
+                "register",
+                endpoint_id,
+                f"{endpoint_id} is registered and alive under another registration; only its "
+                "endpoint token may re-register it (or wait until it is down, or have an "
+                "operator deregister it)",
+                reason="endpoint_held",
+            )
+        return self._grant(claims, endpoint_id, generation)
+
+    def _grant(self, claims: Claims, endpoint_id: str, generation: str) -> EndpointGrant:
+        assert self.tokens is not None
+        token, expires = self.tokens.issue(
+            Kind.ENDPOINT,
+            endpoint_id,
+            self.endpoint_ttl_s,
+            intents=claims.intents,
+            generation=generation,
+        )
+        return EndpointGrant(generation, token, expires)
+
+    def check_owner(
+        self, caller: Caller, action: str, endpoint_id: str, current: EndpointRecord | None
+    ) -> None:
+        """May ``caller`` heartbeat or deregister ``endpoint_id`` (an operator may deregister
+        anything)? A missing record is left for the service to report (404)."""
+        claims = caller.claims
+        if claims is None:
+            return
+        if claims.kind is Kind.OPERATOR:
+            if action == "deregister":
+                self.admin(caller, "deregister", endpoint_id)
+                return
+            self.deny(caller, action, endpoint_id, f"an operator token cannot {action}")
+        if claims.subject != endpoint_id:
+            self.deny(
+                caller,
+                action,
+                endpoint_id,
+                f"this endpoint token is for {claims.subject}, not {endpoint_id}",
+            )
+        if current is not None and current.owner != claims.generation:
+            self.deny(
+                caller,
+                action,
+                endpoint_id,
+                f"this endpoint token belongs to an earlier registration of {endpoint_id}",
+            )
+
+    def renewal(self, caller: Caller) -> EndpointGrant | None:
+        """A fresh endpoint token when the caller's has less than half its life left."""
+        claims = caller.claims
+        if claims is None or claims.remaining_s(self.wall()) > self.endpoint_ttl_s / 2:
+            return None
+        return self._grant(claims, claims.subject, claims.generation)
+
+    async def check_endpoint_url(self, caller: Caller, endpoint_id: str, url: str) -> None:
+        """Refuse an endpoint URL the gateway must not deliver to (both modes): a literal
+        address or a name resolving into a denied network (link-local, cloud metadata, ...)
+        or outside ``--endpoint-networks``. A name that does not resolve now is accepted: the
+        transport checks every address again when it connects."""
+        host = urlsplit(url).hostname or ""
+        refusal = self.addresses.refusal_for_host(host)
+        if refusal is None and not is_ip(host):
+            loop = asyncio.get_running_loop()
+            try:
+                async with asyncio.timeout(RESOLVE_TIMEOUT_S):
+                    infos = await loop.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+            except (OSError, TimeoutError, UnicodeError) as exc:
+                log(
+                    logging.INFO,
+                    "register.unresolved_host",
+                    endpoint_id=endpoint_id,
+                    host=host,
+                    error=str(exc),
+                )
+                infos = []
+            for info in infos:
+                refusal = self.addresses.refusal_for_address(str(info[4][0]))
+                if refusal is not None:
+                    refusal = f"{host} resolves to {refusal}"
+                    break
+        if refusal is not None:
+            self.deny(caller, "register", endpoint_id, f"endpoint_url refused: {refusal}")
+
+    # --- issuing tokens (operator) ---------------------------------------------------------
+
+    def issue(self, caller: Caller, request: TokenRequest) -> dict[str, Any]:
+        """``POST /v1/tokens``: a new enrollment or client token (an admin action)."""
+        if self.tokens is None:
+            raise NotFound("this gateway runs in open mode: it issues no tokens (--auth tokens)")
+        try:
+            for pattern in request.endpoints:
+                compile_pattern(pattern, "endpoint")
+            for pattern in request.intents:
+                compile_pattern(pattern, "intent")
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), status=422) from None
+        kind = Kind(request.kind)
+        if kind is Kind.ENROLL:
+            if not request.endpoints or not request.intents:
+                raise InvalidRequest(
+                    "an enrollment token needs 'endpoints' and 'intents' (patterns)", status=422
+                )
+            subject = request.subject or "enroll"
+            ttl = request.ttl_s or DEFAULT_ENROLL_TTL_S
+        else:
+            if request.subject is None or not is_endpoint_id(request.subject):
+                raise InvalidRequest(
+                    "a client token needs 'subject': the agent://name id it sends as",
+                    status=422,
+                    field="subject",
+                )
+            if request.endpoints or request.intents:
+                raise InvalidRequest(
+                    "a client token takes no 'endpoints' or 'intents': what it may reach is"
+                    " the policy's [[reach]] rules",
+                    status=422,
+                )
+            subject = request.subject
+            ttl = request.ttl_s or DEFAULT_CLIENT_TTL_S
+        token, expires = self.tokens.issue(
+            kind, subject, ttl, endpoints=request.endpoints, intents=request.intents
+        )
+        self.admin(
+            caller,
+            "token.issue",
+            subject,
+            kind=kind.value,
+            endpoints=request.endpoints,
+            intents=request.intents,
+            ttl_s=ttl,
+        )
+        return {
+            "ok": True,
+            "kind": kind.value,
+            "subject": subject,
+            "token": token,
+            "expires_at": round(expires, 3),
+        }
+
+    # --- sending and reading ---------------------------------------------------------------
+
+    def check_send(
+        self,
+        caller: Caller,
+        sender: str | None,
+        intent: str,
+        hint: str | None,
+        trace_id: str | None,
+        *,
+        action: str = "send",
+    ) -> tuple[str | None, RouteScope | None]:
+        """The request's sender (the token's subject) and where the policy lets this sender's
+        request for ``intent`` go (None: anywhere); Forbidden when it may not send it at all."""
+        claims = caller.claims
+        if claims is None:
+            return sender, None
+        if claims.kind is Kind.OPERATOR:  # dry runs only (send does not take operator tokens)
+            return sender, None
+        subject = claims.subject
+        if sender is not None and sender != subject:
+            self.deny(
+                caller,
+                action,
+                intent,
+                f"sender {sender} is not the token's subject {subject}",
+                trace_id,
+            )
+        allowed = self.policy.may_reach(subject, intent)
+        if not allowed.allowed:
+            self.deny(caller, action, intent, allowed.reason, trace_id)
+        if hint is not None:
+            delivery = self.policy.may_deliver(subject, intent, hint)
+            if not delivery.allowed:
+                self.deny(caller, action, hint, delivery.reason, trace_id)
+            return subject, None
+        policy = self.policy
+
+        def reachable_tag(tag: str) -> bool:  # a fallback match must be reachable too
+            return policy.may_reach(subject, tag).allowed
+
+        return subject, RouteScope(policy.allowed_endpoints(subject, intent), reachable_tag)
+
+    def may_read_trace(self, caller: Caller, trace_id: str, events: list[dict[str, Any]]) -> bool:
+        """Whether ``caller`` may read this trace: an operator any (an admin action), others
+        those of their own requests."""
+        if caller.claims is None:
+            return True
+        if caller.claims.kind is Kind.OPERATOR:
+            self.admin(caller, "trace.read", trace_id)
+            return True
+        sender = next((e.get("sender") for e in events if e.get("kind") == "received"), None)
+        if sender == caller.claims.subject:
+            return True
+        self.denied(
+            caller.who,
+            "trace.read",
+            trace_id,
+            "not a trace of the caller's requests",
+            trace_id,
+            status=404,
+        )
+        return False
+
+
+def _a(word: str) -> str:
+    """``word`` with its indefinite article."""
+    return f"{'an' if word[:1] in 'aeiou' else 'a'} {word}"

@@ -1,0 +1,165 @@
+"""Checking the gateway's signature on each delivery (token mode), before any handler runs.
+
+In token mode the gateway signs every delivery attempt with an assertion (header
+``X-Reach-Assertion``, an EdDSA JWT): the sender, the recipient (``aud``), the intent, the
+``msg_id``, a SHA-256 of the body (``bh``) and an expiry, the attempt's deadline. An agent that
+verifies deliveries refuses, with 401 ``unauthorized`` (which the gateway does not retry):
+
+- an unsigned delivery, or one signed by a key the gateway does not publish (``GET /v1/keys``);
+- an expired assertion, or one addressed to another endpoint (mis-addressed);
+- one whose intent, ``msg_id``, sender or body differ from the delivery it came with;
+- an assertion seen before (replayed): each attempt carries a new one, so a retry by the
+  gateway is never refused, while a copy of a captured delivery is.
+
+The keys are fetched from the gateway when an assertion names a key not yet known (at most once
+a second); while they cannot be fetched, deliveries are answered 503 (retryable), not refused.
+Replays are remembered until their assertion expires, at most ``replay_max`` of them (past that
+the oldest go first: a replay older than the newest ``replay_max`` deliveries is not caught).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import jwt
+
+from agent_reach.auth.tokens import body_hash
+from agent_reach.logs import log
+
+__all__ = ["ASSERTION_HEADER", "DeliveryVerifier"]
+
+ASSERTION_HEADER = "x-reach-assertion"
+_ALGORITHMS = ["EdDSA"]
+
+
+class DeliveryVerifier:
+    """Verifies the assertions of the deliveries to ``endpoint_id``.
+
+    ``fetch_keys`` returns the gateway's JWKS document (``GET /v1/keys``).
+    """
+
+    def __init__(
+        self,
+        endpoint_id: str,
+        fetch_keys: Callable[[], Awaitable[Mapping[str, Any]]],
+        *,
+        wall: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        leeway_s: float = 2.0,
+        refetch_min_s: float = 1.0,
+        replay_max: int = 1_000_000,
+    ) -> None:
+        self.endpoint_id = endpoint_id
+        self._fetch = fetch_keys
+        self._wall = wall
+        self._monotonic = monotonic
+        self.leeway_s = leeway_s
+        self.refetch_min_s = refetch_min_s
+        self.replay_max = replay_max
+        self._keys: dict[str, Any] = {}
+        self._fetched_at: float | None = None
+        self._seen: dict[str, float] = {}  # assertion id -> its expiry, oldest first
+
+    async def check(
+        self,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        intent: str,
+        msg_id: str,
+        sender: str | None,
+    ) -> tuple[int, str] | None:
+        """None when the delivery is properly signed for this endpoint; else the status to
+        answer (401: refused; 503: keys unavailable now) and why."""
+        assertion = headers.get(ASSERTION_HEADER)
+        if not assertion:
+            return 401, "unsigned delivery: no X-Reach-Assertion (this agent verifies deliveries)"
+        try:
+            kid = jwt.get_unverified_header(assertion).get("kid")
+        except jwt.InvalidTokenError:
+            return 401, "malformed delivery assertion"
+        key = self._keys.get(kid) if isinstance(kid, str) else None
+        if key is None:
+            unavailable = await self._refresh()
+            if unavailable is not None:
+                return 503, unavailable
+            key = self._keys.get(kid) if isinstance(kid, str) else None
+            if key is None:
+                return 401, "delivery assertion signed by a key the gateway does not publish"
+        try:
+            claims = jwt.decode(
+                assertion,
+                key,
+                algorithms=_ALGORITHMS,
+                audience=self.endpoint_id,
+                leeway=self.leeway_s,
+                options={"require": ["exp", "aud", "sub", "jti"]},
+            )
+        except jwt.ExpiredSignatureError:
+            return 401, "delivery assertion expired"
+        except jwt.InvalidAudienceError:
+            return (
+                401,
+                f"delivery assertion is addressed to another endpoint, not {self.endpoint_id}",
+            )
+        except jwt.InvalidSignatureError:
+            return 401, "delivery assertion signature does not verify"
+        except jwt.InvalidTokenError as exc:
+            return 401, f"invalid delivery assertion: {exc}"
+        mismatch = _mismatch(claims, body, intent, msg_id, sender)
+        if mismatch is not None:
+            return 401, f"delivery assertion does not match the delivery: {mismatch}"
+        return self._note(str(claims["jti"]), float(claims["exp"]))
+
+    def _note(self, assertion_id: str, expires_at: float) -> tuple[int, str] | None:
+        seen = self._seen
+        if assertion_id in seen:
+            return 401, "replayed delivery assertion"
+        now = self._wall()
+        while seen:  # forget the expired ones (oldest first), and the oldest past the bound
+            oldest_id, oldest_exp = next(iter(seen.items()))
+            if oldest_exp + self.leeway_s >= now and len(seen) < self.replay_max:
+                break
+            del seen[oldest_id]
+        seen[assertion_id] = expires_at
+        return None
+
+    async def _refresh(self) -> str | None:
+        """Fetch the keys again (not more often than ``refetch_min_s``); the reason when they
+        cannot be had."""
+        now = self._monotonic()
+        if self._fetched_at is not None and now - self._fetched_at < self.refetch_min_s:
+            return None
+        self._fetched_at = now
+        try:
+            document = await self._fetch()
+            keys = {}
+            for jwk in document.get("keys", []):
+                parsed = jwt.PyJWK(jwk)
+                if parsed.key_id:
+                    keys[parsed.key_id] = parsed.key
+        except Exception as exc:  # any failure to fetch or parse: retryable, logged
+            log(logging.WARNING, "agent.keys_unavailable", error=repr(exc))
+            return f"cannot fetch the gateway's keys to verify this delivery: {exc}"
+        self._keys = keys
+        log(logging.INFO, "agent.keys_fetched", keys=sorted(keys))
+        return None
+
+
+def _mismatch(
+    claims: Mapping[str, Any], body: bytes, intent: str, msg_id: str, sender: str | None
+) -> str | None:
+    if claims.get("kind") != "delivery":
+        return "not a delivery assertion"
+    if claims.get("intent") != intent:
+        return "intent"
+    if claims.get("msg_id") != msg_id:
+        return "msg_id"
+    if claims.get("sub") != (sender or ""):
+        return "sender"
+    if claims.get("bh") != body_hash(body):
+        return "body"
+    return None

@@ -1,0 +1,775 @@
+"""Token mode, tried for real: every forbidden move gets its 401/403/429 and changes nothing.
+
+One gateway in token mode (real process, real key directory and policy file) with real agent
+processes enrolled; each test makes forbidden moves and checks the answer's code, that nothing
+was registered, changed or delivered, and that the denial left an audit line.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent_reach.auth.keys import KeyRing, generate_key
+from agent_reach.auth.tokens import Kind, TokenService
+from tests.support import Proc, gateway, http, http_full, start_agent, wait_until
+
+POLICY = """\
+# who may reach what
+[[reach]]
+senders = ["agent://caller-*"]
+intents = ["weather.*"]
+
+[[reach]]
+senders = ["agent://caller-*"]
+intents = ["note.create"]
+endpoints = ["agent://note-a"]
+
+# which ids may claim which intents
+[[claim]]
+endpoints = ["agent://weather-*"]
+intents = ["weather.*"]
+
+[[claim]]
+endpoints = ["agent://note-*"]
+intents = ["note.*"]
+"""
+NOWHERE = "http://127.0.0.1:9/reach"  # the discard port: nothing is delivered there
+
+
+@dataclass
+class Net:
+    gw: str
+    proc: Proc
+    keys: Path
+    policy: Path
+    operator: str
+    agents: dict[str, Proc]
+
+    def issue(self, kind: str, **body: Any) -> str:
+        status, answer = http(
+            "POST", f"{self.gw}/v1/tokens", {"kind": kind, **body}, token=self.operator
+        )
+        assert status == 200, answer
+        return str(answer["token"])
+
+    def enroll(self, endpoints: str, intents: str) -> str:
+        return self.issue("enroll", endpoints=[endpoints], intents=[intents])
+
+    def client(self, subject: str) -> str:
+        return self.issue("client", subject=subject)
+
+    def registered(self) -> dict[str, dict[str, Any]]:
+        status, answer = http("GET", f"{self.gw}/v1/agents", token=self.operator)
+        assert status == 200, answer
+        return {a["endpoint_id"]: a for a in answer["agents"]}
+
+    def audit(self, event: str = "audit.denied") -> list[dict[str, Any]]:
+        return [line for line in self.proc.log_lines() if line.get("event") == event]
+
+    def delivered(self, msg_id: str) -> bool:
+        """Whether any agent process was handed ``msg_id``."""
+        return any(
+            line.get("event") == "agent.request" and line.get("msg_id") == msg_id
+            for agent in self.agents.values()
+            for line in agent.log_lines()
+        )
+
+
+def _service(keys: Path, **options: Any) -> TokenService:
+    ring = KeyRing(keys)
+    ring.load()
+    return TokenService(ring, **options)
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Net]:
+    root = tmp_path_factory.mktemp("secured")
+    keys = root / "keys"
+    generate_key(keys)
+    policy = root / "policy.toml"
+    policy.write_text(POLICY)
+    operator, _ = _service(keys).issue(Kind.OPERATOR, "operator:test", 600)
+    flags = ["--auth", "tokens", "--keys", str(keys), "--policy", str(policy)]
+    flags += ["--rate-limit", "50", "--rate-burst", "50", "--reload-interval", "0.2"]
+    with gateway(*flags) as proc:
+        net = Net(proc.url, proc, keys, policy, operator, {})
+        weather = net.enroll("agent://weather-*", "weather.*")
+        notes = net.enroll("agent://note-*", "note.*")
+        net.agents = {
+            "weather-1": start_agent(
+                proc.url, "agent://weather-1", intents="weather.query", token=weather
+            ),
+            "note-a": start_agent(proc.url, "agent://note-a", intents="note.create", token=notes),
+            "note-b": start_agent(proc.url, "agent://note-b", intents="note.create", token=notes),
+        }
+        try:
+            wait_until(lambda: len(net.registered()) == 3, 10)
+            yield net
+        finally:
+            for agent in net.agents.values():
+                agent.stop()
+
+
+def _tampered(token: str) -> str:
+    """``token`` with its claims changed (intents widened) and the old signature kept."""
+    header, payload, signature = token.split(".")
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    claims["intents"] = ["*"]
+    claims["endpoints"] = ["*"]
+    forged = base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
+    return f"{header}.{forged}.{signature}"
+
+
+def _register_body(endpoint_id: str, intents: list[str], url: str = NOWHERE) -> dict[str, Any]:
+    return {"endpoint_id": endpoint_id, "capabilities": intents, "endpoint_url": url}
+
+
+# --- the open parts ------------------------------------------------------------------------
+
+
+def test_health_metrics_and_keys_need_no_token(net: Net) -> None:
+    assert http("GET", f"{net.gw}/healthz")[0] == 200
+    assert http("GET", f"{net.gw}/metrics")[0] == 200
+    status, jwks = http("GET", f"{net.gw}/v1/keys")
+    assert status == 200
+    ring = KeyRing(net.keys)
+    ring.load()
+    assert [k["kid"] for k in jwks["keys"]] == list(ring.keys)
+    assert all(k["kty"] == "OKP" and k["crv"] == "Ed25519" and "d" not in k for k in jwks["keys"])
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/agents", "/v1/agents/weather-1", "/v1/traces", "/v1/diagnostics", "/v1/inflight"]
+)
+def test_reading_needs_a_token(net: Net, path: str) -> None:
+    status, answer = http("GET", f"{net.gw}{path}")
+    assert (status, answer["error"]) == (401, "unauthorized")
+
+
+def test_operator_only_reads_refuse_other_tokens(net: Net) -> None:
+    client = net.client("agent://caller-reader")
+    for path in ("/v1/traces", "/v1/diagnostics", "/v1/inflight"):
+        status, answer = http("GET", f"{net.gw}{path}", token=client)
+        assert (status, answer["error"]) == (403, "forbidden"), path
+    assert http("GET", f"{net.gw}/v1/agents", token=client)[0] == 200
+    assert http("GET", f"{net.gw}/v1/diagnostics", token=net.operator)[0] == 200
+
+
+# --- registration ----------------------------------------------------------------------------
+
+
+def test_register_refusals_change_nothing(net: Net, tmp_path: Path) -> None:
+    weather = net.enroll("agent://weather-*", "weather.*")
+    anything = net.enroll("agent://*", "*")
+    generate_key(tmp_path / "other")
+    stranger, _ = _service(tmp_path / "other").issue(
+        Kind.ENROLL, "enroll", 600, endpoints=["agent://*"], intents=["*"]
+    )
+    expired, _ = _service(net.keys, wall=lambda: time.time() - 7200).issue(
+        Kind.ENROLL, "enroll", 60, endpoints=["agent://weather-*"], intents=["weather.*"]
+    )
+    narrow = net.enroll("agent://weather-narrow", "weather.query")
+    cases: list[tuple[str | None, dict[str, Any], int, str]] = [
+        (None, _register_body("agent://weather-x", ["weather.query"]), 401, "bearer token"),
+        ("not-a-jwt", _register_body("agent://weather-x", ["weather.query"]), 401, "malformed"),
+        (stranger, _register_body("agent://weather-x", ["weather.query"]), 401, "unknown key"),
+        (expired, _register_body("agent://weather-x", ["weather.query"]), 401, "expired"),
+        (
+            _tampered(narrow),
+            _register_body("agent://weather-x", ["weather.query"]),
+            401,
+            "signature",
+        ),
+        (
+            net.client("agent://weather-x"),
+            _register_body("agent://weather-x", ["weather.query"]),
+            403,
+            "client token cannot register",
+        ),
+        (weather, _register_body("agent://note-x", ["weather.query"]), 403, "token does not"),
+        (weather, _register_body("agent://weather-x", ["note.create"]), 403, "token does not"),
+        (
+            weather,
+            _register_body("agent://weather-x", ["weather.query", "note.create"]),
+            403,
+            "note.create",
+        ),
+        (anything, _register_body("agent://other-1", ["other.thing"]), 403, "policy"),
+        (
+            weather,
+            _register_body("agent://weather-x", ["weather.query"], "http://169.254.169.254/x"),
+            403,
+            "169.254.169.254",
+        ),
+        (
+            weather,
+            _register_body(
+                "agent://weather-x", ["weather.query"], "http://[::ffff:169.254.169.254]/x"
+            ),
+            403,
+            "169.254",
+        ),
+        (
+            weather,
+            _register_body(
+                "agent://weather-x", ["weather.query"], "http://metadata.google.internal/"
+            ),
+            403,
+            "metadata",
+        ),
+    ]
+    before = net.registered()
+    denials = len(net.audit())
+    for token, body, status, why in cases:
+        got, answer = http("POST", f"{net.gw}/v1/register", body, token=token)
+        assert got == status, (body, answer)
+        assert answer["error"] == ("unauthorized" if status == 401 else "forbidden")
+        assert why in answer["detail"], answer
+    assert net.registered().keys() == before.keys()
+    assert len(net.audit()) >= denials + len(cases)  # each denial is an audit line
+
+
+def test_an_endpoint_token_binds_its_id(net: Net) -> None:
+    weather = net.enroll("agent://weather-*", "weather.*")
+    url = f"{net.gw}/v1"
+    status, x = http(
+        "POST",
+        f"{url}/register",
+        _register_body("agent://weather-bx", ["weather.query"]),
+        token=weather,
+    )
+    assert status == 200 and x["token"], x
+    status, y = http(
+        "POST",
+        f"{url}/register",
+        _register_body("agent://weather-by", ["weather.query"]),
+        token=weather,
+    )
+    assert status == 200, y
+    y_before = net.registered()["agent://weather-by"]
+    other = {"endpoint_id": "agent://weather-by"}
+    moves: list[tuple[str, str | None, int, str]] = [
+        ("heartbeat", None, 401, "bearer token"),
+        ("heartbeat", x["token"], 403, "not agent://weather-by"),
+        ("heartbeat", weather, 403, "enroll token cannot heartbeat"),
+        ("heartbeat", net.operator, 403, "operator token cannot heartbeat"),
+        ("deregister", x["token"], 403, "not agent://weather-by"),
+        ("deregister", net.client("agent://weather-by"), 403, "client token cannot deregister"),
+    ]
+    for action, token, code, why in moves:
+        status, answer = http("POST", f"{url}/{action}", other, token=token)
+        assert status == code, (action, answer)
+        assert why in answer["detail"], answer
+    # the live id cannot be taken over by a new enrollment, nor moved by another endpoint token
+    status, answer = http(
+        "POST",
+        f"{url}/register",
+        _register_body("agent://weather-by", ["weather.query"], "http://127.0.0.1:8/evil"),
+        token=weather,
+    )
+    assert (status, answer.get("reason")) == (403, "endpoint_held"), answer
+    status, answer = http(
+        "POST",
+        f"{url}/register",
+        _register_body("agent://weather-by", ["weather.query"], "http://127.0.0.1:8/evil"),
+        token=x["token"],
+    )
+    assert status == 403, answer
+    after = net.registered()["agent://weather-by"]
+    assert after["endpoint_url"] == NOWHERE
+    assert after["last_seen_at"] == y_before["last_seen_at"]  # not even a heartbeat counted
+    # its own token works; an operator may deregister anyone (an audited admin action)
+    status, answer = http("POST", f"{url}/heartbeat", other, token=y["token"])
+    assert status == 200, answer
+    admin_before = len(net.audit("audit.admin"))
+    assert http("POST", f"{url}/deregister", other, token=net.operator)[0] == 200
+    admin = net.audit("audit.admin")[admin_before:]
+    assert any(a["action"] == "deregister" and a["target"] == "agent://weather-by" for a in admin)
+    # re-enrolled, the id belongs to the new registration: y's old token no longer touches it
+    status, fresh = http(
+        "POST",
+        f"{url}/register",
+        _register_body("agent://weather-by", ["weather.query"]),
+        token=weather,
+    )
+    assert status == 200, fresh
+    status, answer = http("POST", f"{url}/heartbeat", other, token=y["token"])
+    assert status == 403 and "earlier registration" in answer["detail"], answer
+    for endpoint_id, token in (
+        ("agent://weather-bx", x["token"]),
+        ("agent://weather-by", fresh["token"]),
+    ):
+        assert (
+            http("POST", f"{url}/deregister", {"endpoint_id": endpoint_id}, token=token)[0] == 200
+        )
+
+
+# --- sending -------------------------------------------------------------------------------
+
+
+def _send(net: Net, token: str | None, **body: Any) -> tuple[int, dict[str, Any]]:
+    body.setdefault("timeout_ms", 3000)
+    return http("POST", f"{net.gw}/v1/send", body, token=token)
+
+
+def test_send_refusals_deliver_nothing(net: Net) -> None:
+    caller = net.client("agent://caller-1")
+    enroll = net.enroll("agent://weather-*", "weather.*")
+    cases: list[tuple[str | None, dict[str, Any], int, str]] = [
+        (None, {"intent": "weather.query"}, 401, "bearer token"),
+        (_tampered(caller), {"intent": "weather.query"}, 401, "signature"),
+        (caller, {"intent": "weather.query", "sender": "agent://caller-2"}, 403, "not the token"),
+        (caller, {"intent": "note.delete"}, 403, "note.delete"),
+        (caller, {"intent": "note.create", "recipient_hint": "agent://note-b"}, 403, "note-b"),
+        (enroll, {"intent": "weather.query"}, 403, "enroll token cannot send"),
+        (net.operator, {"intent": "weather.query"}, 403, "operator token cannot send"),
+        (net.client("agent://stranger-1"), {"intent": "weather.query"}, 403, "reach"),
+    ]
+    for n, (token, body, code, why) in enumerate(cases):
+        msg_id = f"msg_forbidden_{n}_{time.monotonic_ns()}"
+        status, answer = _send(net, token, msg_id=msg_id, **body)
+        assert status == code, (body, answer)
+        assert why in answer["detail"], answer
+        assert answer["msg_id"] == msg_id and answer["trace_id"] and answer["attempts"] == []
+        denial = [a for a in net.audit() if a.get("trace_id") == answer["trace_id"]]
+        assert denial and denial[0]["why"], f"no audit line for {answer}"
+        assert not net.delivered(msg_id)
+
+
+def test_allowed_sends_carry_the_token_sender_and_stay_within_the_policy(net: Net) -> None:
+    caller = net.client("agent://caller-1")
+    status, answer = _send(net, caller, intent="weather.query", payload={"city": "Chengdu"})
+    assert status == 200, answer
+    assert answer["result"]["sender"] == "agent://caller-1"  # taken from the token
+    assert answer["result"]["verified"] is True  # the agent checked the gateway's signature
+    # note.create may go only to note-a, although note-b declares it too and is healthy
+    chosen = {_send(net, caller, intent="note.create")[1]["endpoint_id"] for _ in range(8)}
+    assert chosen == {"agent://note-a"}
+    status, route = http("GET", f"{net.gw}/v1/route?intent=note.create", token=caller)
+    assert status == 200 and route["chosen"] == "agent://note-a"
+
+
+def test_traces_are_read_by_their_sender_and_operators(net: Net) -> None:
+    mine, theirs = net.client("agent://caller-7"), net.client("agent://caller-8")
+    status, answer = _send(net, mine, intent="weather.query")
+    assert status == 200, answer
+    path = f"{net.gw}/v1/traces/{answer['trace_id']}"
+    assert http("GET", path, token=mine)[0] == 200
+    assert http("GET", path, token=theirs)[0] == 404
+    assert http("GET", path, token=net.operator)[0] == 200
+    reads = [a for a in net.audit("audit.admin") if a["action"] == "trace.read"]
+    assert any(a["target"] == answer["trace_id"] for a in reads)
+
+
+def test_rate_limit_per_sender(net: Net) -> None:
+    burst = net.client("agent://caller-burst")
+    started = time.monotonic()
+    codes: list[int] = []
+    retry_after = None
+    for _ in range(120):
+        status, answer, headers = http_full(
+            "POST", f"{net.gw}/v1/send", {"intent": "weather.none"}, token=burst
+        )
+        codes.append(status)
+        if status == 429:
+            assert answer["error"] == "rate_limited" and answer["trace_id"]
+            retry_after = headers.get("Retry-After")
+            break
+    elapsed = time.monotonic() - started
+    assert 429 in codes, f"no 429 after {len(codes)} sends in {elapsed:.2f} s"
+    assert retry_after is not None and int(retry_after) >= 1
+    assert len(codes) - 1 <= 50 + 50 * elapsed + 1  # never more than the bucket allows
+    # another sender is not held back by it
+    assert _send(net, net.client("agent://caller-other"), intent="weather.none")[0] == 404
+
+
+# --- policy reload ---------------------------------------------------------------------------
+
+
+def test_policy_reload_refuses_a_bad_file_and_keeps_the_old_one(net: Net) -> None:
+    caller = net.client("agent://caller-9")
+
+    def route_status(intent: str) -> int:
+        return http("GET", f"{net.gw}/v1/route?intent={intent}", token=caller)[0]
+
+    assert route_status("weather.query") == 200
+    assert route_status("extra.thing") == 403
+    try:
+        net.policy.write_text(
+            POLICY + '\n[[reach]]\nsenders = ["agent://caller-*"]\nintents = "extra.*"\n'
+        )
+        status, answer = http("POST", f"{net.gw}/v1/reload", token=net.operator)
+        bad_line = len(POLICY.splitlines()) + 4  # the added rule's `intents = ...`
+        assert status == 422 and answer["line"] == bad_line, answer
+        assert "intents" in answer["detail"]
+        assert route_status("weather.query") == 200  # the old policy is still in force
+        assert route_status("extra.thing") == 403
+        failed = [line for line in net.proc.log_lines() if line["event"] == "auth.reload_failed"]
+        assert failed and failed[-1]["line"] == bad_line
+        # a good file is picked up without a restart (polled) and without asking
+        net.policy.write_text(
+            POLICY + '\n[[reach]]\nsenders = ["agent://caller-*"]\nintents = ["extra.*"]\n'
+        )
+        wait_until(lambda: route_status("extra.thing") == 404, 10)  # now allowed: no agent
+    finally:
+        net.policy.write_text(POLICY)
+        status, answer = http("POST", f"{net.gw}/v1/reload", token=net.operator)
+        assert status == 200, answer
+    assert route_status("extra.thing") == 403
+
+
+# --- key rotation ----------------------------------------------------------------------------
+
+
+def test_key_rotation_without_downtime(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    old_path = generate_key(keys)
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    old_operator, _ = _service(keys).issue(Kind.OPERATOR, "operator:test", 600)
+    flags = ["--auth", "tokens", "--keys", str(keys), "--policy", str(policy)]
+    with gateway(*flags) as proc:
+        gw = proc.url
+        old_client = http(
+            "POST",
+            f"{gw}/v1/tokens",
+            {"kind": "client", "subject": "agent://caller-1"},
+            token=old_operator,
+        )[1]["token"]
+        # a key added to be active in the future is published at once, not yet used to sign
+        old_kid = http("GET", f"{gw}/v1/keys")[1]["keys"][0]["kid"]
+        staged = generate_key(keys, activate_in_s=3600)
+        answer = http("POST", f"{gw}/v1/reload", token=old_operator)[1]
+        assert answer["keys"] == 2 and answer["signing_kid"] == old_kid, answer
+        kids = [k["kid"] for k in http("GET", f"{gw}/v1/keys")[1]["keys"]]
+        assert len(kids) == 2 and kids[0] == old_kid  # published; the signing key first
+        staged.unlink()
+        # a new key, active now: signs from the next reload on; the old one still verifies
+        new_path = generate_key(keys)
+        answer = http("POST", f"{gw}/v1/reload", token=old_operator)[1]
+        ring = KeyRing(keys)
+        ring.load()
+        new_kid = next(k.kid for k in ring.keys.values() if k.path == str(new_path))
+        assert answer["signing_kid"] == new_kid
+        new_client = http(
+            "POST",
+            f"{gw}/v1/tokens",
+            {"kind": "client", "subject": "agent://caller-1"},
+            token=old_operator,
+        )[1]["token"]
+        header = json.loads(base64.urlsafe_b64decode(new_client.split(".")[0] + "=="))
+        assert header["kid"] == new_kid
+        assert http("GET", f"{gw}/v1/agents", token=old_client)[0] == 200
+        # retiring the old key: what it signed stops working; what the new one signed works
+        old_path.unlink()
+        assert http("POST", f"{gw}/v1/reload", token=old_operator)[0] == 200
+        status, answer = http("GET", f"{gw}/v1/agents", token=old_client)
+        assert status == 401 and "unknown key" in answer["detail"]
+        assert http("GET", f"{gw}/v1/agents", token=new_client)[0] == 200
+
+
+# --- open mode ---------------------------------------------------------------------------------
+
+
+def test_open_mode_warns_and_still_guards_endpoint_urls() -> None:
+    with gateway() as proc:
+        status, answer = http(
+            "POST",
+            f"{proc.url}/v1/register",
+            _register_body("agent://meta-1", ["x.y"], "http://169.254.169.254/latest/meta-data"),
+        )
+        assert (status, answer["error"]) == (403, "forbidden")
+        assert http("GET", f"{proc.url}/v1/agents")[1]["agents"] == []
+        assert http("GET", f"{proc.url}/v1/keys")[1] == {"keys": []}
+        assert any(line["event"] == "auth.open_mode" for line in proc.log_lines())
+
+
+# --- signed deliveries -------------------------------------------------------------------------
+
+
+async def test_agents_refuse_unsigned_replayed_and_misaddressed_deliveries(
+    net: Net, tmp_path: Path
+) -> None:
+    """A real SDK agent (verifying, the default with a token) behind a recording proxy: the
+    gateway's own delivery is answered; copies and forgeries of it are refused."""
+    from aiohttp import ClientSession, web
+
+    from agent_reach.sdk import Agent
+
+    ran: list[str] = []
+    agent = Agent(
+        "agent://weather-v", gateway=net.gw, token=net.enroll("agent://weather-*", "weather.*")
+    )
+
+    @agent.handle("weather.query")
+    async def query(payload: Any, ctx: Any) -> dict[str, Any]:
+        ran.append(ctx.msg_id)
+        return {"sender": ctx.sender, "verified": ctx.verified}
+
+    recorded: list[tuple[bytes, dict[str, str]]] = []
+    await agent.start()
+    assert agent.verifies_deliveries and agent.endpoint_token
+
+    async with ClientSession() as session:
+
+        async def relay(request: web.Request) -> web.Response:
+            body = await request.read()
+            headers = {k: v for k, v in request.headers.items() if k.lower().startswith("x-reach")}
+            recorded.append((body, headers))
+            async with session.post(agent.url or "", data=body, headers=headers) as resp:
+                return web.Response(body=await resp.read(), status=resp.status)
+
+        app = web.Application()
+        app.router.add_post("/relay", relay)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
+            # the agent moves its endpoint behind the proxy (its own token: same registration)
+            async with session.post(
+                f"{net.gw}/v1/register",
+                json=_register_body(
+                    "agent://weather-v", ["weather.query"], f"http://127.0.0.1:{port}/relay"
+                ),
+                headers={"Authorization": f"Bearer {agent.endpoint_token}"},
+            ) as resp:
+                assert resp.status == 200, await resp.text()
+            caller = net.client("agent://caller-1")
+            async with session.post(
+                f"{net.gw}/v1/send",
+                json={"intent": "weather.query", "recipient_hint": "agent://weather-v"},
+                headers={"Authorization": f"Bearer {caller}"},
+            ) as resp:
+                answer = await resp.json()
+                assert resp.status == 200, answer
+            assert answer["result"] == {"sender": "agent://caller-1", "verified": True}
+            assert len(recorded) == 1 and "X-Reach-Assertion" in recorded[0][1]
+            body, headers = recorded[0]
+            msg_id = json.loads(body)["msg_id"]
+
+            async def deliver(data: bytes, sent: dict[str, str]) -> tuple[int, str]:
+                async with session.post(agent.url or "", data=data, headers=sent) as resp:
+                    return resp.status, str((await resp.json()).get("detail"))
+
+            signer = _service(net.keys)
+            generate_key(tmp_path / "stranger")
+            stranger = _service(tmp_path / "stranger")
+
+            def signed(service: TokenService, **changes: Any) -> dict[str, str]:
+                claims: dict[str, Any] = {
+                    "sender": "agent://caller-1",
+                    "recipient": "agent://weather-v",
+                    "intent": "weather.query",
+                    "msg_id": msg_id,
+                    "body": body,
+                    "expires_at": time.time() + 30,
+                    **changes,
+                }
+                return {**headers, "X-Reach-Assertion": service.sign_delivery(**claims)}
+
+            unsigned = {k: v for k, v in headers.items() if k != "X-Reach-Assertion"}
+            other_body = body.replace(b"weather.query", b"weather.query", 1).replace(
+                b'"payload":{}', b'"payload":{"x":1}'
+            )
+            assert other_body != body
+            refusals = [
+                (body, headers, "replayed"),
+                (other_body, headers, "body"),
+                (body, unsigned, "unsigned"),
+                (body, signed(signer, recipient="agent://weather-1"), "another endpoint"),
+                (body, signed(signer, expires_at=time.time() - 60), "expired"),
+                (body, signed(signer, sender="agent://caller-2"), "sender"),
+                (body, signed(stranger), "does not publish"),
+            ]
+            for data, sent, why in refusals:
+                status, detail = await deliver(data, sent)
+                assert status == 401 and why in detail, (why, detail)
+            assert ran == [msg_id]  # none of them reached the handler
+            # the positive control: a fresh assertion of the gateway's key is accepted (the
+            # msg_id was answered before, so the answer comes from the agent's memory)
+            assert (await deliver(body, signed(signer)))[0] == 200
+        finally:
+            await runner.cleanup()
+            await agent.stop()
+
+
+def test_endpoint_tokens_are_renewed_by_heartbeats(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    generate_key(keys)
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    operator, _ = _service(keys).issue(Kind.OPERATOR, "operator:test", 600)
+    flags = ["--auth", "tokens", "--keys", str(keys), "--policy", str(policy)]
+    flags += ["--endpoint-token-ttl", "2", "--heartbeat-interval", "0.2"]
+    with gateway(*flags) as proc:
+        enroll = http(
+            "POST",
+            f"{proc.url}/v1/tokens",
+            {"kind": "enroll", "endpoints": ["agent://weather-*"], "intents": ["weather.*"]},
+            token=operator,
+        )[1]["token"]
+        agent = start_agent(proc.url, "agent://weather-r", intents="weather.query", token=enroll)
+        try:
+            client = http(
+                "POST",
+                f"{proc.url}/v1/tokens",
+                {"kind": "client", "subject": "agent://caller-1"},
+                token=operator,
+            )[1]["token"]
+            started = time.monotonic()
+            # well past the first endpoint token's 2 s: heartbeats keep renewing it
+            wait_until(lambda: time.monotonic() - started > 3.5, 10, interval=0.25)
+            status, answer = http("GET", f"{proc.url}/v1/agents/weather-r", token=operator)
+            assert status == 200 and answer["status"] == "healthy", answer
+            status, answer = http(
+                "POST", f"{proc.url}/v1/send", {"intent": "weather.query"}, token=client
+            )
+            assert status == 200, answer
+            events = [line["event"] for line in agent.log_lines()]
+            assert "agent.endpoint_token_refused" not in events
+            assert "agent.reregistering" not in events
+        finally:
+            agent.stop()
+
+
+# --- across gateways, and at delivery time ------------------------------------------------------
+
+
+def test_ids_stay_bound_across_gateways_sharing_redis(tmp_path: Path) -> None:
+    """Two token-mode gateways on one Redis registry and one key directory: the endpoint token
+    from one works at the other, and the other refuses to hand the live id to anyone else."""
+    from tests.support import REDIS_URL, drop_prefix
+
+    keys = tmp_path / "keys"
+    generate_key(keys)
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    operator, _ = _service(keys).issue(Kind.OPERATOR, "operator:test", 600)
+    prefix = f"test-{time.monotonic_ns()}"
+    flags = ["--auth", "tokens", "--keys", str(keys), "--policy", str(policy)]
+    flags += ["--registry", REDIS_URL, "--registry-prefix", prefix]
+    try:
+        with gateway(*flags) as one, gateway(*flags) as two:
+            enroll = http(
+                "POST",
+                f"{one.url}/v1/tokens",
+                {"kind": "enroll", "endpoints": ["agent://weather-*"], "intents": ["weather.*"]},
+                token=operator,
+            )[1]["token"]
+            body = _register_body("agent://weather-shared", ["weather.query"])
+            status, grant = http("POST", f"{one.url}/v1/register", body, token=enroll)
+            assert status == 200, grant
+            beat = {"endpoint_id": "agent://weather-shared"}
+
+            def seen_by_two() -> bool:
+                status, _ = http("GET", f"{two.url}/v1/agents/weather-shared", token=operator)
+                return status == 200
+
+            wait_until(seen_by_two, 5)
+            status, answer = http("POST", f"{two.url}/v1/heartbeat", beat, token=grant["token"])
+            assert status == 200, answer
+            evil = _register_body(
+                "agent://weather-shared", ["weather.query"], "http://127.0.0.1:8/"
+            )
+            status, answer = http("POST", f"{two.url}/v1/register", evil, token=enroll)
+            assert (status, answer.get("reason")) == (403, "endpoint_held"), answer
+            status, record = http("GET", f"{one.url}/v1/agents/weather-shared", token=operator)
+            assert record["endpoint_url"] == NOWHERE
+    finally:
+        drop_prefix(prefix)
+
+
+async def test_delivery_refuses_names_that_resolve_into_denied_networks() -> None:
+    """The transport checks every address a name resolves to when it connects (DNS rebinding):
+    ``localhost`` is 127.0.0.1, outside the allowed 10.0.0.0/8 here, so nothing is sent."""
+    from aiohttp import web
+
+    from agent_reach.core.model import Outcome
+    from agent_reach.core.netguard import AddressGuard
+    from agent_reach.transport import HttpTransport
+
+    hits: list[bytes] = []
+
+    async def record(request: web.Request) -> web.Response:
+        hits.append(await request.read())
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post("/reach", record)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
+    guarded = HttpTransport(address_guard=AddressGuard(allowed=["10.0.0.0/8"]))
+    open_ = HttpTransport(address_guard=AddressGuard())
+    await guarded.start()
+    await open_.start()
+    try:
+        url = f"http://localhost:{port}/reach"
+        refused = await guarded.deliver(url, b"{}", {}, 2.0)
+        assert refused.outcome is Outcome.CONNECT_ERROR and not refused.reached
+        assert "outside the allowed networks" in (refused.detail or ""), refused.detail
+        assert hits == []
+        allowed = await open_.deliver(url, b"{}", {}, 2.0)  # the control: the same URL works
+        assert allowed.outcome is Outcome.OK and hits == [b"{}"]
+    finally:
+        await guarded.close()
+        await open_.close()
+        await runner.cleanup()
+
+
+def test_denials_are_counted_in_the_metrics(net: Net) -> None:
+    def denied() -> float:
+        text = http("GET", f"{net.gw}/metrics")[1]
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith('agent_reach_denied_total{action="send",status="401"}')
+        )
+
+    before = denied()
+    assert _send(net, None, intent="weather.query")[0] == 401
+    assert denied() == before + 1
+
+
+def test_fallback_matches_stay_within_the_policy(tmp_path: Path) -> None:
+    """A fallback (non-exact) match may only land on intents the sender may reach itself:
+    alpha.beta.gamma is allowed, but the only near tag, alpha.beta, is not."""
+    keys = tmp_path / "keys"
+    generate_key(keys)
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        '[[reach]]\nsenders = ["agent://caller-*"]\nintents = ["weather.*", "alpha.beta.*"]\n'
+        '[[claim]]\nendpoints = ["agent://*"]\nintents = ["*"]\n'
+    )
+    operator, _ = _service(keys).issue(Kind.OPERATOR, "operator:test", 600)
+    flags = ["--auth", "tokens", "--keys", str(keys), "--policy", str(policy)]
+    with gateway(*flags, "--confidence-threshold", "0.5") as proc:
+        enroll, _ = _service(keys).issue(
+            Kind.ENROLL, "enroll", 600, endpoints=["agent://*"], intents=["*"]
+        )
+        for name, intent in (("near-1", "weather.query"), ("near-2", "alpha.beta")):
+            body = _register_body(f"agent://{name}", [intent])
+            assert http("POST", f"{proc.url}/v1/register", body, token=enroll)[0] == 200
+        caller, _ = _service(keys).issue(Kind.CLIENT, "agent://caller-1", 600)
+
+        def route(intent: str) -> tuple[int, Any]:
+            return http("GET", f"{proc.url}/v1/route?intent={intent}", token=caller)
+
+        status, answer = route("weather.query.hourly")  # falls back to weather.query: allowed
+        assert status == 200 and answer["chosen"] == "agent://near-1", answer
+        status, answer = route("alpha.beta.gamma")  # allowed itself; its fallback is not
+        assert (status, answer["error"]) == (403, "forbidden"), answer
+        assert "falls back" in answer["detail"]
+        status, answer = http("GET", f"{proc.url}/v1/route?intent=alpha.beta.gamma", token=operator)
+        assert status == 200 and answer["chosen"] == "agent://near-2"  # the control
