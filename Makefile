@@ -36,10 +36,11 @@ test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-e2e-redis
 
-## test-e2e-redis: the end-to-end suite with the gateways on redis://127.0.0.1:6379/0
+## test-e2e-redis: the end-to-end suite, and token mode's forbidden moves (ids bound to their
+## registration must hold across a shared registry), with the gateways on redis://127.0.0.1:6379/0
 test-e2e-redis: $(VENV)/.installed-test
 	AGENT_REACH_TEST_REGISTRY=$${AGENT_REACH_TEST_REGISTRY:-redis://127.0.0.1:6379/0} \
-		$(BIN)/python -m pytest tests/e2e -m "not slow" $(PYTEST_ARGS)
+		$(BIN)/python -m pytest tests/e2e tests/integration/test_security.py -m "not slow" $(PYTEST_ARGS)
 
 # long load and fault scenarios (marked slow; none yet: pytest's "no tests" exit 5 is fine here)
 test-slow: $(VENV)/.installed-test

@@ -223,9 +223,12 @@ def wrk(
     gateway_pid: int | None,
     ours: set[int],
     measured: bool = True,
+    headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One wrk run, after a quiet window when ``measured``, and once more if it was noisy."""
+    """One wrk run, after a quiet window when ``measured``, and once more if it was noisy;
+    ``headers`` are added to every request (``-H``: ``Authorization`` in token mode)."""
     kw: dict[str, Any] = {"core": core, "gateway_pid": gateway_pid, "ours": ours}
+    kw["headers"] = headers
     if not measured:
         return _wrk(url, body, conns, duration, **kw)
     QUIET.wait(ours)
@@ -248,9 +251,12 @@ def _wrk(
     core: int | None,
     gateway_pid: int | None,
     ours: set[int],
+    headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One wrk run: its WRKJSON figures plus good answers/s, errors, gateway CPU per request."""
     cmd = [*pin(core), "wrk", "-t1", f"-c{conns}", f"-d{duration}s", "--timeout", "10s"]
+    for name, value in (headers or {}).items():
+        cmd += ["-H", f"{name}: {value}"]  # set before wrk_post.lua runs, which keeps them
     cmd += ["-s", str(LUA), url]
     snap0, steal0 = all_jiffies(), steal_jiffies()
     g0 = jiffies(gateway_pid) if gateway_pid else 0

@@ -1,6 +1,6 @@
 """Agent-Reach benchmarks against the seed-style baseline, measured in the same run.
 
-    .venv/bin/python benchmarks/run.py                   # all: route latency e2e heartbeat
+    .venv/bin/python benchmarks/run.py                   # all (redis if redis-server is there)
     .venv/bin/python benchmarks/run.py route --runs 5
     .venv/bin/python benchmarks/run.py e2e heartbeat --duration 3 --floor
 
@@ -16,6 +16,12 @@ Sub-benchmarks (benchmarks/README.md says more):
   decision on a view loaded from Redis vs memory, ``serve --workers 2`` vs ``--workers 1``
   (wrk), and the propagation delay of a registration, a heartbeat and a deregistration between
   two gateways (benchmarks/redis_bench.py). Part of "all" when redis-server is installed.
+- ``auth``: token mode's pieces in process, µs per call next to baselines (verify, policy,
+  rate limit, delivery signature, the SDK's check of it; benchmarks/auth_bench.py, a child).
+- ``tokens``: good answers/s of ``POST /v1/send`` at 32 connections through an open-mode
+  gateway, a token-mode one and a token-mode one with a rate limit that never refuses, measured
+  alternately against one trivial agent (which does not verify assertions): the gateway's cost
+  of token mode, in answers/s and CPU per request.
 
 Every figure is the median over ``--runs`` runs with min-max; ratios are taken run by run (the
 gateways are measured alternately within each run) and then their median. With 2+ CPUs and
@@ -38,7 +44,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,8 +74,8 @@ from harness import (
     wrk,
 )
 
-# run in this order: latency before load
-BENCHES = ("route", "latency", "e2e", "heartbeat", "redis")
+# run in this order: in-process ones first, latency before load
+BENCHES = ("route", "auth", "latency", "e2e", "heartbeat", "tokens", "redis")
 STEAL_PCT = 5.0  # steal time, in % of one core, above which a run is noted as noisy
 INTENT = "bench.echo"
 AGENT_ID = "agent://bench-agent"
@@ -84,6 +93,18 @@ DIRECT_BODY = json.dumps(  # what a gateway delivers to the agent
     }
 )
 HEARTBEAT_BODY = json.dumps({"endpoint_id": AGENT_ID})
+CALLER_ID = "agent://bench-caller"  # the subject of the client token of ``tokens``
+TOKENS_CONNS = 32
+TOKENS_POLICY = """\
+[[reach]]
+senders = ["agent://*"]
+intents = ["*"]
+
+[[claim]]
+endpoints = ["agent://*"]
+intents = ["*"]
+"""
+NEVER_LIMITED = 1e9  # --rate-limit of the "tokens + rate limit" gateway: the bucket never empties
 TARGETS = {
     "route_p50_us": 10.0,  # below
     "route_ratio": 1000.0,  # at least
@@ -152,6 +173,99 @@ def stack(cores: Cores, *, floor: bool = False, seed_as_installed: bool = False)
     finally:
         for child in reversed(children):
             child.stop()
+
+
+@dataclass
+class AuthStack:
+    """``tokens``: gateways in open mode, token mode, token mode with a rate limit, one agent."""
+
+    gateways: dict[str, Child]
+    agent: Child
+    client_token: str
+
+    def pids(self) -> set[int]:
+        return {self.agent.pid, *(c.pid for c in self.gateways.values())}
+
+
+def _register(gateway: str, token: str, agent_url: str) -> None:
+    """Register the trivial agent at a token-mode gateway with an enrollment token (the agent
+    registers itself only without one)."""
+    body = json.dumps(
+        {
+            "endpoint_id": AGENT_ID,
+            "capabilities": [INTENT],
+            "endpoint_url": agent_url,
+            "description": "benchmark trivial agent",
+        }
+    ).encode()
+    req = urllib.request.Request(
+        gateway.rstrip("/") + "/v1/register",
+        data=body,
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            answer = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raise RuntimeError(f"register at {gateway}: {exc.code} {exc.read()[:300]!r}") from None
+    if not answer.get("ok"):
+        raise RuntimeError(f"register at {gateway} answered {answer}")
+
+
+@contextlib.contextmanager
+def auth_stack(cores: Cores) -> Iterator[AuthStack]:
+    """Keys, policy and tokens in a temporary directory; three gateways on the gateway core."""
+    from agent_reach.auth.keys import KeyRing, generate_key
+    from agent_reach.auth.tokens import Kind, TokenService
+
+    gw_core, load_core = cores
+    children: list[Child] = []
+    with tempfile.TemporaryDirectory(prefix="bench-tokens-") as tmp:
+        keys, policy = Path(tmp) / "keys", Path(tmp) / "policy.toml"
+        generate_key(keys)
+        policy.write_text(TOKENS_POLICY)
+        ring = KeyRing(keys)
+        ring.load()
+        service = TokenService(ring)
+        client, _ = service.issue(Kind.CLIENT, CALLER_ID, 3600)
+        enroll, _ = service.issue(
+            Kind.ENROLL, "bench-enroll", 3600, endpoints=["agent://*"], intents=["*"]
+        )
+        bindir = Path(PY).parent
+        cli = (
+            [str(bindir / "agent-reach")]
+            if (bindir / "agent-reach").exists()
+            else [PY, "-m", "agent_reach"]
+        )
+        serve = [*cli, "serve", "--port", "0", "--log-level", "WARNING"]
+        serve += ["--heartbeat-interval", "3600"]
+        token_mode = ["--auth", "tokens", "--keys", str(keys), "--policy", str(policy)]
+        token_mode += ["--endpoint-token-ttl", "86400"]  # at least 2 heartbeat intervals
+        commands = {
+            "open": serve,
+            "tokens": [*serve, *token_mode],
+            "tokens_limited": [*serve, *token_mode, "--rate-limit", f"{NEVER_LIMITED:g}"],
+        }
+        try:
+            gateways: dict[str, Child] = {}
+            for name, cmd in commands.items():
+                gateways[name] = start(f"gateway-{name}", cmd, gw_core)
+                children.append(gateways[name])
+            for child in gateways.values():
+                child.url = child.wait_line(r"listening on (http://\S+)")
+                wait_http(child.url + "/healthz")
+            agent_cmd = [PY, str(HERE / "trivial_agent.py"), "--id", AGENT_ID, "--intent", INTENT]
+            agent_cmd += ["--register", gateways["open"].url]
+            agent = start("agent-tokens", agent_cmd, load_core)
+            children.append(agent)
+            agent.url = agent.wait_line(r"listening on (http://\S+)")
+            for name in ("tokens", "tokens_limited"):
+                _register(gateways[name].url, enroll, agent.url)
+            yield AuthStack(gateways, agent, client)
+        finally:
+            for child in reversed(children):
+                child.stop()
 
 
 @dataclass
@@ -288,24 +402,68 @@ def bench_route(args: argparse.Namespace, rep: Report, cores: Cores) -> None:
     rep.verdict("memory < 2 KB per endpoint", mem < TARGETS["route_mem_b"], f"{mem:,.0f} B")
 
 
+def bench_auth(args: argparse.Namespace, rep: Report, cores: Cores) -> None:
+    QUIET.wait(set())
+    cmd = [*pin(cores[0]), PY, str(HERE / "auth_bench.py"), "--json"]
+    cmd += ["--repeats", str(max(args.runs, 5))]
+    proc = subprocess.run(
+        cmd, capture_output=True, timeout=600, cwd=HERE.parent, preexec_fn=die_with_parent
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"auth_bench failed: {proc.stderr.decode()[-2000:]}")
+    d = json.loads(proc.stdout)
+    rep.data["auth"] = d
+    for item in d["items"]:
+        spread = {"median": item["us_median"], "min": item["us_min"], "max": item["us_max"]}
+        digits = 3 if item["us_median"] < 1 else 1
+        rep.row(
+            "auth", f"{item['group']}: {item['name']}", fmt(spread, " µs", digits), target="info"
+        )
+    v = d["versions"]
+    rep.notes.append(
+        f"auth: in process, pinned like route; {d['repeats']} loops per call (median, min-max), "
+        f"the garbage collector off; PyJWT {v['pyjwt']}, cryptography {v['cryptography']}."
+    )
+
+
 def _alternate(
     args: argparse.Namespace,
-    st: Stack,
+    st: Stack | AuthStack,
     cores: Cores,
     targets: list[tuple[str, str, str, int]],
     conns: int,
+    headers: dict[str, dict[str, str]] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """``targets`` = (name, url, body, pid or 0), measured in rotating order, ``args.runs``
-    times each, after a 1 s warm-up each (pools filled, code paths hot)."""
+    times each, after a 1 s warm-up each (pools filled, code paths hot); ``headers[name]`` are
+    sent with that target's requests."""
     ours = st.pids()
+    hdrs = headers or {}
     out: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in targets}
-    for _, url, body, pid in targets:
-        wrk(url, body, conns, 1, core=cores[1], gateway_pid=pid or None, ours=ours, measured=False)
+    for name, url, body, pid in targets:
+        wrk(
+            url,
+            body,
+            conns,
+            1,
+            core=cores[1],
+            gateway_pid=pid or None,
+            ours=ours,
+            measured=False,
+            headers=hdrs.get(name),
+        )
     for i in range(args.runs):
         k = i % len(targets)
         for name, url, body, pid in targets[k:] + targets[:k]:
             r = wrk(
-                url, body, conns, args.duration, core=cores[1], gateway_pid=pid or None, ours=ours
+                url,
+                body,
+                conns,
+                args.duration,
+                core=cores[1],
+                gateway_pid=pid or None,
+                ours=ours,
+                headers=hdrs.get(name),
             )
             out[name].append(r)
     return out
@@ -488,6 +646,68 @@ def bench_heartbeat(args: argparse.Namespace, rep: Report, st: Stack, cores: Cor
         "heartbeats ≥ 4x the seed",
         ratio["median"] >= TARGETS["heartbeat_ratio"],
         fmt(ratio, "x", 1),
+    )
+
+
+def bench_tokens(args: argparse.Namespace, rep: Report, st: AuthStack, cores: Cores) -> None:
+    targets = [(n, c.url + "/v1/send", SEND_BODY, c.pid) for n, c in st.gateways.items()]
+    bearer = {"Authorization": f"Bearer {st.client_token}"}
+    headers = {"tokens": bearer, "tokens_limited": bearer}
+    runs = _alternate(args, st, cores, targets, TOKENS_CONNS, headers)
+    rep.data["tokens"] = runs
+
+    def col(name: str, key: str, unit: str = "", digits: int = 0, div: float = 1) -> str:
+        return fmt(med([r[key] / div for r in runs[name]]), unit, digits)
+
+    def cpu_added(name: str) -> tuple[dict[str, float], dict[str, float]]:
+        pairs = list(zip(runs[name], runs["open"], strict=True))
+        added = med([a["gw_cpu_us_per_req"] - o["gw_cpu_us_per_req"] for a, o in pairs])
+        pct = med([100 * (a["gw_cpu_us_per_req"] / o["gw_cpu_us_per_req"] - 1) for a, o in pairs])
+        return added, pct
+
+    labels = {
+        "open": "open mode",
+        "tokens": "token mode (bearer token, policy, signed delivery); ratio to open",
+        "tokens_limited": f"token mode + --rate-limit {NEVER_LIMITED:g} (never refuses); "
+        "ratio to open",
+    }
+    for name, label in labels.items():
+        rep.row(
+            "tokens",
+            f"POST /v1/send good answers/s, {TOKENS_CONNS} connections, {label}",
+            col(name, "rps"),
+            ratio="" if name == "open" else fmt(_ratio(runs[name], runs["open"]), "x", 3),
+            target="info",
+        )
+        rep.row(
+            "tokens",
+            "  latency p50 / p99; errors",
+            f"{col(name, 'p50_us', ' ms', 1, 1000)} / {col(name, 'p99_us', ' ms', 1, 1000)}; "
+            f"{sum(r['errors'] for r in runs[name])}",
+            target="0 errors",
+        )
+        if name == "open":
+            rep.row(
+                "tokens",
+                "  gateway CPU per request",
+                col(name, "gw_cpu_us_per_req", " µs"),
+                target="info",
+            )
+        else:
+            added, pct = cpu_added(name)
+            rep.row(
+                "tokens",
+                "  gateway CPU per request; added over open (run by run)",
+                f"{col(name, 'gw_cpu_us_per_req', ' µs')}; +{fmt(added, ' µs')} "
+                f"(+{fmt(pct, ' %', 1)})",
+                target="info",
+            )
+    rep.noise("tokens", [r for v in runs.values() for r in v])
+    rep.notes.append(
+        "tokens: three gateways on the gateway core, one trivial agent registered with each "
+        "(with an enrollment token in token mode); one client token for all requests, so it is "
+        "verified once and then cached; policy: one [[reach]] rule for every sender and intent. "
+        "The agent does not verify the assertions: the agent's side is in auth."
     )
 
 
@@ -709,7 +929,7 @@ def main() -> int:
         print("redis-server not found: the redis benchmark is skipped", file=sys.stderr)
     if "redis" in selected and not (args.redis or shutil.which("redis-server")):
         p.error("redis needs redis-server (apt-get install -y redis-server) or --redis URL")
-    if any(b != "route" for b in selected) and not shutil.which("wrk"):
+    if any(b not in ("route", "auth") for b in selected) and not shutil.which("wrk"):
         p.error("wrk is not installed (apt-get install -y wrk)")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the finally blocks run
     QUIET.budget_s = max(0.0, args.quiet_budget)
@@ -739,6 +959,9 @@ def main() -> int:
     if "route" in selected:
         print("== route", flush=True)
         bench_route(args, rep, cores)
+    if "auth" in selected:
+        print("== auth", flush=True)
+        bench_auth(args, rep, cores)
     http = [b for b in ("latency", "e2e", "heartbeat") if b in selected]
     if http:
         with stack(cores, floor=args.floor, seed_as_installed=args.seed_as_installed) as st:
@@ -763,6 +986,10 @@ def main() -> int:
                         "connection(s) (py-spy)"
                     )
                     rep.profiles[title] = profile(st.reach.pid, url, body, conns, cores)
+    if "tokens" in selected:
+        with auth_stack(cores) as ast:
+            print("== tokens", flush=True)
+            bench_tokens(args, rep, ast, cores)
     if "redis" in selected:
         print("== redis", flush=True)
         bench_redis(args, rep, cores)

@@ -89,18 +89,38 @@ def _service(keys: Path, **options: Any) -> TokenService:
     return TokenService(ring, **options)
 
 
-@pytest.fixture(scope="module")
-def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Net]:
-    root = tmp_path_factory.mktemp("secured")
+@dataclass
+class Secured:
+    """What a token-mode gateway is started with: a key directory, a policy file, an operator
+    token, and the serve flags that name them."""
+
+    keys: Path
+    policy: Path
+    operator: str
+    flags: list[str]
+
+    def token(self, kind: Kind, subject: str, **claims: Any) -> str:
+        """A token signed offline with the gateway's key directory (as the CLI does)."""
+        return _service(self.keys).issue(kind, subject, 600, **claims)[0]
+
+
+def _secured(root: Path, policy: str = POLICY) -> Secured:
     keys = root / "keys"
     generate_key(keys)
-    policy = root / "policy.toml"
-    policy.write_text(POLICY)
+    path = root / "policy.toml"
+    path.write_text(policy)
     operator, _ = _service(keys).issue(Kind.OPERATOR, "operator:test", 600)
-    flags = ["--auth", "tokens", "--keys", str(keys), "--policy", str(policy)]
-    flags += ["--rate-limit", "50", "--rate-burst", "50", "--reload-interval", "0.2"]
+    return Secured(
+        keys, path, operator, ["--auth", "tokens", "--keys", str(keys), "--policy", str(path)]
+    )
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Net]:
+    s = _secured(tmp_path_factory.mktemp("secured"))
+    flags = [*s.flags, "--rate-limit", "50", "--rate-burst", "50", "--reload-interval", "0.2"]
     with gateway(*flags) as proc:
-        net = Net(proc.url, proc, keys, policy, operator, {})
+        net = Net(proc.url, proc, s.keys, s.policy, s.operator, {})
         weather = net.enroll("agent://weather-*", "weather.*")
         notes = net.enroll("agent://note-*", "note.*")
         net.agents = {
@@ -430,13 +450,10 @@ def test_policy_reload_refuses_a_bad_file_and_keeps_the_old_one(net: Net) -> Non
 
 
 def test_key_rotation_without_downtime(tmp_path: Path) -> None:
-    keys = tmp_path / "keys"
-    old_path = generate_key(keys)
-    policy = tmp_path / "policy.toml"
-    policy.write_text(POLICY)
-    old_operator, _ = _service(keys).issue(Kind.OPERATOR, "operator:test", 600)
-    flags = ["--auth", "tokens", "--keys", str(keys), "--policy", str(policy)]
-    with gateway(*flags) as proc:
+    s = _secured(tmp_path)
+    keys, old_operator = s.keys, s.operator
+    (old_path,) = keys.glob("*.pem")
+    with gateway(*s.flags) as proc:
         gw = proc.url
         old_client = http(
             "POST",
@@ -490,6 +507,33 @@ def test_open_mode_warns_and_still_guards_endpoint_urls() -> None:
         assert http("GET", f"{proc.url}/v1/agents")[1]["agents"] == []
         assert http("GET", f"{proc.url}/v1/keys")[1] == {"keys": []}
         assert any(line["event"] == "auth.open_mode" for line in proc.log_lines())
+
+
+def test_open_mode_refuses_what_a_web_page_could_send() -> None:
+    """A page in the operator's browser may POST across origins, or rebind a name of its own to
+    127.0.0.1: with no credentials to check, Origin and Host are."""
+    body = _register_body("agent://csrf-1", ["x.y"], "https://evil.example/steal")
+    with gateway() as proc:
+        authority = proc.url.removeprefix("http://")
+        status, answer = http(
+            "POST", f"{proc.url}/v1/register", body, headers={"Origin": "https://evil.example"}
+        )
+        assert (status, answer["error"]) == (403, "forbidden") and "cross-origin" in answer[
+            "detail"
+        ]
+        status, answer = http("GET", f"{proc.url}/v1/agents", headers={"Host": "evil.example:80"})
+        assert (status, answer["error"]) == (403, "forbidden") and "loopback" in answer["detail"]
+        assert http("GET", f"{proc.url}/v1/agents")[1]["agents"] == []
+        # the gateway's own page (same origin) and plain programs are served
+        status, _ = http(
+            "POST",
+            f"{proc.url}/v1/register",
+            _register_body("agent://page-1", ["x.y"]),
+            headers={"Origin": f"http://{authority}"},
+        )
+        assert status == 200
+        status, _ = http("GET", f"{proc.url.replace('127.0.0.1', 'localhost')}/v1/agents")
+        assert status == 200
 
 
 # --- signed deliveries -------------------------------------------------------------------------
@@ -604,14 +648,9 @@ async def test_agents_refuse_unsigned_replayed_and_misaddressed_deliveries(
 
 
 def test_endpoint_tokens_are_renewed_by_heartbeats(tmp_path: Path) -> None:
-    keys = tmp_path / "keys"
-    generate_key(keys)
-    policy = tmp_path / "policy.toml"
-    policy.write_text(POLICY)
-    operator, _ = _service(keys).issue(Kind.OPERATOR, "operator:test", 600)
-    flags = ["--auth", "tokens", "--keys", str(keys), "--policy", str(policy)]
-    flags += ["--endpoint-token-ttl", "2", "--heartbeat-interval", "0.2"]
-    with gateway(*flags) as proc:
+    s = _secured(tmp_path)
+    operator = s.operator
+    with gateway(*s.flags, "--endpoint-token-ttl", "2", "--heartbeat-interval", "0.2") as proc:
         enroll = http(
             "POST",
             f"{proc.url}/v1/tokens",
@@ -650,14 +689,10 @@ def test_ids_stay_bound_across_gateways_sharing_redis(tmp_path: Path) -> None:
     from one works at the other, and the other refuses to hand the live id to anyone else."""
     from tests.support import REDIS_URL, drop_prefix
 
-    keys = tmp_path / "keys"
-    generate_key(keys)
-    policy = tmp_path / "policy.toml"
-    policy.write_text(POLICY)
-    operator, _ = _service(keys).issue(Kind.OPERATOR, "operator:test", 600)
+    s = _secured(tmp_path)
+    operator = s.operator
     prefix = f"test-{time.monotonic_ns()}"
-    flags = ["--auth", "tokens", "--keys", str(keys), "--policy", str(policy)]
-    flags += ["--registry", REDIS_URL, "--registry-prefix", prefix]
+    flags = [*s.flags, "--registry", REDIS_URL, "--registry-prefix", prefix]
     try:
         with gateway(*flags) as one, gateway(*flags) as two:
             enroll = http(
@@ -719,6 +754,9 @@ async def test_delivery_refuses_names_that_resolve_into_denied_networks() -> Non
         refused = await guarded.deliver(url, b"{}", {}, 2.0)
         assert refused.outcome is Outcome.CONNECT_ERROR and not refused.reached
         assert "outside the allowed networks" in (refused.detail or ""), refused.detail
+        # an address in the URL is checked too (a record written by another gateway)
+        literal = await guarded.deliver(f"http://127.0.0.1:{port}/reach", b"{}", {}, 2.0)
+        assert literal.outcome is Outcome.CONNECT_ERROR and not literal.reached
         assert hits == []
         allowed = await open_.deliver(url, b"{}", {}, 2.0)  # the control: the same URL works
         assert allowed.outcome is Outcome.OK and hits == [b"{}"]
@@ -745,23 +783,26 @@ def test_denials_are_counted_in_the_metrics(net: Net) -> None:
 def test_fallback_matches_stay_within_the_policy(tmp_path: Path) -> None:
     """A fallback (non-exact) match may only land on intents the sender may reach itself:
     alpha.beta.gamma is allowed, but the only near tag, alpha.beta, is not."""
-    keys = tmp_path / "keys"
-    generate_key(keys)
-    policy = tmp_path / "policy.toml"
-    policy.write_text(
-        '[[reach]]\nsenders = ["agent://caller-*"]\nintents = ["weather.*", "alpha.beta.*"]\n'
-        '[[claim]]\nendpoints = ["agent://*"]\nintents = ["*"]\n'
+    s = _secured(
+        tmp_path,
+        '[[reach]]\nsenders = ["agent://caller-*"]\n'
+        'intents = ["weather.*", "alpha.beta.*", "gamma.delta.*"]\n'
+        '[[reach]]\nsenders = ["agent://caller-*"]\nintents = ["gamma.delta"]\n'
+        'endpoints = ["agent://near-3"]\n'
+        '[[claim]]\nendpoints = ["agent://*"]\nintents = ["*"]\n',
     )
-    operator, _ = _service(keys).issue(Kind.OPERATOR, "operator:test", 600)
-    flags = ["--auth", "tokens", "--keys", str(keys), "--policy", str(policy)]
-    with gateway(*flags, "--confidence-threshold", "0.5") as proc:
-        enroll, _ = _service(keys).issue(
-            Kind.ENROLL, "enroll", 600, endpoints=["agent://*"], intents=["*"]
-        )
-        for name, intent in (("near-1", "weather.query"), ("near-2", "alpha.beta")):
+    operator = s.operator
+    with gateway(*s.flags, "--confidence-threshold", "0.5") as proc:
+        enroll = s.token(Kind.ENROLL, "enroll", endpoints=["agent://*"], intents=["*"])
+        for name, intent in (
+            ("near-1", "weather.query"),
+            ("near-2", "alpha.beta"),
+            ("near-3", "gamma.delta"),
+            ("near-4", "gamma.delta"),
+        ):
             body = _register_body(f"agent://{name}", [intent])
             assert http("POST", f"{proc.url}/v1/register", body, token=enroll)[0] == 200
-        caller, _ = _service(keys).issue(Kind.CLIENT, "agent://caller-1", 600)
+        caller = s.token(Kind.CLIENT, "agent://caller-1")
 
         def route(intent: str) -> tuple[int, Any]:
             return http("GET", f"{proc.url}/v1/route?intent={intent}", token=caller)
@@ -773,3 +814,47 @@ def test_fallback_matches_stay_within_the_policy(tmp_path: Path) -> None:
         assert "falls back" in answer["detail"]
         status, answer = http("GET", f"{proc.url}/v1/route?intent=alpha.beta.gamma", token=operator)
         assert status == 200 and answer["chosen"] == "agent://near-2"  # the control
+        # gamma.delta may be reached only at near-3: a fallback to it keeps that limit
+        for _ in range(5):
+            status, answer = route("gamma.delta.x")
+            assert status == 200 and answer["chosen"] == "agent://near-3", answer
+            assert [c["endpoint_id"] for c in answer["candidates"]] == ["agent://near-3"]
+
+
+def test_a_policy_change_evicts_ids_it_no_longer_allows(tmp_path: Path) -> None:
+    s = _secured(tmp_path)
+    policy, operator = s.policy, s.operator
+    enroll = s.token(Kind.ENROLL, "enroll", endpoints=["agent://*"], intents=["*"])
+    with gateway(*s.flags) as proc:
+        for endpoint_id, intent in (
+            ("agent://note-e", "note.create"),
+            ("agent://weather-e", "weather.query"),
+        ):
+            body = _register_body(endpoint_id, [intent])
+            assert http("POST", f"{proc.url}/v1/register", body, token=enroll)[0] == 200
+        policy.write_text(
+            POLICY.replace('endpoints = ["agent://note-*"]', 'endpoints = ["agent://notes-*"]')
+        )
+        status, answer = http("POST", f"{proc.url}/v1/reload", token=operator)
+        assert status == 200 and answer["evicted"] == ["agent://note-e"], answer
+        agents = http("GET", f"{proc.url}/v1/agents", token=operator)[1]["agents"]
+        assert [a["endpoint_id"] for a in agents] == ["agent://weather-e"]
+        body = _register_body("agent://note-e", ["note.create"])
+        status, answer = http("POST", f"{proc.url}/v1/register", body, token=enroll)
+        assert status == 403 and "policy" in answer["detail"]
+        assert any(line["event"] == "agent.evicted" for line in proc.log_lines())
+
+
+def test_hosts_that_are_not_ascii_are_refused() -> None:
+    """A Unicode digit makes a name for Python and an address for the HTTP client: refused."""
+    with gateway("--endpoint-networks", "10.0.0.0/8") as proc:
+        for url in ("http://\U0001fbf127.0.0.1:9/x", "http://\U0001fbf169.254.\U0001fbf169.254/"):
+            status, answer = http(
+                "POST", f"{proc.url}/v1/register", _register_body("agent://uni-1", ["x.y"], url)
+            )
+            assert (status, answer["error"], answer.get("field")) == (
+                422,
+                "invalid_request",
+                "endpoint_url",
+            ), answer
+        assert http("GET", f"{proc.url}/v1/agents")[1]["agents"] == []

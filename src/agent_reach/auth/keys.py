@@ -142,9 +142,22 @@ class KeyRing:
             )
         listing = self._listing()
         keys: dict[str, SigningKey] = {}
+        bad: list[str] = []
         for name, _, _ in listing:
-            key = _load(self.directory / name)
+            try:
+                key = _load(self.directory / name)
+            except KeyDirectoryError as exc:
+                bad.append(str(exc))
+                continue
             keys[key.kid] = key
+        if bad:
+            # refused, but a key whose file is gone is retired all the same: one bad new file
+            # must not keep a deleted (leaked) key verifying
+            kept = {kid: key for kid, key in self.keys.items() if kid in keys}
+            if kept.keys() != self.keys.keys() and kept:
+                self.keys = kept
+                self.version += 1
+            raise KeyDirectoryError("; ".join(bad))
         if not keys:
             raise KeyDirectoryError(
                 f"key directory {self.directory} holds no *.pem key; make one with "

@@ -26,6 +26,7 @@ Invariants:
 
 from __future__ import annotations
 
+import base64
 import enum
 import hashlib
 import os
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import jwt
+import msgspec
 
 from agent_reach.auth.keys import KeyRing
 from agent_reach.core.intents import is_endpoint_id
@@ -56,6 +58,7 @@ LEEWAY_S = 5.0
 CACHE_SIZE = 10_000
 MAX_TOKEN_BYTES = 4096
 _ALGORITHMS = ["EdDSA"]
+_encode = msgspec.json.Encoder().encode
 
 
 class Kind(enum.StrEnum):
@@ -96,9 +99,13 @@ class TokenVerifier(Protocol):
         ...
 
 
+def _b64(data: bytes) -> bytes:
+    return base64.urlsafe_b64encode(data).rstrip(b"=")
+
+
 def body_hash(body: bytes) -> str:
-    """The ``bh`` claim of a delivery assertion: SHA-256 of the delivered body, hex."""
-    return hashlib.sha256(body).hexdigest()
+    """The ``bh`` claim of a delivery assertion: SHA-256 of the delivered body, base64url."""
+    return _b64(hashlib.sha256(body).digest()).decode("ascii")
 
 
 def _strings(value: Any, name: str) -> tuple[str, ...]:
@@ -129,6 +136,7 @@ class TokenService:
         self.leeway_s = leeway_s
         self._cache: dict[str, Claims] = {}
         self._cache_version = keys.version
+        self._headers: dict[str, bytes] = {}  # kid -> the encoded JWS header of assertions
 
     # --- issuing ---------------------------------------------------------------------------
 
@@ -180,21 +188,39 @@ class TokenService:
         expires_at: float,
     ) -> str:
         """The assertion of one delivery attempt (header ``X-Reach-Assertion``): who sends
-        what to whom, bound to the body, valid until the request's deadline."""
-        return self._sign(
-            {
-                "iss": self.issuer,
-                "aud": recipient,
-                "sub": sender or "",
-                "kind": Kind.DELIVERY.value,
-                "intent": intent,
-                "msg_id": msg_id,
-                "bh": body_hash(body),
-                "iat": int(self.wall()),
-                "exp": expires_at,
-                "jti": os.urandom(12).hex(),
-            }
+        what to whom, bound to the body, valid until the request's deadline.
+
+        Made on every delivery, so it is serialized here (msgspec, and the JWS compact form:
+        ``b64(header).b64(claims).b64(signature)``) rather than by PyJWT, which costs about
+        half as much again as the Ed25519 signature itself (benchmarks/RESULTS.md); PyJWT
+        verifies these in the agent SDK and in the tests."""
+        key = self.keys.signing_key(self.wall())
+        header = self._headers.get(key.kid)
+        if header is None:
+            header = self._headers[key.kid] = _b64(
+                _encode({"alg": "EdDSA", "kid": key.kid, "typ": "JWT"})
+            )
+        signing_input = (
+            header
+            + b"."
+            + _b64(
+                _encode(
+                    {
+                        "iss": self.issuer,
+                        "aud": recipient,
+                        "sub": sender or "",
+                        "kind": Kind.DELIVERY.value,
+                        "intent": intent,
+                        "msg_id": msg_id,
+                        "bh": body_hash(body),
+                        "iat": int(self.wall()),
+                        "exp": expires_at,
+                        "jti": os.urandom(12).hex(),
+                    }
+                )
+            )
         )
+        return (signing_input + b"." + _b64(key.private.sign(signing_input))).decode("ascii")
 
     def _sign(self, claims: dict[str, Any]) -> str:
         key = self.keys.signing_key(self.wall())

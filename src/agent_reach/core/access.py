@@ -168,14 +168,18 @@ class PolicyError(ValueError):
 class Policy:
     """A parsed policy: the rules in file order and a digest of the text they came from.
 
-    Decisions of :meth:`may_reach` are memoized in a small bounded cache (cleared when over
-    4096 entries); the cache holds only pure results, so it never changes an answer.
+    Decisions of :meth:`may_reach` and :meth:`allowed_endpoints` (both on every send) are
+    memoized in small bounded caches (cleared when over 4096 entries); they hold only pure
+    results, so they never change an answer.
     """
 
     reach: tuple[ReachRule, ...] = ()
     claim: tuple[ClaimRule, ...] = ()
     digest: str = ""
     _cache: dict[tuple[str, str], Decision] = field(
+        init=False, default_factory=dict, repr=False, compare=False
+    )
+    _recipients: dict[tuple[str, str], tuple[Callable[[str], bool] | None]] = field(
         init=False, default_factory=dict, repr=False, compare=False
     )
 
@@ -224,6 +228,17 @@ class Policy:
         endpoint ids matched by the ``endpoints`` of at least one matching rule (always false
         when no rule matches: call :meth:`may_reach` first).
         """
+        key = (sender, intent)
+        cached = self._recipients.get(key)
+        if cached is not None:
+            return cached[0]
+        found = self._allowed_endpoints(sender, intent)
+        if len(self._recipients) >= _CACHE_MAX:
+            self._recipients.clear()
+        self._recipients[key] = (found,)
+        return found
+
+    def _allowed_endpoints(self, sender: str, intent: str) -> Callable[[str], bool] | None:
         allowed: list[Pattern] = []
         for rule in self.reach:
             if rule.applies(sender, intent):

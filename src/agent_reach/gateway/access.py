@@ -36,7 +36,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -59,7 +59,7 @@ from agent_reach.errors import Forbidden, InvalidRequest, NotFound, RateLimited,
 from agent_reach.gateway.schemas import TokenRequest
 from agent_reach.gateway.service import RouteScope
 from agent_reach.logs import log
-from agent_reach.settings import GatewaySettings
+from agent_reach.settings import GatewaySettings, is_loopback
 
 __all__ = ["READERS", "REGISTRANTS", "SENDERS", "Access", "Caller", "EndpointGrant"]
 
@@ -68,6 +68,7 @@ REGISTRANTS = frozenset({Kind.ENROLL, Kind.ENDPOINT})
 READERS = frozenset({Kind.OPERATOR, Kind.ENDPOINT, Kind.CLIENT})
 OPERATORS = frozenset({Kind.OPERATOR})
 ENDPOINTS = frozenset({Kind.ENDPOINT})
+BEARERS = frozenset(Kind) - {Kind.DELIVERY}  # every kind a bearer token may be
 RESOLVE_TIMEOUT_S = 2.0
 DEFAULT_ENROLL_TTL_S = 86400.0
 DEFAULT_CLIENT_TTL_S = 3600.0
@@ -144,6 +145,10 @@ class Access:
             burst = settings.rate_burst or max(1.0, settings.rate_limit)
             self.limiter = RateLimiter(settings.rate_limit, burst)
         self.endpoint_ttl_s = settings.endpoint_token_ttl
+        # open mode, bound to loopback: the Host and Origin values already found good
+        self._loopback_only = self.open and is_loopback(settings.host)
+        self._hosts_ok: set[str] = set()
+        self._origins_ok: set[str] = set()
 
     # --- loading and reloading -------------------------------------------------------------
 
@@ -228,22 +233,62 @@ class Access:
             "policy": self.policy.summary(),
         }
 
-    async def run_reloader(self) -> None:
-        """Poll the key directory and the policy file; reload what changed."""
+    async def run_reloader(self, enforce: Callable[[], Awaitable[object]]) -> None:
+        """Poll the key directory and the policy file; reload what changed, and ``enforce``
+        a changed policy on the ids already registered."""
         if self.open:
             return
         while True:
             await asyncio.sleep(self.settings.reload_interval)
             try:
-                self.reload()
+                if self.reload()["policy_changed"]:
+                    await enforce()
             except InvalidRequest:
                 pass  # logged by reload(); the old keys and policy stay in force
             except Exception:  # a bug must not end the loop: the next change is still seen
                 log(logging.ERROR, "auth.reloader_error", exc_info=True)
 
+    def claim_allowed(self, record: EndpointRecord) -> tuple[bool, str]:
+        """Whether the policy in force still lets ``record`` claim its intents (token mode)."""
+        if self.open:
+            return True, ""
+        decision = self.policy.may_claim(record.endpoint_id, record.capabilities)
+        return decision.allowed, decision.reason
+
     def jwks(self) -> dict[str, Any]:
         """``GET /v1/keys``: the public keys deliveries and tokens are signed with."""
         return {"keys": []} if self.keys is None else self.keys.jwks()
+
+    # --- browsers, in open mode -------------------------------------------------------------
+
+    def check_browser(self, host: str | None, origin: str | None) -> None:
+        """Open mode: refuse what a web page in the operator's browser could send (Forbidden).
+
+        Without credentials, any page could POST to a gateway on localhost (a cross-origin
+        request carries an ``Origin`` that is not this gateway), or read it after pointing a
+        name of its own at 127.0.0.1 (DNS rebinding: the ``Host`` is that name). Programs send
+        neither a foreign Origin nor a foreign Host. Token mode needs none of this: browsers do
+        not attach bearer tokens by themselves.
+        """
+        if not self.open:
+            return
+        if origin is not None and origin not in self._origins_ok:
+            if _authority(origin.partition("://")[2]) != (host or "").lower():
+                raise Forbidden(
+                    f"cross-origin request from {origin!r} refused: in open mode only programs "
+                    "and this gateway's own pages may call it"
+                )
+            if len(self._origins_ok) < 64:
+                self._origins_ok.add(origin)
+        if self._loopback_only and host is not None and host not in self._hosts_ok:
+            name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+            if not is_loopback(name.strip("[]")):
+                raise Forbidden(
+                    f"Host {host!r} is not a loopback name: in open mode this gateway answers "
+                    "only requests addressed to 127.0.0.1, ::1 or localhost"
+                )
+            if len(self._hosts_ok) < 64:
+                self._hosts_ok.add(host)
 
     # --- who is calling --------------------------------------------------------------------
 
@@ -262,13 +307,20 @@ class Access:
         if self.open:
             return Caller(None, address)
         assert self.tokens is not None
+        if (
+            self.limiter is not None
+            and self.limiter.available(f"unauthenticated@{address}", self.monotonic()) < 1
+        ):
+            # this address sent bad credentials at the limit's rate: no signature check for it
+            # (one per request was what a flood of forged tokens would cost) until it refills
+            self._limit_failures(address)
         try:
             if not authorization:
                 raise Unauthorized(f"{action} needs a bearer token (Authorization: Bearer ...)")
             scheme, _, token = authorization.partition(" ")
             if scheme.lower() != "bearer" or not token.strip():
                 raise Unauthorized("the Authorization header must be 'Bearer TOKEN'")
-            claims = self.tokens.verify(token.strip(), tuple(Kind))
+            claims = self.tokens.verify(token.strip(), BEARERS)
         except Unauthorized as exc:
             self.denied(f"anonymous@{address}", action, "", exc.detail, trace_id, status=401)
             self._limit_failures(address)
@@ -578,7 +630,12 @@ class Access:
         def reachable_tag(tag: str) -> bool:  # a fallback match must be reachable too
             return policy.may_reach(subject, tag).allowed
 
-        return subject, RouteScope(policy.allowed_endpoints(subject, intent), reachable_tag)
+        def deliverable(tag: str, endpoint_id: str) -> bool:  # with that tag's endpoint limits
+            return policy.may_deliver(subject, tag, endpoint_id).allowed
+
+        return subject, RouteScope(
+            policy.allowed_endpoints(subject, intent), reachable_tag, deliverable
+        )
 
     def may_read_trace(self, caller: Caller, trace_id: str, events: list[dict[str, Any]]) -> bool:
         """Whether ``caller`` may read this trace: an operator any (an admin action), others
@@ -600,6 +657,11 @@ class Access:
             status=404,
         )
         return False
+
+
+def _authority(rest: str) -> str:
+    """``host:port`` of what follows ``scheme://`` in an Origin, lower case."""
+    return rest.split("/", 1)[0].lower()
 
 
 def _a(word: str) -> str:

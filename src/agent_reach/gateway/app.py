@@ -216,8 +216,15 @@ class GatewayHTTP:
         self._tasks = [
             asyncio.create_task(run_ticker(self.gateway, self.metrics), name="agent-reach-ticker"),
             asyncio.create_task(run_purger(self.gateway), name="agent-reach-purger"),
-            asyncio.create_task(self.access.run_reloader(), name="agent-reach-reloader"),
+            asyncio.create_task(
+                self.access.run_reloader(self._enforce_policy), name="agent-reach-reloader"
+            ),
         ]
+
+    async def _enforce_policy(self) -> list[str]:
+        """A new policy applies to the ids registered already: those it no longer lets claim
+        their intents are deregistered (they are refused when they register again)."""
+        return await self.gateway.evict(self.access.claim_allowed)
 
     async def close(self) -> None:
         """Stop the background loops, close the transport and the registry."""
@@ -235,6 +242,9 @@ class GatewayHTTP:
         arg = ""
         handler = self._routes.get((request.method, path))
         try:
+            if self.access.open:
+                headers = request.headers
+                self.access.check_browser(headers.get("Host"), headers.get("Origin"))
             if handler is None:
                 handler, arg = self._resolve(request.method, path)
             return await handler(request, arg)
@@ -467,7 +477,10 @@ class GatewayHTTP:
     async def reload(self, request: web.BaseRequest, _: str) -> web.Response:
         caller = self._caller(request, OPERATORS, "reload keys and policy")
         self.access.admin(caller, "reload", "keys+policy")
-        return _json(self.access.reload())
+        answer = self.access.reload()
+        if answer.get("policy_changed"):
+            answer["evicted"] = await self._enforce_policy()
+        return _json(answer)
 
     async def healthz(self, request: web.BaseRequest, _: str) -> web.Response:
         # always 200 while the gateway serves: with its shared registry away it still routes on

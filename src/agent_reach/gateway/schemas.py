@@ -45,6 +45,14 @@ class RegisterBody(msgspec.Struct, forbid_unknown_fields=True):
     description: Annotated[str, msgspec.Meta(max_length=4096)] = ""
 
     def __post_init__(self) -> None:
+        if not self.endpoint_url.isascii():
+            # Python and the HTTP client map non-ASCII hosts differently (with U+1FBF1, a
+            # segmented digit one, before "27.0.0.1" it is a name to one and 127.0.0.1 to the
+            # other): the address checked must be the one dialled
+            raise ValueError(
+                "must be ASCII: percent-encode the path and write an international host name"
+                " in its punycode (xn--) form - at `$.endpoint_url`"
+            )
         parts = urlsplit(self.endpoint_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("must be an http or https URL with a host - at `$.endpoint_url`")

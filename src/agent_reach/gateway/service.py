@@ -51,11 +51,13 @@ FALLBACK_CACHE_SIZE = 4096  # fallback answers kept (bounded: the keys are calle
 
 @dataclass(frozen=True, slots=True)
 class RouteScope:
-    """Where a sender's request may go (token mode): the endpoints and the intent tags (of a
-    fallback match) the policy lets it reach. None: no limit of that kind."""
+    """Where a sender's request may go (token mode): the endpoints the policy lets it reach
+    with the requested intent, the tags of a fallback match it may reach, and whether it may
+    reach an endpoint with such a tag (tag, endpoint). None: no limit of that kind."""
 
     endpoint: Callable[[str], bool] | None = None
     tag: Callable[[str], bool] | None = None
+    deliver: Callable[[str, str], bool] | None = None
 
 
 @dataclass(slots=True)
@@ -193,6 +195,19 @@ class Gateway:
             raise EndpointNotRegistered(f"{endpoint_id} is not registered")
         log(logging.INFO, "agent.deregistered", endpoint_id=endpoint_id)
 
+    async def evict(self, keep: Callable[[EndpointRecord], tuple[bool, str]]) -> list[str]:
+        """Deregister every record ``keep`` refuses (a policy reload that no longer lets an id
+        claim its intents); returns their ids. ``keep`` answers (kept, why)."""
+        evicted = []
+        for record in list(self.registry.records()):
+            kept, why = keep(record)
+            if kept:
+                continue
+            if await self.registry.remove(record.endpoint_id) is not None:
+                evicted.append(record.endpoint_id)
+                log(logging.WARNING, "agent.evicted", endpoint_id=record.endpoint_id, why=why)
+        return evicted
+
     async def purge(self) -> int:
         """Delete records that have not heartbeat for the purge time (never before down)."""
         purged = await self.registry.purge(self.now() - self.settings.purge_after_s)
@@ -309,9 +324,17 @@ class Gateway:
                 if not dry_run:
                     self.unrouted.note(intent, self.clock.wall())
                 raise NoCapableAgent(f"no agent declares intent {intent!r}")
-            ids = tuple(dict.fromkeys(e for tag in confidence for e in registry.by_intent(tag)))
-            if allowed is not None:
-                ids = tuple(e for e in ids if allowed(e))
+            deliver = None if scope is None else scope.deliver
+            ids = tuple(
+                dict.fromkeys(
+                    e
+                    for tag in confidence
+                    for e in registry.by_intent(tag)
+                    if deliver is None or deliver(tag, e)  # the tag's own endpoint limits
+                )
+            )
+            if allowed is not None or (deliver is not None and not ids):
+                ids = tuple(e for e in ids if allowed is None or allowed(e))
                 if not ids:
                     raise Forbidden(
                         f"the policy lets this sender reach {intent!r} only at endpoints that"

@@ -12,7 +12,10 @@ verifies deliveries refuses, with 401 ``unauthorized`` (which the gateway does n
   gateway is never refused, while a copy of a captured delivery is.
 
 The keys are fetched from the gateway when an assertion names a key not yet known (at most once
-a second); while they cannot be fetched, deliveries are answered 503 (retryable), not refused.
+a second), and again every ``keys_max_age_s`` (60 s), so that a key the gateway retired (a
+leaked one, deleted from its key directory) stops verifying here too within a minute; while they
+cannot be fetched at first, deliveries are answered 503 (retryable), not refused, and a failed
+periodic refresh keeps the keys it had.
 Replays are remembered until their assertion expires, at most ``replay_max`` of them (past that
 the oldest go first: a replay older than the newest ``replay_max`` deliveries is not caught).
 """
@@ -51,6 +54,7 @@ class DeliveryVerifier:
         leeway_s: float = 2.0,
         refetch_min_s: float = 1.0,
         replay_max: int = 1_000_000,
+        keys_max_age_s: float = 60.0,
     ) -> None:
         self.endpoint_id = endpoint_id
         self._fetch = fetch_keys
@@ -59,8 +63,10 @@ class DeliveryVerifier:
         self.leeway_s = leeway_s
         self.refetch_min_s = refetch_min_s
         self.replay_max = replay_max
+        self.keys_max_age_s = keys_max_age_s
         self._keys: dict[str, Any] = {}
-        self._fetched_at: float | None = None
+        self._fetched_at: float | None = None  # the last attempt
+        self._fresh_at: float | None = None  # the last success
         self._seen: dict[str, float] = {}  # assertion id -> its expiry, oldest first
 
     async def check(
@@ -81,6 +87,8 @@ class DeliveryVerifier:
             kid = jwt.get_unverified_header(assertion).get("kid")
         except jwt.InvalidTokenError:
             return 401, "malformed delivery assertion"
+        if self._fresh_at is not None and self._monotonic() - self._fresh_at > self.keys_max_age_s:
+            await self._refresh()  # a failure keeps the keys held: logged, not fatal here
         key = self._keys.get(kid) if isinstance(kid, str) else None
         if key is None:
             unavailable = await self._refresh()
@@ -145,6 +153,7 @@ class DeliveryVerifier:
             log(logging.WARNING, "agent.keys_unavailable", error=repr(exc))
             return f"cannot fetch the gateway's keys to verify this delivery: {exc}"
         self._keys = keys
+        self._fresh_at = now
         log(logging.INFO, "agent.keys_fetched", keys=sorted(keys))
         return None
 

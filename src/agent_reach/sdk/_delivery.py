@@ -314,7 +314,9 @@ class Dispatcher:
         start = functools.partial(self._call, handler, d.payload, ctx)
         if not msg_id:  # nothing to recognise a repeat by
             return await start()
-        result, how = self.once.begin((msg_id, d.intent), start)
+        # the sender is part of the key: another caller reusing a msg_id (its own idempotency
+        # key, or one it guessed) never gets this caller's answer
+        result, how = self.once.begin((msg_id, d.intent, d.sender), start)
         if how == "ran":
             return await result
         log(

@@ -11,9 +11,10 @@ import aiohttp
 import msgspec
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
+from yarl import URL
 
 from agent_reach.core.model import Outcome
-from agent_reach.core.netguard import AddressGuard
+from agent_reach.core.netguard import AddressGuard, is_ip
 from agent_reach.transport.base import Delivery
 
 __all__ = ["GuardedResolver", "HttpTransport"]
@@ -66,6 +67,7 @@ class HttpTransport:
         self._pool_per_host = pool_per_host
         self._keepalive_s = keepalive_s
         self._guard = address_guard
+        self._literal: dict[str, str | None] = {}  # url -> refusal of its literal address
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -86,6 +88,22 @@ class HttpTransport:
                 cookie_jar=aiohttp.DummyCookieJar(),  # agents' cookies are not the gateway's
             )
 
+    def _literal_refusal(self, url: str) -> str | None:
+        """The guard's refusal of a URL whose host is an address (names are checked by the
+        resolver; a record may come from a gateway with other settings, through Redis)."""
+        if url in self._literal:
+            return self._literal[url]
+        assert self._guard is not None
+        try:
+            host = URL(url).raw_host or ""
+        except (ValueError, TypeError):
+            host = ""
+        refusal = self._guard.refusal_for_address(host) if is_ip(host) else None
+        if len(self._literal) >= 4096:
+            self._literal.clear()
+        self._literal[url] = refusal
+        return refusal
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
@@ -97,6 +115,15 @@ class HttpTransport:
         session = self._session
         if session is None:
             raise RuntimeError("HttpTransport.start() was not called")
+        if self._guard is not None:
+            refusal = self._literal_refusal(url)
+            if refusal is not None:
+                return Delivery(
+                    Outcome.CONNECT_ERROR,
+                    detail=f"not delivered: {refusal}",
+                    reached=False,
+                    eject=True,
+                )
         timing: str | None = None
         try:
             async with asyncio.timeout(timeout_s):

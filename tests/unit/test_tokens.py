@@ -1,0 +1,307 @@
+"""Keys, tokens and delivery assertions, with an injected wall clock (no sleeping)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+import jwt
+import pytest
+
+from agent_reach.auth.keys import KeyDirectoryError, KeyRing, generate_key
+from agent_reach.auth.tokens import Kind, TokenService, body_hash
+from agent_reach.errors import Unauthorized
+from agent_reach.sdk._assertions import DeliveryVerifier
+
+NOW = 1_800_000_000.0
+
+
+class Wall:
+    def __init__(self, now: float = NOW) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def ring(path: Path, **key: Any) -> KeyRing:
+    generate_key(path, **key)
+    keys = KeyRing(path)
+    keys.load()
+    return keys
+
+
+def test_generated_keys_are_private_and_published_without_their_secret(tmp_path: Path) -> None:
+    keys = ring(tmp_path / "k")
+    (path,) = (tmp_path / "k").glob("*.pem")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "k").stat().st_mode) == 0o700
+    (jwk,) = keys.jwks()["keys"]
+    assert jwk["kty"] == "OKP" and jwk["crv"] == "Ed25519" and jwk["alg"] == "EdDSA"
+    assert "d" not in jwk and jwk["kid"] in keys.keys
+
+
+def test_the_newest_active_key_signs_and_a_staged_one_waits(tmp_path: Path) -> None:
+    keys = ring(tmp_path)
+    first = next(iter(keys.keys))
+    generate_key(tmp_path, activate_in_s=600)  # staged: published, not signing
+    generate_key(tmp_path)  # same second as the first: numbered after it, and newer
+    assert keys.load() is True and len(keys.keys) == 3
+    now = time.time()
+    signing = keys.signing_key(now)
+    assert signing.kid != first and signing.sequence == 2
+    assert keys.signing_key(now + 3600).active_from > now  # the staged one, once its time comes
+    assert keys.jwks()["keys"][0]["kid"] == keys.signing_key().kid
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"not a key", b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"],
+)
+def test_a_bad_key_file_is_refused_and_the_ring_kept(tmp_path: Path, content: bytes) -> None:
+    keys = ring(tmp_path)
+    before = dict(keys.keys)
+    (tmp_path / "zz.pem").write_bytes(content)
+    assert keys.changed()
+    with pytest.raises(KeyDirectoryError, match=r"zz\.pem"):
+        keys.load()
+    assert keys.keys == before
+
+
+def test_an_empty_or_missing_directory_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(KeyDirectoryError, match="does not exist"):
+        KeyRing(tmp_path / "none").load()
+    with pytest.raises(KeyDirectoryError, match=r"no \*\.pem key"):
+        KeyRing(tmp_path).load()
+
+
+def test_tokens_verify_by_kind_and_expire(tmp_path: Path) -> None:
+    # PyJWT checks iat/exp against the real clock on first sight; the cache against ``wall``
+    start = time.time()
+    wall = Wall(start)
+    tokens = TokenService(ring(tmp_path), wall=wall)
+    token, expires = tokens.issue(
+        Kind.ENROLL, "enroll", 60, endpoints=["agent://a-*"], intents=["a.*"]
+    )
+    assert expires == start + 60
+    claims = tokens.verify(token, {Kind.ENROLL})
+    assert (claims.kind, claims.endpoints, claims.intents) == (
+        Kind.ENROLL,
+        ("agent://a-*",),
+        ("a.*",),
+    )
+    with pytest.raises(Unauthorized, match="needs a client token"):
+        tokens.verify(token, {Kind.CLIENT})
+    wall.now = start + 60 + 4  # within the leeway: still good, also from the cache
+    assert tokens.verify(token, {Kind.ENROLL}) == claims
+    wall.now = start + 60 + 6
+    with pytest.raises(Unauthorized, match="expired"):
+        tokens.verify(token, {Kind.ENROLL})  # the cache does not outlive the token
+
+
+def test_retiring_a_key_invalidates_what_it_signed_at_once(tmp_path: Path) -> None:
+    keys = ring(tmp_path)
+    tokens = TokenService(keys)
+    old, _ = tokens.issue(Kind.CLIENT, "agent://c", 600)
+    assert tokens.verify(old, {Kind.CLIENT})  # now cached
+    (old_file,) = tmp_path.glob("*.pem")
+    generate_key(tmp_path)
+    old_file.unlink()
+    assert keys.load() is True
+    with pytest.raises(Unauthorized, match="unknown key"):
+        tokens.verify(old, {Kind.CLIENT})
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        lambda t: t + "x",
+        lambda t: t.rsplit(".", 1)[0] + ".",
+        lambda t: "e30." + t.split(".", 1)[1],  # header {} : no kid
+        lambda t: jwt.encode({"sub": "agent://c", "kind": "client"}, "s" * 32, algorithm="HS256"),
+        lambda t: "ü" + t,
+        lambda t: "a" * 5000,
+    ],
+)
+def test_forged_tokens_are_unauthorized(tmp_path: Path, forge: Any) -> None:
+    tokens = TokenService(ring(tmp_path))
+    good, _ = tokens.issue(Kind.CLIENT, "agent://c", 600)
+    with pytest.raises(Unauthorized):
+        tokens.verify(forge(good), set(Kind))
+
+
+def test_a_delivery_assertion_is_never_a_bearer_token(tmp_path: Path) -> None:
+    tokens = TokenService(ring(tmp_path))
+    assertion = tokens.sign_delivery(
+        sender="agent://c",
+        recipient="agent://r",
+        intent="a.b",
+        msg_id="m1",
+        body=b"{}",
+        expires_at=time.time() + 30,
+    )
+    with pytest.raises(Unauthorized):
+        tokens.verify(assertion, set(Kind))
+
+
+def test_assertions_are_standard_jwts(tmp_path: Path) -> None:
+    """Signed without PyJWT (for speed): PyJWT must read them as any JOSE library would."""
+    keys = ring(tmp_path)
+    tokens = TokenService(keys)
+    assertion = tokens.sign_delivery(
+        sender=None,
+        recipient="agent://r",
+        intent="a.b",
+        msg_id="m1",
+        body=b'{"x":1}',
+        expires_at=time.time() + 30,
+    )
+    header = jwt.get_unverified_header(assertion)
+    assert header == {"alg": "EdDSA", "kid": keys.signing_key().kid, "typ": "JWT"}
+    key = keys.public_key(header["kid"])
+    claims = jwt.decode(assertion, key, algorithms=["EdDSA"], audience="agent://r")
+    assert claims["sub"] == "" and claims["bh"] == body_hash(b'{"x":1}')
+    assert claims["kind"] == "delivery" and claims["msg_id"] == "m1"
+
+
+# --- the SDK's verifier ------------------------------------------------------------------------
+
+
+async def test_the_verifier_refuses_what_the_gateway_did_not_sign_for_it(tmp_path: Path) -> None:
+    keys = ring(tmp_path)
+    tokens = TokenService(keys)
+    fetched: list[int] = []
+
+    async def fetch() -> dict[str, Any]:
+        fetched.append(1)
+        return keys.jwks()
+
+    wall = Wall(time.time())
+    verifier = DeliveryVerifier("agent://r", fetch, wall=wall)
+    body = b'{"intent":"a.b"}'
+
+    def signed(**changes: Any) -> dict[str, str]:
+        claims: dict[str, Any] = {
+            "sender": "agent://c",
+            "recipient": "agent://r",
+            "intent": "a.b",
+            "msg_id": "m1",
+            "body": body,
+            "expires_at": wall.now + 10,
+            **changes,
+        }
+        return {"x-reach-assertion": tokens.sign_delivery(**claims)}
+
+    async def check(headers: dict[str, str], data: bytes = body) -> tuple[int, str] | None:
+        return await verifier.check(data, headers, intent="a.b", msg_id="m1", sender="agent://c")
+
+    first = signed()
+    assert await check(first) is None
+    assert fetched == [1]  # keys fetched once, for the first unknown kid
+    assert (await check(first)) == (401, "replayed delivery assertion")
+    assert await check(signed()) is None  # a retry carries a new assertion: accepted
+    refusals = {
+        "unsigned": await check({}),
+        "another endpoint": await check(signed(recipient="agent://other")),
+        "expired": await check(signed(expires_at=wall.now - 30)),
+        "body": await check(signed(), b'{"intent":"a.b","x":1}'),
+        "sender": await check(signed(sender="agent://mallory")),
+        "msg_id": await check(signed(msg_id="m2")),
+        "intent": await check(signed(intent="a.c")),
+    }
+    for why, refusal in refusals.items():
+        assert refusal is not None and refusal[0] == 401 and why in refusal[1], (why, refusal)
+
+
+async def test_the_verifier_answers_503_while_it_cannot_fetch_keys(tmp_path: Path) -> None:
+    tokens = TokenService(ring(tmp_path))
+
+    async def fetch() -> dict[str, Any]:
+        raise OSError("gateway away")
+
+    verifier = DeliveryVerifier("agent://r", fetch)
+    assertion = tokens.sign_delivery(
+        sender=None,
+        recipient="agent://r",
+        intent="a.b",
+        msg_id="m",
+        body=b"{}",
+        expires_at=time.time() + 10,
+    )
+    refusal = await verifier.check(
+        b"{}", {"x-reach-assertion": assertion}, intent="a.b", msg_id="m", sender=None
+    )
+    assert refusal is not None and refusal[0] == 503 and "gateway away" in refusal[1]
+
+
+def test_the_replay_memory_is_bounded() -> None:
+    async def fetch() -> dict[str, Any]:
+        return {"keys": []}
+
+    wall = Wall()
+    verifier = DeliveryVerifier("agent://r", fetch, wall=wall, replay_max=100)
+    for n in range(1000):
+        assert verifier._note(f"id{n}", NOW + 60) is None
+    assert len(verifier._seen) <= 100
+    assert verifier._note("id999", NOW + 60) is not None  # recent ones are still remembered
+    wall.now = NOW + 120  # all expired: forgotten as new ones come
+    assert verifier._note("fresh", NOW + 180) is None
+    assert len(verifier._seen) == 1
+
+
+def test_umask_does_not_loosen_key_files(tmp_path: Path) -> None:
+    old = os.umask(0)
+    try:
+        path = generate_key(tmp_path / "k")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_a_bad_new_key_file_does_not_keep_a_deleted_key(tmp_path: Path) -> None:
+    keys = ring(tmp_path)
+    old = next(iter(keys.keys))
+    generate_key(tmp_path, activate_in_s=60)
+    keys.load()
+    (old_file,) = (p for p in tmp_path.glob("*.pem") if keys.keys[old].path == str(p))
+    old_file.unlink()
+    (tmp_path / "broken.pem").write_bytes(b"junk")
+    with pytest.raises(KeyDirectoryError, match="broken"):
+        keys.load()
+    assert old not in keys.keys and len(keys.keys) == 1  # the deletion took effect
+
+
+async def test_the_verifier_drops_keys_the_gateway_no_longer_publishes(tmp_path: Path) -> None:
+    keys = ring(tmp_path)
+    tokens = TokenService(keys)
+    published = keys.jwks()
+    clock = [0.0]
+
+    async def fetch() -> dict[str, Any]:
+        return published
+
+    verifier = DeliveryVerifier("agent://r", fetch, monotonic=lambda: clock[0])
+
+    async def check() -> tuple[int, str] | None:
+        assertion = tokens.sign_delivery(
+            sender=None,
+            recipient="agent://r",
+            intent="a.b",
+            msg_id="m",
+            body=b"{}",
+            expires_at=time.time() + 10,
+        )
+        return await verifier.check(
+            b"{}", {"x-reach-assertion": assertion}, intent="a.b", msg_id="m", sender=None
+        )
+
+    assert await check() is None
+    published = {"keys": []}  # the gateway retired the key
+    clock[0] = 30.0
+    assert await check() is None  # within a minute the agent still trusts what it fetched
+    clock[0] = 61.0
+    refusal = await check()
+    assert refusal is not None and refusal[0] == 401 and "does not publish" in refusal[1]
