@@ -242,7 +242,7 @@ class GatewayHTTP:
         arg = ""
         handler = self._routes.get((request.method, path))
         try:
-            if self.access.open:
+            if self.access.open and path != "/healthz":  # probes may name the host otherwise
                 headers = request.headers
                 self.access.check_browser(headers.get("Host"), headers.get("Origin"))
             if handler is None:
