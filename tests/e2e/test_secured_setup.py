@@ -1,4 +1,5 @@
-"""docs/security.md's five-minute secured set-up, run as written, on real processes.
+"""docs/security.md's five-minute secured set-up, run as written, on real processes: two agents
+enrolled, allowed traffic flowing, every forbidden move refused.
 
 The shell blocks of the page (marked ``<!-- secured-setup: NAME -->``) and its policy are taken
 from the page itself, so the page cannot drift from what works. Two things are added around them,
@@ -25,7 +26,7 @@ export AGENT_REACH_GATEWAY=$(grep -o 'http://[0-9.:]*' serve.out | head -1)
 """
 WAIT_AGENT = """
 for _ in $(seq 200); do
-  agent-reach agents --token "$OPERATOR" 2>/dev/null | grep -q hello-01 && break; sleep 0.05
+  agent-reach agents --token "$OPERATOR" 2>/dev/null | grep -q {name} && break; sleep 0.05
 done
 """
 
@@ -45,17 +46,22 @@ def script(parts: dict[str, str], python: str) -> str:
         else:
             out.append(line)
     out.append('OPERATOR="$AGENT_REACH_TOKEN"')
-    for line in parts["enroll"].splitlines():
+    for n, line in enumerate(parts["enroll"].splitlines()):
         if line.endswith("&"):
-            out += [line.replace("python ", f"{python} ").removesuffix("&") + "2> agent.log &"]
-            out.append(WAIT_AGENT)
+            command = line.replace("python ", f"{python} ").removesuffix("&")
+            out += [f"{command}2> agent{n}.log &"]
+            name = "hello-01" if "hello_agent" in line else "weather-cn-01"
+            out.append(WAIT_AGENT.format(name=name))
         else:
             out.append(line)
-    for line in parts["send"].splitlines():
-        out.append(line + " > allowed.out 2>&1; echo $? > allowed.code")
+    for n, line in enumerate(parts["send"].splitlines()):
+        if re.match(r"\w+=\$\(", line):  # CALLER=$(...): an assignment, run as it is
+            out.append(line)
+        else:
+            out.append(f"{line} > allowed{n}.out 2>&1; echo $? > allowed{n}.code")
     for n, line in enumerate(parts["forbidden"].splitlines()):
         command = line.partition("  #")[0]
-        if command.strip().startswith("OTHER="):
+        if re.match(r"\w+=\$\(", command):
             out.append(command)
             continue
         command = command.replace("python ", f"timeout 20 {python} ")
@@ -84,12 +90,16 @@ def test_the_secured_setup_of_the_docs_works_as_written(tmp_path: Path) -> None:
     logs = f"{done.stdout}\n{done.stderr}\n" + "\n".join(
         f"--- {p.name}\n{p.read_text()[-1500:]}" for p in sorted(tmp_path.glob("*.out"))
     )
-    assert (tmp_path / "allowed.code").read_text().strip() == "0", logs
-    assert "hello, ada" in (tmp_path / "allowed.out").read_text(), logs
+    allowed = sorted(tmp_path.glob("allowed*.code"))
+    assert len(allowed) == 2, logs
+    for code in allowed:
+        assert code.read_text().strip() == "0", logs
+    assert "hello, ada" in (tmp_path / "allowed1.out").read_text(), logs
+    assert "Chengdu" in (tmp_path / "allowed2.out").read_text(), logs
     expected = [
         line.partition("  #")[2].strip()
         for line in parts["forbidden"].splitlines()
-        if not line.startswith("OTHER=")
+        if not re.match(r"\w+=\$\(", line)
     ]
     codes = sorted(tmp_path.glob("forbidden*.code"), key=lambda p: int(p.stem[9:]))
     assert len(codes) == len(expected) == 5, logs

@@ -858,3 +858,61 @@ def test_hosts_that_are_not_ascii_are_refused() -> None:
                 "endpoint_url",
             ), answer
         assert http("GET", f"{proc.url}/v1/agents")[1]["agents"] == []
+
+
+# --- agent to agent ------------------------------------------------------------------------------
+
+
+def test_agents_reach_each_other_as_themselves_and_only_where_allowed(tmp_path: Path) -> None:
+    """The demo's scheduler reaches weather and note agents from its handler (ctx.reach): it
+    sends as itself with its endpoint token, and the policy lets it reach weather.query but not
+    note.create, so the plan fails on that hop with the gateway's 403 and nothing reaches the
+    note agent."""
+    import sys
+
+    from tests.support import _start
+
+    s = _secured(
+        tmp_path,
+        '[[reach]]\nsenders = ["agent://caller-*"]\nintents = ["schedule.plan"]\n'
+        '[[reach]]\nsenders = ["agent://scheduler-*"]\nintents = ["weather.query"]\n'
+        '[[claim]]\nendpoints = ["agent://*"]\nintents = ["*"]\n',
+    )
+    enroll = s.token(Kind.ENROLL, "demo", endpoints=["agent://*"], intents=["*"])
+    with gateway(*s.flags) as proc:
+        agents = [
+            _start(
+                [sys.executable, "-m", f"agent_reach.demo.{name}", "--gateway", proc.url],
+                env={"AGENT_REACH_TOKEN": enroll},
+            )
+            for name in ("weather", "note", "scheduler")
+        ]
+        try:
+            caller = s.token(Kind.CLIENT, "agent://caller-1")
+            status, answer = http(
+                "POST",
+                f"{proc.url}/v1/send",
+                {"intent": "schedule.plan", "payload": {"task": "walk", "city": "Chengdu"}},
+                token=caller,
+            )
+            assert status == 502 and answer["error"] == "agent_error", answer
+            refusal = answer["agent_answer"]
+            assert refusal["error"] == "forbidden" and "note.create" in refusal["detail"], refusal
+            assert len(answer["attempts"]) == 1  # final: the plan is not run again
+            trace = http("GET", f"{proc.url}/v1/traces/{answer['trace_id']}", token=s.operator)[1]
+            received = [e for e in trace["events"] if e["kind"] == "received"]
+            # the onward hops carried the request's trace id, sent as the scheduler itself
+            assert {e["sender"] for e in received} >= {"agent://caller-1", "agent://scheduler-01"}
+            weather_hop = [e for e in received if e["intent"] == "weather.query"]
+            assert weather_hop and weather_hop[0]["sender"] == "agent://scheduler-01"
+            denied = [
+                line
+                for line in proc.log_lines()
+                if line.get("event") == "audit.denied" and line.get("target") == "note.create"
+            ]
+            assert denied and denied[0]["who"] == "agent://scheduler-01"
+            note_log = agents[1].log_lines()
+            assert not [line for line in note_log if line.get("event") == "agent.request"]
+        finally:
+            for agent in agents:
+                agent.stop()

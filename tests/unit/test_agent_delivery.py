@@ -162,6 +162,28 @@ async def test_dedup_is_by_msg_id_and_intent(table: Any) -> None:
     assert parsed(await dispatcher.deliver(body("t.a"), {"x-reach-attempt": "2"}))[1] == 1
     assert parsed(await dispatcher.deliver(body("t.b"), {}))[1] == 2  # same msg_id, other intent
     assert parsed(await dispatcher.deliver(body("t.a", msg_id="m2"), {}))[1] == 3
+    # another sender reusing a msg_id gets an answer of its own, never this caller's
+    other = body("t.a", msg_id="m2", sender="agent://mallory")
+    assert parsed(await dispatcher.deliver(other, {}))[1] == 4
+
+
+async def test_an_onward_reach_refused_by_the_gateway_is_final(table: Any) -> None:
+    from agent_reach.errors import Forbidden
+
+    dispatcher, handlers, _ = table
+    runs = 0
+
+    async def onward(payload: Any, ctx: ReachContext) -> Any:
+        nonlocal runs
+        runs += 1
+        raise Forbidden("no [[reach]] rule allows agent://unit-01 to send 'note.create'")
+
+    handlers["t.run"] = onward
+    for _ in range(2):
+        code, answer = parsed(await dispatcher.deliver(body(), {}))
+        assert (code, answer["error"]) == (424, "forbidden")
+        assert "note.create" in answer["detail"]
+    assert runs == 1  # final, so remembered: a retry does not run the work again
 
 
 async def test_an_answer_that_is_not_json_is_a_500(table: Any) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent_reach.demo._cli import main
-from agent_reach.errors import ReachError
+from agent_reach.errors import AgentReachError
 from agent_reach.sdk import Agent, ReachContext, Reject
 
 __all__ = ["build"]
@@ -36,7 +36,7 @@ def build(gateway: str | None, endpoint_id: str = "agent://scheduler-01", port: 
             if weather.result.get("condition") == "rain":
                 text += " (take an umbrella)"
             note = await ctx.reach("note.create", {"title": f"{date} {city}", "text": text})
-        except ReachError as exc:
+        except AgentReachError as exc:  # a ReachError, or a refusal of the gateway (token mode)
             # 424 (not retried): running this plan again would fail on the same hop, and the
             # onward reach already had its own retries within the shared deadline
             raise Reject(f"onward reach failed: {exc.detail}", status=424, code=exc.code) from exc

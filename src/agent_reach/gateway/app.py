@@ -313,12 +313,14 @@ class GatewayHTTP:
     async def register(self, request: web.BaseRequest, _: str) -> web.Response:
         caller = self._caller(request, REGISTRANTS, "register")
         body = decode(await self._body(request), RegisterBody)
+        await self.access.check_endpoint_url(caller, body.endpoint_id, body.endpoint_url)
+        # from here to the write nothing waits: within this process, whether the id is held
+        # cannot change between the check and the registration
         current = self.registry.get(body.endpoint_id)
         status = None if current is None else self.gateway.health(current).status
         grant = self.access.check_register(
             caller, body.endpoint_id, body.capabilities, current, status
         )
-        await self.access.check_endpoint_url(caller, body.endpoint_id, body.endpoint_url)
         record = await self.gateway.register(body, owner=grant.owner)
         self.metrics.registrations.inc()
         return _json(

@@ -219,7 +219,12 @@ class Lifeline:
                 wait = self._backoff(failures)
                 log(
                     logging.WARNING,
-                    "agent.gateway_unavailable",
+                    # refused (4xx, e.g. an enrollment token that expired): not the gateway's
+                    # availability, and said so; the line keeps trying (a new policy or token
+                    # may let it in)
+                    "agent.registration_refused"
+                    if outcome is _Outcome.REFUSED
+                    else "agent.gateway_unavailable",
                     endpoint_id=self.endpoint_id,
                     gateway=self.gateway,
                     doing="heartbeat" if self.registered else "register",

@@ -14,6 +14,7 @@ what                        status  body
 ==========================  ======  ===================================================
 handler returned a value    200     the value as JSON
 handler raised ``Reject``   4xx     ``{"ok": false, "error": code, "detail": ...}`` (final)
+an onward reach refused     424     ``unauthorized`` / ``forbidden`` (final: token mode)
 handler raised anything     500     ``handler_failed`` (retryable, not cached)
 answer is not JSON          500     ``bad_answer`` (retryable, not cached)
 body not JSON / bad shape   400/422 ``invalid_request`` naming the field
@@ -43,9 +44,11 @@ import msgspec
 
 from agent_reach.errors import (
     AgentReachError,
+    Forbidden,
     InvalidRequest,
     MethodNotAllowed,
     PayloadTooLarge,
+    Unauthorized,
 )
 from agent_reach.logs import TRACE_ID, log
 from agent_reach.otel import agent_tracer
@@ -359,6 +362,19 @@ class Dispatcher:
                 detail=exc.detail,
             )
             return error_answer(exc.status, exc.code, exc.detail)
+        except (Unauthorized, Forbidden) as exc:
+            # an onward reach the gateway refused (token mode): final for this request, so not
+            # a 500, which the gateway would retry (running the handler's work again to be
+            # refused again)
+            log(
+                logging.WARNING,
+                "agent.onward_refused",
+                intent=ctx.intent,
+                msg_id=ctx.msg_id,
+                error=exc.code,
+                detail=exc.detail,
+            )
+            return error_answer(424, exc.code, f"an onward reach was refused: {exc.detail}")
         except Exception as exc:
             log(
                 logging.ERROR,
