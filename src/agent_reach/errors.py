@@ -14,6 +14,7 @@ renders any of them as ``{"ok": false, "error": code, "detail": str(exc), ...}``
     ├── MethodNotAllowed                 method_not_allowed     405
     ├── Unauthorized                     unauthorized           401
     ├── Forbidden                        forbidden              403
+    │   └── EndpointHeld                 forbidden              403 (reason: endpoint_held)
     ├── RateLimited                      rate_limited           429 (+ retry_after_s)
     ├── GatewayUnavailable               gateway_unavailable    (client side: no usable answer)
     └── ReachError                       (+ msg_id, trace_id, attempts): answers of /v1/send
@@ -41,6 +42,7 @@ __all__ = [
     "AgentReachError",
     "AllAttemptsFailed",
     "DeadlineExceeded",
+    "EndpointHeld",
     "EndpointNotRegistered",
     "Forbidden",
     "GatewayUnavailable",
@@ -134,6 +136,14 @@ class Forbidden(AgentReachError):
 
     code = "forbidden"
     status = 403
+
+
+class EndpointHeld(Forbidden):
+    """Token mode: the id is registered and alive under another registration (its endpoint
+    token's generation); the answer carries ``reason: endpoint_held``."""
+
+    def __init__(self, detail: str, **fields: Any) -> None:
+        super().__init__(detail, reason="endpoint_held", **fields)
 
 
 class RateLimited(AgentReachError):

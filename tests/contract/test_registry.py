@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from agent_reach.core.model import EndpointRecord
+from agent_reach.errors import EndpointHeld
 from agent_reach.registry import RegistryBackend, RegistryChange, open_registry
 from tests.support import REDIS_URL, drop_prefix
 
@@ -123,3 +124,26 @@ async def test_the_owner_of_a_registration_is_kept_and_shared(registry: Registry
         assert seen is not None and seen.owner == "gen-3"
     finally:
         await other.close()
+
+
+async def test_a_live_id_held_by_another_registration_is_not_overwritten(
+    registry: RegistryBackend,
+) -> None:
+    """Token mode's check, made where the record is written (in Redis: in the same script)."""
+    await registry.upsert(rec("a")._replace(owner="gen-1"))
+    with pytest.raises(EndpointHeld):
+        await registry.upsert(
+            rec("a")._replace(owner="gen-2", endpoint_url="http://127.0.0.1:8/x"),
+            held_within_s=30.0,
+        )
+    kept = registry.get("agent://a")
+    assert kept is not None and (kept.owner, kept.endpoint_url) == ("gen-1", rec("a").endpoint_url)
+    # its own registration again, an id past the hold (down), and the unconditional write pass
+    await registry.upsert(rec("a")._replace(owner="gen-1"), held_within_s=30.0)
+    await registry.upsert(rec("b", seen=40.0)._replace(owner="gen-1"))
+    await registry.upsert(rec("b")._replace(owner="gen-2"), held_within_s=30.0)
+    b = registry.get("agent://b")
+    assert b is not None and b.owner == "gen-2"
+    await registry.upsert(rec("a")._replace(owner="gen-3"))
+    a = registry.get("agent://a")
+    assert a is not None and a.owner == "gen-3"

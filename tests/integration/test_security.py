@@ -705,6 +705,13 @@ def test_ids_stay_bound_across_gateways_sharing_redis(tmp_path: Path) -> None:
             status, grant = http("POST", f"{one.url}/v1/register", body, token=enroll)
             assert status == 200, grant
             beat = {"endpoint_id": "agent://weather-shared"}
+            # at once, before gateway two's view may have it: refused all the same (checked
+            # where the record is written, in Redis)
+            evil = _register_body(
+                "agent://weather-shared", ["weather.query"], "http://127.0.0.1:8/"
+            )
+            status, answer = http("POST", f"{two.url}/v1/register", evil, token=enroll)
+            assert (status, answer.get("reason")) == (403, "endpoint_held"), answer
 
             def seen_by_two() -> bool:
                 status, _ = http("GET", f"{two.url}/v1/agents/weather-shared", token=operator)

@@ -55,7 +55,14 @@ from agent_reach.core.intents import is_endpoint_id
 from agent_reach.core.model import EndpointRecord, Status
 from agent_reach.core.netguard import AddressGuard, is_ip
 from agent_reach.core.ratelimit import RateLimiter
-from agent_reach.errors import Forbidden, InvalidRequest, NotFound, RateLimited, Unauthorized
+from agent_reach.errors import (
+    EndpointHeld,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    RateLimited,
+    Unauthorized,
+)
 from agent_reach.gateway.schemas import TokenRequest
 from agent_reach.gateway.service import RouteScope
 from agent_reach.logs import log
@@ -447,15 +454,13 @@ class Access:
             and current_status is not Status.DOWN
         )
         if held:
-            self.deny(
-                caller,
-                "register",
-                endpoint_id,
+            why = (
                 f"{endpoint_id} is registered and alive under another registration; only its "
                 "endpoint token may re-register it (or wait until it is down, or have an "
-                "operator deregister it)",
-                reason="endpoint_held",
+                "operator deregister it)"
             )
+            self.denied(caller.who, "register", endpoint_id, why, None)
+            raise EndpointHeld(why)
         return self._grant(claims, endpoint_id, generation)
 
     def _grant(self, claims: Claims, endpoint_id: str, generation: str) -> EndpointGrant:

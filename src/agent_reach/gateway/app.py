@@ -30,6 +30,7 @@ from agent_reach.core.intents import is_endpoint_id
 from agent_reach.core.netguard import AddressGuard
 from agent_reach.errors import (
     AgentReachError,
+    EndpointHeld,
     EndpointNotRegistered,
     InvalidRequest,
     MethodNotAllowed,
@@ -321,7 +322,11 @@ class GatewayHTTP:
         grant = self.access.check_register(
             caller, body.endpoint_id, body.capabilities, current, status
         )
-        record = await self.gateway.register(body, owner=grant.owner)
+        try:
+            record = await self.gateway.register(body, owner=grant.owner)
+        except EndpointHeld as exc:  # held through another gateway, seen where it is written
+            self.access.denied(caller.who, "register", body.endpoint_id, exc.detail, None)
+            raise
         self.metrics.registrations.inc()
         return _json(
             {

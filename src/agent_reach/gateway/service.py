@@ -158,7 +158,9 @@ class Gateway:
 
     async def register(self, body: RegisterBody, owner: str = "") -> EndpointRecord:
         """Insert or replace a record; counts as a heartbeat. ``owner`` is the registration's
-        generation in token mode (``""`` in open mode)."""
+        generation in token mode (``""`` in open mode): then the registry refuses the write
+        (EndpointHeld) while another live registration holds the id, checked where it is
+        written (in Redis, against writes through other gateways too)."""
         record = EndpointRecord(
             endpoint_id=body.endpoint_id,
             capabilities=tuple(body.capabilities),
@@ -168,7 +170,8 @@ class Gateway:
             last_seen_at=self.clock.wall(),
             owner=owner,
         )
-        before = await self.registry.upsert(record)
+        held_within = self.thresholds.down_after if owner else None
+        before = await self.registry.upsert(record, held_within_s=held_within)
         log(
             logging.INFO,
             "agent.registered",

@@ -69,11 +69,17 @@ class RegistryBackend(Protocol):
         """Call ``listener`` after every change of the view."""
         ...
 
-    async def upsert(self, record: EndpointRecord) -> EndpointRecord | None:
+    async def upsert(
+        self, record: EndpointRecord, *, held_within_s: float | None = None
+    ) -> EndpointRecord | None:
         """Insert or replace the record of ``record.endpoint_id``; return the previous one.
 
         Writes change the view at once; a shared backend that cannot reach its store buffers
-        the write and never raises for that."""
+        the write and never raises for that. With ``held_within_s`` (token mode), the write is
+        refused with :class:`~agent_reach.errors.EndpointHeld`, nothing changed, when the
+        stored record has another non-empty ``owner`` and was seen less than that many seconds
+        ago: checked and written in one step in the store (a shared backend's buffered write,
+        made while its store is away, cannot be checked there and is not refused)."""
         ...
 
     async def touch(

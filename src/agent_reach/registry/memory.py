@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable
 
 from agent_reach.core.model import EndpointRecord
+from agent_reach.errors import EndpointHeld
 from agent_reach.registry.base import RegistryChange, RegistryListener, RegistryState
 
 __all__ = ["MemoryRegistry"]
@@ -16,12 +17,13 @@ class MemoryRegistry:
     """Records in a dict, with an intent -> ordered set of ids index kept in step."""
 
     def __init__(self) -> None:
+        self._now: Callable[[], float] | None = None
         self._records: dict[str, EndpointRecord] = {}
         self._index: dict[str, dict[str, None]] = {}
         self._listeners: list[RegistryListener] = []
 
     def bind(self, now: Callable[[], float]) -> None:
-        return None  # one process, one clock: nothing to map
+        self._now = now  # one process, one clock: nothing to map; read for held_within_s
 
     async def start(self) -> None:
         return None
@@ -47,8 +49,16 @@ class MemoryRegistry:
                 if not members:
                     del self._index[tag]
 
-    async def upsert(self, record: EndpointRecord) -> EndpointRecord | None:
+    async def upsert(
+        self, record: EndpointRecord, *, held_within_s: float | None = None
+    ) -> EndpointRecord | None:
         before = self._records.get(record.endpoint_id)
+        if held_within_s is not None and before is not None and self._now is not None:
+            held_by_another = before.owner and before.owner != record.owner
+            if held_by_another and self._now() - before.last_seen < held_within_s:
+                raise EndpointHeld(
+                    f"{record.endpoint_id} is registered and alive under another registration"
+                )
         if before is not None and before.capabilities != record.capabilities:
             self._unindex(before)
         self._records[record.endpoint_id] = record

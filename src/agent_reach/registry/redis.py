@@ -56,6 +56,7 @@ from redis import asyncio as aioredis
 from redis.exceptions import RedisError
 
 from agent_reach.core.model import EndpointRecord
+from agent_reach.errors import EndpointHeld
 from agent_reach.logs import log
 from agent_reach.registry.base import RegistryListener, RegistryState
 from agent_reach.registry.memory import MemoryRegistry
@@ -77,11 +78,20 @@ PURGE_GRACE_S = 10.0
 
 _TS = "local t = redis.call('TIME') local ts = tonumber(t[1]) + tonumber(t[2]) / 1000000 "
 
-# KEYS: ep, seen, ver, channel; ARGV: id, caps, url, desc, ts ('' for now), 'GT' or '', owner
+# KEYS: ep, seen, ver, channel; ARGV: id, caps, url, desc, ts ('' for now), 'GT' or '', owner,
+# held seconds ('' for none: token mode's check that the id is not held by another live
+# registration, made here so that it and the write are one step)
 # (a time ahead of Redis's own, from a measurement error, is cut to Redis's)
 _UPSERT = (
     _TS
     + """
+if ARGV[8] ~= '' then
+  local owner = redis.call('HGET', KEYS[1], 'owner')
+  if owner and owner ~= '' and owner ~= ARGV[7] then
+    local held = redis.call('ZSCORE', KEYS[2], ARGV[1])
+    if held and ts - tonumber(held) < tonumber(ARGV[8]) then return {'held', held} end
+  end
+end
 if ARGV[5] ~= '' then ts = math.min(ts, tonumber(ARGV[5])) end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'caps', ARGV[2], 'url', ARGV[3], 'desc', ARGV[4], 'owner', ARGV[7])
@@ -261,7 +271,20 @@ class RedisRegistry:
 
     # --- writes ----------------------------------------------------------------------------
 
-    async def upsert(self, record: EndpointRecord) -> EndpointRecord | None:
+    async def upsert(
+        self, record: EndpointRecord, *, held_within_s: float | None = None
+    ) -> EndpointRecord | None:
+        if held_within_s is not None and self._available:
+            # checked and written in Redis in one step, before the view changes: a refusal
+            # leaves everything as it was
+            try:
+                await self._write_upsert(record, fresh=True, held_within_s=held_within_s)
+            except RedisError as exc:
+                self._lost(exc)  # cannot be checked now: written when Redis is back
+            else:
+                before = await self._view.upsert(record)
+                self._pending_writes.pop(record.endpoint_id, None)
+                return before
         before = await self._view.upsert(record)
         self._pending_writes.pop(record.endpoint_id, None)
         if not self._available:
@@ -332,10 +355,13 @@ class RedisRegistry:
         seen, ver, events, _ = self._keys
         return [self._ep + endpoint_id, seen, ver, events]
 
-    async def _write_upsert(self, record: EndpointRecord, *, fresh: bool) -> None:
+    async def _write_upsert(
+        self, record: EndpointRecord, *, fresh: bool, held_within_s: float | None = None
+    ) -> None:
         """Write ``record`` with its last-seen time in Redis time (Redis's ``TIME`` before the
         offset is known). ``fresh``: a registration, which sets the time; else a re-published
-        record, which never moves a newer time back."""
+        record, which never moves a newer time back. ``held_within_s``: refuse (EndpointHeld)
+        when another live registration holds the id."""
         ts = "" if self._offset is None else f"{record.last_seen + self._offset:.6f}"
         caps = json.dumps(list(record.capabilities))
         mode = "" if fresh else "GT"
@@ -347,8 +373,13 @@ class RedisRegistry:
             ts,
             mode,
             record.owner,
+            "" if held_within_s is None else f"{held_within_s:.6f}",
         ]
-        _, ver = await self._upsert_script(keys=self._keys_of(record.endpoint_id), args=args)
+        first, ver = await self._upsert_script(keys=self._keys_of(record.endpoint_id), args=args)
+        if first in ("held", b"held"):
+            raise EndpointHeld(
+                f"{record.endpoint_id} is registered and alive under another registration"
+            )
         self._versions[record.endpoint_id] = int(ver)
         self._healthy()
 
