@@ -24,8 +24,9 @@ Invariants:
   bad tokens costs a signature check at most ``rate`` times a second) answer 429 with the
   seconds to wait.
 - The key directory and the policy file are re-read when they change (polled every
-  ``reload_interval`` seconds, or ``POST /v1/reload``); a bad one is refused with the line at
-  fault and the old one stays in force.
+  ``reload_interval`` seconds, or ``POST /v1/reload``; :mod:`.authfiles`); a bad one is refused
+  with the line at fault and the old one stays in force.
+- Open mode's browser check and the endpoint URL check live in :mod:`.guards`.
 """
 
 from __future__ import annotations
@@ -34,26 +35,18 @@ import asyncio
 import logging
 import math
 import os
-import socket
 import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NoReturn
-from urllib.parse import urlsplit
 
-from agent_reach.auth.keys import KeyDirectoryError, KeyRing
 from agent_reach.auth.tokens import Claims, Kind, TokenService
 from agent_reach.core.access import (
     Policy,
-    PolicyError,
-    compile_pattern,
-    parse_policy,
     scope_allows,
 )
-from agent_reach.core.intents import is_endpoint_id
 from agent_reach.core.model import EndpointRecord, Status
-from agent_reach.core.netguard import AddressGuard, is_ip
+from agent_reach.core.netguard import AddressGuard
 from agent_reach.core.ratelimit import RateLimiter
 from agent_reach.errors import (
     EndpointHeld,
@@ -63,6 +56,8 @@ from agent_reach.errors import (
     RateLimited,
     Unauthorized,
 )
+from agent_reach.gateway.authfiles import AuthFiles
+from agent_reach.gateway.guards import BrowserGuard, endpoint_url_refusal
 from agent_reach.gateway.schemas import TokenRequest
 from agent_reach.gateway.service import RouteScope
 from agent_reach.logs import log
@@ -76,9 +71,7 @@ READERS = frozenset({Kind.OPERATOR, Kind.ENDPOINT, Kind.CLIENT})
 OPERATORS = frozenset({Kind.OPERATOR})
 ENDPOINTS = frozenset({Kind.ENDPOINT})
 BEARERS = frozenset(Kind) - {Kind.DELIVERY}  # every kind a bearer token may be
-RESOLVE_TIMEOUT_S = 2.0
-DEFAULT_ENROLL_TTL_S = 86400.0
-DEFAULT_CLIENT_TTL_S = 3600.0
+_NO_POLICY = Policy.empty()
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,32 +130,25 @@ class Access:
         self.open = settings.open_mode
         self.wall = wall
         self.monotonic = monotonic
-        self.keys: KeyRing | None = None
-        self.tokens: TokenService | None = None
+        self.files: AuthFiles | None = None
         if not self.open:
             assert settings.keys is not None and settings.policy is not None  # settings.check()
-            self.keys = KeyRing(settings.keys)
-            self.tokens = TokenService(self.keys, wall=wall)
-        self.policy_path = Path(settings.policy) if settings.policy else None
-        self.policy = Policy.empty()
-        self._policy_stamp: tuple[int, int] | None = None
+            self.files = AuthFiles(settings.keys, settings.policy, wall=wall)
+        self.tokens: TokenService | None = None if self.files is None else self.files.tokens
         self.addresses = AddressGuard.from_csv(settings.endpoint_networks)
         self.limiter: RateLimiter | None = None
         if settings.rate_limit is not None:
             burst = settings.rate_burst or max(1.0, settings.rate_limit)
             self.limiter = RateLimiter(settings.rate_limit, burst)
         self.endpoint_ttl_s = settings.endpoint_token_ttl
-        # open mode, bound to loopback: the Host and Origin values already found good
-        self._loopback_only = self.open and is_loopback(settings.host)
-        self._hosts_ok: set[str] = set()
-        self._origins_ok: set[str] = set()
+        self._browsers = BrowserGuard(is_loopback(settings.host)) if self.open else None
 
     # --- loading and reloading -------------------------------------------------------------
 
     def load(self) -> None:
-        """First load of keys and policy; ValueError (the reason, with the policy line at
-        fault) when either cannot be used: the gateway does not start."""
-        if self.open:
+        """First load of keys and policy (token mode; ValueError when they cannot be used: the
+        gateway does not start); in open mode, the warning line."""
+        if self.files is None:
             log(
                 logging.WARNING,
                 "auth.open_mode",
@@ -171,79 +157,23 @@ class Access:
                 host=self.settings.host,
             )
             return
-        assert self.keys is not None
-        try:
-            self.keys.load()
-        except KeyDirectoryError as exc:
-            raise ValueError(str(exc)) from None
-        self._load_policy()
-        log(
-            logging.INFO,
-            "auth.token_mode",
-            keys=len(self.keys.keys),
-            signing_kid=self.keys.signing_key(self.wall()).kid,
-            policy_file=str(self.policy_path),
-            policy=self.policy.summary(),
-        )
+        self.files.load()
 
-    def _load_policy(self) -> bool:
-        """Read the policy file when it changed; PolicyError (old policy kept) when bad."""
-        path = self.policy_path
-        assert path is not None
-        try:
-            st = path.stat()
-            stamp = (st.st_mtime_ns, st.st_size)
-            if stamp == self._policy_stamp:
-                return False
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeError) as exc:
-            raise PolicyError(f"cannot read it: {exc}", line=None, source=str(path)) from None
-        policy = parse_policy(text, source=str(path))
-        self.policy, self._policy_stamp = policy, stamp
-        return True
+    @property
+    def policy(self) -> Policy:
+        """The policy in force (empty, so denying everything, in open mode: not consulted)."""
+        return self.files.policy if self.files is not None else _NO_POLICY
 
     def reload(self) -> dict[str, Any]:
-        """Re-read the keys and the policy where they changed. A bad file is refused (logged
-        ``auth.reload_failed`` and raised as InvalidRequest naming the line at fault) and the
-        one in force stays."""
-        if self.open:
+        """Re-read the keys and the policy where they changed (:meth:`AuthFiles.reload`)."""
+        if self.files is None:
             return {"ok": True, "mode": "open"}
-        assert self.keys is not None
-        try:
-            keys_changed = self.keys.load()
-        except KeyDirectoryError as exc:
-            log(logging.ERROR, "auth.reload_failed", what="keys", error=str(exc))
-            raise InvalidRequest(f"keys not reloaded, the old ones stay: {exc}") from None
-        try:
-            policy_changed = self._load_policy()
-        except PolicyError as exc:
-            log(logging.ERROR, "auth.reload_failed", what="policy", error=str(exc), line=exc.line)
-            refused = InvalidRequest(f"policy not reloaded, the old one stays: {exc}")
-            refused.fields["line"] = exc.line
-            raise refused from None
-        if keys_changed or policy_changed:
-            log(
-                logging.INFO,
-                "auth.reloaded",
-                keys=len(self.keys.keys),
-                keys_changed=keys_changed,
-                policy_changed=policy_changed,
-                policy=self.policy.summary(),
-            )
-        return {
-            "ok": True,
-            "mode": "tokens",
-            "keys": len(self.keys.keys),
-            "signing_kid": self.keys.signing_key(self.wall()).kid,
-            "keys_changed": keys_changed,
-            "policy_changed": policy_changed,
-            "policy": self.policy.summary(),
-        }
+        return self.files.reload()
 
     async def run_reloader(self, enforce: Callable[[], Awaitable[object]]) -> None:
         """Poll the key directory and the policy file; reload what changed, and ``enforce``
         a changed policy on the ids already registered."""
-        if self.open:
+        if self.files is None:
             return
         while True:
             await asyncio.sleep(self.settings.reload_interval)
@@ -264,38 +194,14 @@ class Access:
 
     def jwks(self) -> dict[str, Any]:
         """``GET /v1/keys``: the public keys deliveries and tokens are signed with."""
-        return {"keys": []} if self.keys is None else self.keys.jwks()
+        return {"keys": []} if self.files is None else self.files.keys.jwks()
 
     # --- browsers, in open mode -------------------------------------------------------------
 
     def check_browser(self, host: str | None, origin: str | None) -> None:
-        """Open mode: refuse what a web page in the operator's browser could send (Forbidden).
-
-        Without credentials, any page could POST to a gateway on localhost (a cross-origin
-        request carries an ``Origin`` that is not this gateway), or read it after pointing a
-        name of its own at 127.0.0.1 (DNS rebinding: the ``Host`` is that name). Programs send
-        neither a foreign Origin nor a foreign Host. Token mode needs none of this: browsers do
-        not attach bearer tokens by themselves.
-        """
-        if not self.open:
-            return
-        if origin is not None and origin not in self._origins_ok:
-            if _authority(origin.partition("://")[2]) != (host or "").lower():
-                raise Forbidden(
-                    f"cross-origin request from {origin!r} refused: in open mode only programs "
-                    "and this gateway's own pages may call it"
-                )
-            if len(self._origins_ok) < 64:
-                self._origins_ok.add(origin)
-        if self._loopback_only and host is not None and host not in self._hosts_ok:
-            name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-            if not is_loopback(name.strip("[]")):
-                raise Forbidden(
-                    f"Host {host!r} is not a loopback name: in open mode this gateway answers "
-                    "only requests addressed to 127.0.0.1, ::1 or localhost"
-                )
-            if len(self._hosts_ok) < 64:
-                self._hosts_ok.add(host)
+        """Open mode: refuse what a web page could send (:class:`~.guards.BrowserGuard`)."""
+        if self._browsers is not None:
+            self._browsers.check(host, origin)
 
     # --- who is calling --------------------------------------------------------------------
 
@@ -510,31 +416,9 @@ class Access:
         return self._grant(claims, claims.subject, claims.generation)
 
     async def check_endpoint_url(self, caller: Caller, endpoint_id: str, url: str) -> None:
-        """Refuse an endpoint URL the gateway must not deliver to (both modes): a literal
-        address or a name resolving into a denied network (link-local, cloud metadata, ...)
-        or outside ``--endpoint-networks``. A name that does not resolve now is accepted: the
-        transport checks every address again when it connects."""
-        host = urlsplit(url).hostname or ""
-        refusal = self.addresses.refusal_for_host(host)
-        if refusal is None and not is_ip(host):
-            loop = asyncio.get_running_loop()
-            try:
-                async with asyncio.timeout(RESOLVE_TIMEOUT_S):
-                    infos = await loop.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-            except (OSError, TimeoutError, UnicodeError) as exc:
-                log(
-                    logging.INFO,
-                    "register.unresolved_host",
-                    endpoint_id=endpoint_id,
-                    host=host,
-                    error=str(exc),
-                )
-                infos = []
-            for info in infos:
-                refusal = self.addresses.refusal_for_address(str(info[4][0]))
-                if refusal is not None:
-                    refusal = f"{host} resolves to {refusal}"
-                    break
+        """Refuse an endpoint URL the gateway must not deliver to, in both modes
+        (:func:`~.guards.endpoint_url_refusal`)."""
+        refusal = await endpoint_url_refusal(self.addresses, url, endpoint_id)
         if refusal is not None:
             self.deny(caller, "register", endpoint_id, f"endpoint_url refused: {refusal}")
 
@@ -542,41 +426,9 @@ class Access:
 
     def issue(self, caller: Caller, request: TokenRequest) -> dict[str, Any]:
         """``POST /v1/tokens``: a new enrollment or client token (an admin action)."""
-        if self.tokens is None:
+        if self.files is None:
             raise NotFound("this gateway runs in open mode: it issues no tokens (--auth tokens)")
-        try:
-            for pattern in request.endpoints:
-                compile_pattern(pattern, "endpoint")
-            for pattern in request.intents:
-                compile_pattern(pattern, "intent")
-        except ValueError as exc:
-            raise InvalidRequest(str(exc), status=422) from None
-        kind = Kind(request.kind)
-        if kind is Kind.ENROLL:
-            if not request.endpoints or not request.intents:
-                raise InvalidRequest(
-                    "an enrollment token needs 'endpoints' and 'intents' (patterns)", status=422
-                )
-            subject = request.subject or "enroll"
-            ttl = request.ttl_s or DEFAULT_ENROLL_TTL_S
-        else:
-            if request.subject is None or not is_endpoint_id(request.subject):
-                raise InvalidRequest(
-                    "a client token needs 'subject': the agent://name id it sends as",
-                    status=422,
-                    field="subject",
-                )
-            if request.endpoints or request.intents:
-                raise InvalidRequest(
-                    "a client token takes no 'endpoints' or 'intents': what it may reach is"
-                    " the policy's [[reach]] rules",
-                    status=422,
-                )
-            subject = request.subject
-            ttl = request.ttl_s or DEFAULT_CLIENT_TTL_S
-        token, expires = self.tokens.issue(
-            kind, subject, ttl, endpoints=request.endpoints, intents=request.intents
-        )
+        kind, subject, token, expires, ttl = self.files.issue(request)
         self.admin(
             caller,
             "token.issue",
@@ -662,11 +514,6 @@ class Access:
             status=404,
         )
         return False
-
-
-def _authority(rest: str) -> str:
-    """``host:port`` of what follows ``scheme://`` in an Origin, lower case."""
-    return rest.split("/", 1)[0].lower()
 
 
 def _a(word: str) -> str:
