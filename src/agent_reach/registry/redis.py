@@ -58,6 +58,7 @@ from redis.exceptions import RedisError
 from agent_reach.core.model import EndpointRecord
 from agent_reach.errors import EndpointHeld
 from agent_reach.logs import log
+from agent_reach.registry._redis_scripts import REMOVE, TOUCH, UPSERT
 from agent_reach.registry.base import RegistryListener, RegistryState
 from agent_reach.registry.memory import MemoryRegistry
 from agent_reach.settings import redacted
@@ -75,54 +76,6 @@ CLOSE_WAIT_S = 2.0  # how long close() waits for a background loop to end, per a
 # no purge for this long after Redis returns: the other gateways write the heartbeats they
 # buffered meanwhile (they retry at most RETRY_MAX_S apart)
 PURGE_GRACE_S = 10.0
-
-_TS = "local t = redis.call('TIME') local ts = tonumber(t[1]) + tonumber(t[2]) / 1000000 "
-
-# KEYS: ep, seen, ver, channel; ARGV: id, caps, url, desc, ts ('' for now), 'GT' or '', owner,
-# held seconds ('' for none: token mode's check that the id is not held by another live
-# registration, made here so that it and the write are one step)
-# (a time ahead of Redis's own, from a measurement error, is cut to Redis's)
-_UPSERT = (
-    _TS
-    + """
-if ARGV[8] ~= '' then
-  local owner = redis.call('HGET', KEYS[1], 'owner')
-  if owner and owner ~= '' and owner ~= ARGV[7] then
-    local held = redis.call('ZSCORE', KEYS[2], ARGV[1])
-    if held and ts - tonumber(held) < tonumber(ARGV[8]) then return {'held', held} end
-  end
-end
-if ARGV[5] ~= '' then ts = math.min(ts, tonumber(ARGV[5])) end
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'caps', ARGV[2], 'url', ARGV[3], 'desc', ARGV[4], 'owner', ARGV[7])
-if ARGV[6] == 'GT' then redis.call('ZADD', KEYS[2], 'GT', ts, ARGV[1])
-else redis.call('ZADD', KEYS[2], ts, ARGV[1]) end
-local seen = redis.call('ZSCORE', KEYS[2], ARGV[1])
-local ver = redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
-local event = {'u', ARGV[1], ARGV[2], ARGV[3], ARGV[4], seen, ver, ARGV[7]}
-redis.call('PUBLISH', KEYS[4], cjson.encode(event))
-return {seen, ver}
-"""
-)
-# KEYS: ep, seen, ver, channel; ARGV: id
-# (the version is bumped, never deleted: a removal outranks the registrations before it)
-_REMOVE = """
-local n = redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('DEL', KEYS[1])
-local ver = redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
-if n > 0 then redis.call('PUBLISH', KEYS[4], cjson.encode({'r', ARGV[1], ver})) end
-return ver
-"""
-# KEYS: seen; ARGV: ids. Only ids still registered are touched; returns the time written.
-_TOUCH = (
-    _TS
-    + """
-for i = 1, #ARGV do
-  if redis.call('ZSCORE', KEYS[1], ARGV[i]) then redis.call('ZADD', KEYS[1], 'GT', ts, ARGV[i]) end
-end
-return string.format('%.6f', ts)
-"""
-)
 
 
 def _key_prefix(prefix: str) -> str:
@@ -161,9 +114,9 @@ class RedisRegistry:
             socket_connect_timeout=connect_timeout_s,
             retry_on_timeout=False,
         )
-        self._upsert_script = self._redis.register_script(_UPSERT)
-        self._remove_script = self._redis.register_script(_REMOVE)
-        self._touch_script = self._redis.register_script(_TOUCH)
+        self._upsert_script = self._redis.register_script(UPSERT)
+        self._remove_script = self._redis.register_script(REMOVE)
+        self._touch_script = self._redis.register_script(TOUCH)
         self._view = MemoryRegistry()
         self._versions: dict[str, int] = {}
         self._now: Callable[[], float] = _unbound
