@@ -923,3 +923,26 @@ def test_agents_reach_each_other_as_themselves_and_only_where_allowed(tmp_path: 
         finally:
             for agent in agents:
                 agent.stop()
+
+
+def test_a_client_registering_an_agent_keeps_its_endpoint_token_renewed(tmp_path: Path) -> None:
+    """An agent written without the SDK, on SyncReachClient with its enrollment token: the
+    client adopts the endpoint token of its registration and the renewals its heartbeats bring,
+    so its heartbeats still work after the first endpoint token (2 s) has expired."""
+    from agent_reach import SyncReachClient
+
+    s = _secured(tmp_path)
+    enroll = s.token(Kind.ENROLL, "raw", endpoints=["agent://weather-*"], intents=["weather.*"])
+    flags = [*s.flags, "--endpoint-token-ttl", "2", "--heartbeat-interval", "0.2"]
+    with gateway(*flags) as proc, SyncReachClient(proc.url, token=enroll) as client:
+        registration = client.register("agent://weather-raw", ["weather.query"], NOWHERE)
+        assert registration.token and registration.token_expires_at
+        started = time.monotonic()
+        beats = 0
+        while time.monotonic() - started < 3.0 and beats < 100:  # past the first token's life
+            assert client.heartbeat("agent://weather-raw") == "healthy"
+            beats += 1
+            time.sleep(0.1)  # the agent's own heartbeat period, not a settling wait
+        assert time.monotonic() - started >= 3.0
+        client.deregister("agent://weather-raw")  # with the adopted (renewed) token
+        assert http("GET", f"{proc.url}/v1/agents", token=s.operator)[1]["agents"] == []

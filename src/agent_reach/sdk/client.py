@@ -93,7 +93,10 @@ class ReachClient:
     a connection may take ``connect_timeout_s`` at most before the next is tried; ``headers`` go
     on every request. ``token`` is the bearer token of a gateway in token mode
     (docs/security.md): a string, or a function giving the current one (an agent's endpoint
-    token, renewed by its heartbeats); it defaults to ``$AGENT_REACH_TOKEN``, if set.
+    token, renewed by its heartbeats); it defaults to ``$AGENT_REACH_TOKEN``, if set. A client
+    given a string (an agent not written with the agent SDK, holding its enrollment token)
+    adopts the endpoint token of a registration it makes, and the renewals its heartbeats
+    bring: its heartbeats, deregistration and sends then act as that endpoint.
     """
 
     def __init__(
@@ -110,9 +113,13 @@ class ReachClient:
         clock: Clock | None = None,
         token: str | Callable[[], str | None] | None = None,
     ) -> None:
+        # a token given as a string (or from the environment) is held here, and replaced by the
+        # endpoint token of a registration made through this client, and by its renewals
+        self._held: str | None = None
+        self._adopts = token is None or isinstance(token, str)
         if token is None or isinstance(token, str):
-            fixed = gateway_token(token)
-            current: Callable[[], str | None] = lambda: fixed  # noqa: E731
+            self._held = gateway_token(token)
+            current: Callable[[], str | None] = lambda: self._held  # noqa: E731
         else:
             current = token
         self._gateways = Gateways(
@@ -293,14 +300,21 @@ class ReachClient:
         endpoint_url: str,
         description: str = "",
     ) -> Registration:
-        """Register (or replace) an endpoint: for agents not written with the agent SDK."""
+        """Register (or replace) an endpoint: for agents not written with the agent SDK. In
+        token mode the answer's endpoint token becomes this client's token (see the class)."""
         body = {
             "endpoint_id": endpoint_id,
             "capabilities": capabilities,
             "endpoint_url": endpoint_url,
             "description": description,
         }
-        return await self._json("POST", "/v1/register", Registration, body=body)
+        answer = await self._json("POST", "/v1/register", Registration, body=body)
+        self._adopt(answer.token)
+        return answer
+
+    def _adopt(self, token: str | None) -> None:
+        if token and self._adopts:
+            self._held = token
 
     async def heartbeat(self, endpoint_id: str) -> str:
         """Send one heartbeat; returns the endpoint's status (``EndpointNotRegistered``: register
@@ -308,6 +322,7 @@ class ReachClient:
         answer = await self._json(
             "POST", "/v1/heartbeat", _Heartbeat, body={"endpoint_id": endpoint_id}
         )
+        self._adopt(answer.token)  # a renewed endpoint token (token mode)
         return answer.status
 
     async def deregister(self, endpoint_id: str) -> None:
@@ -370,6 +385,7 @@ class _Agents(msgspec.Struct):
 
 class _Heartbeat(msgspec.Struct):
     status: str
+    token: str | None = None
 
 
 class _Ok(msgspec.Struct):
