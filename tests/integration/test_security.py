@@ -523,6 +523,12 @@ def test_open_mode_refuses_what_a_web_page_could_send() -> None:
         ]
         status, answer = http("GET", f"{proc.url}/v1/agents", headers={"Host": "evil.example:80"})
         assert (status, answer["error"]) == (403, "forbidden") and "loopback" in answer["detail"]
+        # a rebinding page's own request (its Origin matches its Host) teaches the gateway
+        # nothing: the same Origin towards the loopback Host is still cross-origin
+        rebound = {"Host": "evil.example:80", "Origin": "http://evil.example:80"}
+        assert http("POST", f"{proc.url}/v1/register", body, headers=rebound)[0] == 403
+        poisoned = {"Origin": "http://evil.example:80"}
+        assert http("POST", f"{proc.url}/v1/register", body, headers=poisoned)[0] == 403
         assert http("GET", f"{proc.url}/v1/agents")[1]["agents"] == []
         # the gateway's own page (same origin) and plain programs are served
         status, _ = http(
@@ -761,9 +767,11 @@ async def test_delivery_refuses_names_that_resolve_into_denied_networks() -> Non
         refused = await guarded.deliver(url, b"{}", {}, 2.0)
         assert refused.outcome is Outcome.CONNECT_ERROR and not refused.reached
         assert "outside the allowed networks" in (refused.detail or ""), refused.detail
-        # an address in the URL is checked too (a record written by another gateway)
-        literal = await guarded.deliver(f"http://127.0.0.1:{port}/reach", b"{}", {}, 2.0)
-        assert literal.outcome is Outcome.CONNECT_ERROR and not literal.reached
+        # an address in the URL is checked too (a record written by another gateway), in the
+        # legacy forms some HTTP clients dial without asking a resolver as well
+        for host in ("127.0.0.1", "127.1", "2130706433", "0177.0.0.1"):
+            literal = await guarded.deliver(f"http://{host}:{port}/reach", b"{}", {}, 2.0)
+            assert literal.outcome is Outcome.CONNECT_ERROR and not literal.reached, host
         assert hits == []
         allowed = await open_.deliver(url, b"{}", {}, 2.0)  # the control: the same URL works
         assert allowed.outcome is Outcome.OK and hits == [b"{}"]
@@ -935,14 +943,74 @@ def test_a_client_registering_an_agent_keeps_its_endpoint_token_renewed(tmp_path
     enroll = s.token(Kind.ENROLL, "raw", endpoints=["agent://weather-*"], intents=["weather.*"])
     flags = [*s.flags, "--endpoint-token-ttl", "2", "--heartbeat-interval", "0.2"]
     with gateway(*flags) as proc, SyncReachClient(proc.url, token=enroll) as client:
-        registration = client.register("agent://weather-raw", ["weather.query"], NOWHERE)
-        assert registration.token and registration.token_expires_at
+        ids = ("agent://weather-raw", "agent://weather-raw2")  # one client, two registrations
+        for endpoint_id in ids:
+            registration = client.register(endpoint_id, ["weather.query"], NOWHERE)
+            assert registration.token and registration.token_expires_at
         started = time.monotonic()
         beats = 0
         while time.monotonic() - started < 3.0 and beats < 100:  # past the first token's life
-            assert client.heartbeat("agent://weather-raw") == "healthy"
+            for endpoint_id in ids:
+                assert client.heartbeat(endpoint_id) == "healthy"
             beats += 1
             time.sleep(0.1)  # the agent's own heartbeat period, not a settling wait
         assert time.monotonic() - started >= 3.0
-        client.deregister("agent://weather-raw")  # with the adopted (renewed) token
+        for endpoint_id in ids:
+            client.deregister(endpoint_id)  # each with its own (renewed) endpoint token
         assert http("GET", f"{proc.url}/v1/agents", token=s.operator)[1]["agents"] == []
+
+
+def test_bad_credentials_from_an_address_do_not_lock_out_its_verified_tokens(
+    tmp_path: Path,
+) -> None:
+    """Behind a proxy every caller shares an address: a flood of forged tokens from it is held
+    back (429 before any signature check), while tokens already verified keep working."""
+    s = _secured(tmp_path)
+    caller = s.token(Kind.CLIENT, "agent://caller-1")
+    with gateway(*s.flags, "--rate-limit", "1", "--rate-burst", "2") as proc:
+        agents = f"{proc.url}/v1/agents"
+        assert http("GET", agents, token=caller)[0] == 200  # verified once, now known
+        codes = [http("GET", agents, token=f"forged-{n}")[0] for n in range(3)]
+        assert codes[:2] == [401, 401] and codes[2] == 429
+        assert http("GET", agents, token=caller)[0] == 200
+        fresh = s.token(Kind.CLIENT, "agent://caller-2")  # not seen before: waits its turn
+        status, answer, headers = http_full("GET", agents, token=fresh)
+        assert status == 429 and int(headers["Retry-After"]) >= 1, answer
+        limited = [
+            line
+            for line in proc.log_lines()
+            if line.get("event") == "audit.denied" and line.get("status") == 429
+        ]
+        assert limited
+
+
+def test_a_heartbeat_under_a_policy_that_no_longer_allows_the_claim_evicts(
+    tmp_path: Path,
+) -> None:
+    """An id registered under one policy (a registration that raced a reload, here: a gateway
+    still on the old file) is evicted at its next heartbeat under the new one."""
+    from tests.support import REDIS_URL, drop_prefix
+
+    old = _secured(tmp_path / "old")
+    new_policy = tmp_path / "new.toml"
+    new_policy.write_text(POLICY.replace('"agent://note-*"]', '"agent://notes-*"]'))
+    prefix = f"test-{time.monotonic_ns()}"
+    shared = ["--registry", REDIS_URL, "--registry-prefix", prefix]
+    flags_new = [*old.flags[:-1], str(new_policy), *shared]
+    try:
+        with gateway(*old.flags, *shared) as before, gateway(*flags_new) as after:
+            enroll = old.token(Kind.ENROLL, "e", endpoints=["agent://*"], intents=["*"])
+            body = _register_body("agent://note-r", ["note.create"])
+            status, grant = http("POST", f"{before.url}/v1/register", body, token=enroll)
+            assert status == 200, grant
+            wait_until(
+                lambda: http("GET", f"{after.url}/v1/agents/note-r", token=old.operator)[0] == 200,
+                5,
+            )
+            beat = {"endpoint_id": "agent://note-r"}
+            status, answer = http("POST", f"{after.url}/v1/heartbeat", beat, token=grant["token"])
+            assert (status, answer["error"]) == (403, "forbidden"), answer
+            assert http("GET", f"{after.url}/v1/agents/note-r", token=old.operator)[0] == 404
+            assert any(line["event"] == "agent.evicted" for line in after.log_lines())
+    finally:
+        drop_prefix(prefix)

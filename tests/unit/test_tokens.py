@@ -305,3 +305,21 @@ async def test_the_verifier_drops_keys_the_gateway_no_longer_publishes(tmp_path:
     clock[0] = 61.0
     refusal = await check()
     assert refusal is not None and refusal[0] == 401 and "does not publish" in refusal[1]
+
+
+def test_retiring_every_key_leaves_nothing_that_signs_or_verifies(tmp_path: Path) -> None:
+    """The leaked key deleted and its replacement unreadable: the leaked key is gone anyway,
+    and nothing is signed (rather than signed with it) until a good key is there."""
+    keys = ring(tmp_path)
+    tokens = TokenService(keys)
+    leaked, _ = tokens.issue(Kind.CLIENT, "agent://c", 600)
+    (old_file,) = tmp_path.glob("*.pem")
+    old_file.unlink()
+    (tmp_path / "new.pem").write_bytes(b"not a key yet")
+    with pytest.raises(KeyDirectoryError):
+        keys.load()
+    assert keys.keys == {} and keys.jwks() == {"keys": []}
+    with pytest.raises(Unauthorized, match="unknown key"):
+        tokens.verify(leaked, {Kind.CLIENT})
+    with pytest.raises(KeyDirectoryError, match="no usable key"):
+        tokens.issue(Kind.CLIENT, "agent://c", 600)

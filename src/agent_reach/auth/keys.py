@@ -154,7 +154,7 @@ class KeyRing:
             # refused, but a key whose file is gone is retired all the same: one bad new file
             # must not keep a deleted (leaked) key verifying
             kept = {kid: key for kid, key in self.keys.items() if kid in keys}
-            if kept.keys() != self.keys.keys() and kept:
+            if kept.keys() != self.keys.keys():  # even when none is left: then nothing signs
                 self.keys = kept
                 self.version += 1
             raise KeyDirectoryError("; ".join(bad))
@@ -171,7 +171,12 @@ class KeyRing:
         return True
 
     def signing_key(self, now: float | None = None) -> SigningKey:
-        """The newest key whose activation time has come (else the oldest: never none)."""
+        """The newest key whose activation time has come (else the oldest);
+        KeyDirectoryError when no key is left (every key file deleted, the new ones bad)."""
+        if not self.keys:
+            raise KeyDirectoryError(
+                f"no usable key in {self.directory}: nothing can be signed until one is there"
+            )
         when = time.time() if now is None else now
         ready = [k for k in self.keys.values() if k.active_from <= when]
         if not ready:
@@ -185,6 +190,8 @@ class KeyRing:
 
     def jwks(self) -> dict[str, Any]:
         """The JWKS document of ``GET /v1/keys``: every loaded key, the signing one first."""
+        if not self.keys:
+            return {"keys": []}
         first = self.signing_key()
         ordered = [first, *(k for k in self.keys.values() if k.kid != first.kid)]
         return {"keys": [k.jwk() for k in ordered]}

@@ -228,6 +228,15 @@ class TokenService:
 
     # --- verifying -------------------------------------------------------------------------
 
+    def known(self, token: str) -> bool:
+        """Whether ``token`` was verified before and is still good (no signature check)."""
+        claims = self._cache.get(token)
+        return (
+            claims is not None
+            and self._cache_version == self.keys.version
+            and claims.expires_at + self.leeway_s >= self.wall()
+        )
+
     def verify(self, token: str, kinds: Collection[Kind]) -> Claims:
         """See :meth:`TokenVerifier.verify`."""
         if self._cache_version != self.keys.version:  # keys changed: verify everything again

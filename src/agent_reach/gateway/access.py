@@ -222,10 +222,14 @@ class Access:
         assert self.tokens is not None
         if (
             self.limiter is not None
+            and not self.tokens.known((authorization or "").partition(" ")[2].strip())
             and self.limiter.available(f"unauthenticated@{address}", self.monotonic()) < 1
         ):
-            # this address sent bad credentials at the limit's rate: no signature check for it
-            # (one per request was what a flood of forged tokens would cost) until it refills
+            # this address sent bad credentials at the limit's rate: no signature check for a
+            # token not seen before (one per request is what a flood of forged tokens would
+            # cost) until its bucket refills; tokens verified before go on as usual
+            why = "over the limit of bad credentials from this address"
+            self.denied(f"anonymous@{address}", action, "", why, trace_id, status=429)
             self._limit_failures(address)
         try:
             if not authorization:

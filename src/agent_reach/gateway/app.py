@@ -341,9 +341,13 @@ class GatewayHTTP:
         caller = self._caller(request, ENDPOINTS, "heartbeat")
         body = decode(await self._body(request), EndpointIdBody)
         if caller.claims is not None:
-            self.access.check_owner(
-                caller, "heartbeat", body.endpoint_id, self.registry.get(body.endpoint_id)
-            )
+            current = self.registry.get(body.endpoint_id)
+            self.access.check_owner(caller, "heartbeat", body.endpoint_id, current)
+            if current is not None:
+                allowed, why = self.access.claim_allowed(current)
+                if not allowed:  # the policy changed since it registered (a reload raced it)
+                    await self.gateway.evict(lambda record: (False, why), body.endpoint_id)
+                    self.access.deny(caller, "heartbeat", body.endpoint_id, why)
         try:
             health = await self.gateway.heartbeat(body.endpoint_id)
         except EndpointNotRegistered:

@@ -106,7 +106,7 @@ class AuthFiles:
             "ok": True,
             "mode": "tokens",
             "keys": len(self.keys.keys),
-            "signing_kid": self.keys.signing_key(self.wall()).kid,
+            "signing_kid": self.keys.signing_key(self.wall()).kid if self.keys.keys else None,
             "keys_changed": keys_changed,
             "policy_changed": policy_changed,
             "policy": self.policy.summary(),

@@ -25,7 +25,7 @@ from agent_reach.settings import is_loopback
 __all__ = ["RESOLVE_TIMEOUT_S", "BrowserGuard", "endpoint_url_refusal"]
 
 RESOLVE_TIMEOUT_S = 2.0
-_REMEMBERED = 64  # Host and Origin values found good, kept to skip the parsing next time
+_REMEMBERED = 64  # (Host, Origin) pairs found good, kept to skip the parsing next time
 
 
 class BrowserGuard:
@@ -39,29 +39,29 @@ class BrowserGuard:
 
     def __init__(self, loopback_only: bool) -> None:
         self.loopback_only = loopback_only
-        self._hosts_ok: set[str] = set()
-        self._origins_ok: set[str] = set()
+        self._ok: set[tuple[str | None, str | None]] = set()  # (Host, Origin) pairs that passed
 
     def check(self, host: str | None, origin: str | None) -> None:
         """Forbidden for a foreign Origin, or a Host that is not a loopback name."""
-        if origin is not None and origin not in self._origins_ok:
+        pair = (host, origin)
+        if pair in self._ok:
+            return
+        if origin is not None:
             authority = origin.partition("://")[2].split("/", 1)[0].lower()
             if authority != (host or "").lower():
                 raise Forbidden(
                     f"cross-origin request from {origin!r} refused: in open mode only programs "
                     "and this gateway's own pages may call it"
                 )
-            if len(self._origins_ok) < _REMEMBERED:
-                self._origins_ok.add(origin)
-        if self.loopback_only and host is not None and host not in self._hosts_ok:
+        if self.loopback_only and host is not None:
             name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
             if not is_loopback(name.strip("[]")):
                 raise Forbidden(
                     f"Host {host!r} is not a loopback name: in open mode this gateway answers "
                     "only requests addressed to 127.0.0.1, ::1 or localhost"
                 )
-            if len(self._hosts_ok) < _REMEMBERED:
-                self._hosts_ok.add(host)
+        if len(self._ok) < _REMEMBERED:  # remembered only once both checks passed
+            self._ok.add(pair)
 
 
 async def endpoint_url_refusal(guard: AddressGuard, url: str, endpoint_id: str) -> str | None:

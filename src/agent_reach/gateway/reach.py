@@ -23,10 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from agent_reach.auth.keys import KeyDirectoryError
 from agent_reach.core.model import Outcome
 from agent_reach.core.policy import Deadline, backoff_s
 from agent_reach.errors import (
     AgentError,
+    AgentReachError,
     AllAttemptsFailed,
     DeadlineExceeded,
     ReachError,
@@ -267,14 +269,17 @@ class Reacher:
         """What signs this request's deliveries: (recipient, seconds left) -> assertion."""
 
         def sign(recipient: str, remaining_s: float) -> str:
-            return signer.sign_delivery(
-                sender=body.sender,
-                recipient=recipient,
-                intent=body.intent,
-                msg_id=msg_id,
-                body=payload,
-                expires_at=self._wall() + remaining_s,
-            )
+            try:
+                return signer.sign_delivery(
+                    sender=body.sender,
+                    recipient=recipient,
+                    intent=body.intent,
+                    msg_id=msg_id,
+                    body=payload,
+                    expires_at=self._wall() + remaining_s,
+                )
+            except KeyDirectoryError as exc:  # every key retired: deliver nothing unsigned
+                raise AgentReachError(f"cannot sign the delivery: {exc}") from None
 
         return sign
 

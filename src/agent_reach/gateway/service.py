@@ -198,11 +198,18 @@ class Gateway:
             raise EndpointNotRegistered(f"{endpoint_id} is not registered")
         log(logging.INFO, "agent.deregistered", endpoint_id=endpoint_id)
 
-    async def evict(self, keep: Callable[[EndpointRecord], tuple[bool, str]]) -> list[str]:
-        """Deregister every record ``keep`` refuses (a policy reload that no longer lets an id
-        claim its intents); returns their ids. ``keep`` answers (kept, why)."""
+    async def evict(
+        self, keep: Callable[[EndpointRecord], tuple[bool, str]], *only: str
+    ) -> list[str]:
+        """Deregister every record (or those of the ids ``only``) that ``keep`` refuses (a
+        policy that no longer lets an id claim its intents); returns their ids. ``keep``
+        answers (kept, why)."""
         evicted = []
-        for record in list(self.registry.records()):
+        if only:
+            records = [r for r in map(self.registry.get, only) if r is not None]
+        else:
+            records = list(self.registry.records())
+        for record in records:
             kept, why = keep(record)
             if kept:
                 continue

@@ -95,8 +95,9 @@ class ReachClient:
     (docs/security.md): a string, or a function giving the current one (an agent's endpoint
     token, renewed by its heartbeats); it defaults to ``$AGENT_REACH_TOKEN``, if set. A client
     given a string (an agent not written with the agent SDK, holding its enrollment token)
-    adopts the endpoint token of a registration it makes, and the renewals its heartbeats
-    bring: its heartbeats, deregistration and sends then act as that endpoint.
+    keeps the endpoint token of each registration it makes, and the renewals its heartbeats
+    bring: its heartbeats and deregistration of that id, and its sends with that id as
+    ``sender``, present it; everything else presents the client's own token.
     """
 
     def __init__(
@@ -117,6 +118,7 @@ class ReachClient:
         # endpoint token of a registration made through this client, and by its renewals
         self._held: str | None = None
         self._adopts = token is None or isinstance(token, str)
+        self._endpoint_tokens: dict[str, str] = {}  # endpoint id -> its endpoint token
         if token is None or isinstance(token, str):
             self._held = gateway_token(token)
             current: Callable[[], str | None] = lambda: self._held  # noqa: E731
@@ -165,6 +167,7 @@ class ReachClient:
         body: Any = None,
         params: Mapping[str, str] | None = None,
         resend: bool = True,
+        as_endpoint: str | None = None,
     ) -> T:
         status, answer, headers, url = await self._gateways.call(
             method,
@@ -174,6 +177,7 @@ class ReachClient:
             params=params,
             timeout_s=self.timeout_s,
             resend=resend,
+            headers=self._as(as_endpoint),
         )
         if status != 200:
             raise _error(status, answer, headers)
@@ -251,7 +255,7 @@ class ReachClient:
             timeout_s=max(deadline_ms, 0) / 1000 + NETWORK_ALLOWANCE_S,
             resend=False,
             fields=ids,
-            headers=_traceparent(traceparent),
+            headers={**(_traceparent(traceparent) or {}), **(self._as(body["sender"]) or {})},
         )
         if status != 200:
             err = _error(status, answer, headers)
@@ -308,29 +312,47 @@ class ReachClient:
             "endpoint_url": endpoint_url,
             "description": description,
         }
-        answer = await self._json("POST", "/v1/register", Registration, body=body)
-        self._adopt(answer.token)
+        answer = await self._json(
+            "POST", "/v1/register", Registration, body=body, as_endpoint=endpoint_id
+        )
+        self._adopt(endpoint_id, answer.token)
         return answer
 
-    def _adopt(self, token: str | None) -> None:
+    def _adopt(self, endpoint_id: str, token: str | None) -> None:
         if token and self._adopts:
-            self._held = token
+            self._endpoint_tokens[endpoint_id] = token
+
+    def _as(self, endpoint_id: str | None) -> dict[str, str] | None:
+        """The Authorization of a call made as ``endpoint_id``, when this client holds its
+        endpoint token (None: the client's own token)."""
+        token = self._endpoint_tokens.get(endpoint_id) if endpoint_id else None
+        return {"Authorization": f"Bearer {token}"} if token else None
 
     async def heartbeat(self, endpoint_id: str) -> str:
         """Send one heartbeat; returns the endpoint's status (``EndpointNotRegistered``: register
         again)."""
         answer = await self._json(
-            "POST", "/v1/heartbeat", _Heartbeat, body={"endpoint_id": endpoint_id}
+            "POST",
+            "/v1/heartbeat",
+            _Heartbeat,
+            body={"endpoint_id": endpoint_id},
+            as_endpoint=endpoint_id,
         )
-        self._adopt(answer.token)  # a renewed endpoint token (token mode)
+        self._adopt(endpoint_id, answer.token)  # a renewed endpoint token (token mode)
         return answer.status
 
     async def deregister(self, endpoint_id: str) -> None:
         """Remove an endpoint's record (``EndpointNotRegistered`` if unknown)."""
         # not sent again after a connection lost mid-call: a second gateway would answer 404
         await self._json(
-            "POST", "/v1/deregister", _Ok, body={"endpoint_id": endpoint_id}, resend=False
+            "POST",
+            "/v1/deregister",
+            _Ok,
+            body={"endpoint_id": endpoint_id},
+            resend=False,
+            as_endpoint=endpoint_id,
         )
+        self._endpoint_tokens.pop(endpoint_id, None)
 
     async def issue_token(
         self,
