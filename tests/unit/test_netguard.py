@@ -299,3 +299,18 @@ def test_denied_always_wins(
     refusal = AddressGuard(allowed).refusal_for_address(address)
     assert refusal is not None
     assert f"is in {denied}, which this gateway never delivers to (" in refusal
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["64:ff9b::a9fe:a9fe", "64:ff9b::169.254.169.254", "2002:a9fe:a9fe::1", "2002:a9fe:a9fe:1::5"],
+)
+def test_ipv4_carried_in_nat64_and_6to4_addresses_is_judged_as_ipv4(address: str) -> None:
+    refusal = AddressGuard().refusal_for_address(address)
+    assert refusal is not None and "169.254.169.254" in refusal and "169.254.0.0/16" in refusal
+
+
+def test_nat64_of_an_allowed_ipv4_is_allowed() -> None:
+    guard = AddressGuard(allowed=["10.0.0.0/8"])
+    assert guard.refusal_for_address("64:ff9b::a00:1") is None  # 10.0.0.1
+    assert guard.refusal_for_address("64:ff9b::b00:1") is not None  # 11.0.0.1

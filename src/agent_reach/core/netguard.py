@@ -103,6 +103,22 @@ def _networks(cidrs: Sequence[str], what: str) -> tuple[IPNetwork, ...]:
     return tuple(out)
 
 
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # RFC 6052's well-known prefix
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address carries, where a network may deliver it to that IPv4
+    address: IPv4-mapped (``::ffff:a.b.c.d``), NAT64 (``64:ff9b::a.b.c.d``), 6to4 (``2002:AABB:
+    CCDD::``). Judged as that IPv4 address, so that 169.254.169.254 is refused in any dress."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip in _NAT64:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    return None
+
+
 class AddressGuard:
     """Decides whether the gateway may deliver to an address or host.
 
@@ -159,8 +175,10 @@ class AddressGuard:
 
     def _refusal(self, shown: str, ip: IPAddress) -> str | None:
         forms: list[IPAddress] = [ip]
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            forms.insert(0, ip.ipv4_mapped)
+        if isinstance(ip, ipaddress.IPv6Address):
+            embedded = _embedded_ipv4(ip)
+            if embedded is not None:
+                forms.insert(0, embedded)
         effective = forms[0]
         label = shown if str(effective) == shown else f"{shown} ({effective})"
         for form in forms:
