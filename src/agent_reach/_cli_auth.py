@@ -20,7 +20,11 @@ from agent_reach import render
 from agent_reach._cli_common import env_name, gateway_options, reach
 from agent_reach.core.access import PatternKind, PolicyError, compile_pattern, parse_policy
 from agent_reach.core.intents import is_endpoint_id
-from agent_reach.gateway.schemas import MAX_TOKEN_TTL_S
+from agent_reach.gateway.schemas import (
+    DEFAULT_CLIENT_TTL_S,
+    DEFAULT_ENROLL_TTL_S,
+    MAX_TOKEN_TTL_S,
+)
 
 if TYPE_CHECKING:
     from agent_reach.auth.keys import KeyRing
@@ -28,8 +32,6 @@ if TYPE_CHECKING:
 __all__ = ["auth"]
 
 OPERATOR_TTL_S = 12 * 3600.0
-ENROLL_TTL_S = 24 * 3600.0
-CLIENT_TTL_S = 3600.0
 
 
 def _keys_option(*, required: bool, help: str) -> Callable[[Any], Any]:
@@ -246,7 +248,7 @@ def _issue(
 @click.option(
     "--subject", metavar="LABEL", default="enroll", show_default=True, help="a label for people"
 )
-@_ttl_option(ENROLL_TTL_S, "24 h")
+@_ttl_option(DEFAULT_ENROLL_TTL_S, "24 h")
 @_JSON
 @_online_options
 def enroll(
@@ -280,7 +282,7 @@ def enroll(
     callback=_endpoint_id,
     help="the sender id its holder sends as",
 )
-@_ttl_option(CLIENT_TTL_S, "1 h")
+@_ttl_option(DEFAULT_CLIENT_TTL_S, "1 h")
 @_JSON
 @_online_options
 def client(

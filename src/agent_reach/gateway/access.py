@@ -88,11 +88,6 @@ class Caller:
             return f"anonymous@{self.remote}"
         return self.claims.subject
 
-    @property
-    def is_operator(self) -> bool:
-        """Whether it holds an operator token (or anything goes: open mode)."""
-        return self.claims is None or self.claims.kind is Kind.OPERATOR
-
 
 @dataclass(frozen=True, slots=True)
 class EndpointGrant:

@@ -22,13 +22,11 @@ from agent_reach.auth.tokens import Kind, TokenService
 from agent_reach.core.access import Policy, PolicyError, compile_pattern, parse_policy
 from agent_reach.core.intents import is_endpoint_id
 from agent_reach.errors import InvalidRequest
-from agent_reach.gateway.schemas import TokenRequest
+from agent_reach.gateway.schemas import DEFAULT_CLIENT_TTL_S, DEFAULT_ENROLL_TTL_S, TokenRequest
 from agent_reach.logs import log
 
-__all__ = ["DEFAULT_CLIENT_TTL_S", "DEFAULT_ENROLL_TTL_S", "AuthFiles", "IssuedToken"]
+__all__ = ["AuthFiles", "IssuedToken"]
 
-DEFAULT_ENROLL_TTL_S = 86400.0
-DEFAULT_CLIENT_TTL_S = 3600.0
 IssuedToken = tuple[Kind, str, str, float, float]  # kind, subject, token, expires_at, ttl_s
 
 

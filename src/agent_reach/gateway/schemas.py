@@ -85,6 +85,8 @@ class SendBody(msgspec.Struct, forbid_unknown_fields=True):
 
 
 MAX_TOKEN_TTL_S = 30 * 86400.0
+DEFAULT_ENROLL_TTL_S = 86400.0  # an enrollment token's life when not asked otherwise
+DEFAULT_CLIENT_TTL_S = 3600.0  # a client token's
 Pattern = Annotated[str, msgspec.Meta(min_length=1, max_length=140)]
 
 
