@@ -34,6 +34,20 @@ def ring(path: Path, **key: Any) -> KeyRing:
     return keys
 
 
+def sign(tokens: TokenService, **changes: Any) -> str:
+    """An assertion of a delivery to agent://r (``changes`` override its claims)."""
+    claims: dict[str, Any] = {
+        "sender": None,
+        "recipient": "agent://r",
+        "intent": "a.b",
+        "msg_id": "m",
+        "body": b"{}",
+        "expires_at": time.time() + 10,
+        **changes,
+    }
+    return tokens.sign_delivery(**claims)
+
+
 def test_generated_keys_are_private_and_published_without_their_secret(tmp_path: Path) -> None:
     keys = ring(tmp_path / "k")
     (path,) = (tmp_path / "k").glob("*.pem")
@@ -135,14 +149,7 @@ def test_forged_tokens_are_unauthorized(tmp_path: Path, forge: Any) -> None:
 
 def test_a_delivery_assertion_is_never_a_bearer_token(tmp_path: Path) -> None:
     tokens = TokenService(ring(tmp_path))
-    assertion = tokens.sign_delivery(
-        sender="agent://c",
-        recipient="agent://r",
-        intent="a.b",
-        msg_id="m1",
-        body=b"{}",
-        expires_at=time.time() + 30,
-    )
+    assertion = sign(tokens, sender="agent://c")
     with pytest.raises(Unauthorized):
         tokens.verify(assertion, set(Kind))
 
@@ -151,14 +158,7 @@ def test_assertions_are_standard_jwts(tmp_path: Path) -> None:
     """Signed without PyJWT (for speed): PyJWT must read them as any JOSE library would."""
     keys = ring(tmp_path)
     tokens = TokenService(keys)
-    assertion = tokens.sign_delivery(
-        sender=None,
-        recipient="agent://r",
-        intent="a.b",
-        msg_id="m1",
-        body=b'{"x":1}',
-        expires_at=time.time() + 30,
-    )
+    assertion = sign(tokens, msg_id="m1", body=b'{"x":1}', expires_at=time.time() + 30)
     header = jwt.get_unverified_header(assertion)
     assert header == {"alg": "EdDSA", "kid": keys.signing_key().kid, "typ": "JWT"}
     key = keys.public_key(header["kid"])
@@ -223,14 +223,7 @@ async def test_the_verifier_answers_503_while_it_cannot_fetch_keys(tmp_path: Pat
         raise OSError("gateway away")
 
     verifier = DeliveryVerifier("agent://r", fetch)
-    assertion = tokens.sign_delivery(
-        sender=None,
-        recipient="agent://r",
-        intent="a.b",
-        msg_id="m",
-        body=b"{}",
-        expires_at=time.time() + 10,
-    )
+    assertion = sign(tokens)
     refusal = await verifier.check(
         b"{}", {"x-reach-assertion": assertion}, intent="a.b", msg_id="m", sender=None
     )
@@ -286,14 +279,7 @@ async def test_the_verifier_drops_keys_the_gateway_no_longer_publishes(tmp_path:
     verifier = DeliveryVerifier("agent://r", fetch, monotonic=lambda: clock[0])
 
     async def check() -> tuple[int, str] | None:
-        assertion = tokens.sign_delivery(
-            sender=None,
-            recipient="agent://r",
-            intent="a.b",
-            msg_id="m",
-            body=b"{}",
-            expires_at=time.time() + 10,
-        )
+        assertion = sign(tokens)
         return await verifier.check(
             b"{}", {"x-reach-assertion": assertion}, intent="a.b", msg_id="m", sender=None
         )
