@@ -142,8 +142,13 @@ class EndpointHeld(Forbidden):
     """Token mode: the id is registered and alive under another registration (its endpoint
     token's generation); the answer carries ``reason: endpoint_held``."""
 
-    def __init__(self, detail: str, **fields: Any) -> None:
-        super().__init__(detail, reason="endpoint_held", **fields)
+    def __init__(self, endpoint_id: str) -> None:
+        super().__init__(
+            f"{endpoint_id} is registered and alive under another registration; only its "
+            "endpoint token may re-register it (or wait until it is down, or have an operator "
+            "deregister it)",
+            reason="endpoint_held",
+        )
 
 
 class RateLimited(AgentReachError):

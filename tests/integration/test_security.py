@@ -152,6 +152,13 @@ def _register_body(endpoint_id: str, intents: list[str], url: str = NOWHERE) -> 
     return {"endpoint_id": endpoint_id, "capabilities": intents, "endpoint_url": url}
 
 
+def _register(
+    gw: str, token: str | None, endpoint_id: str, intents: list[str], url: str = NOWHERE
+) -> tuple[int, Any]:
+    """``POST /v1/register`` of ``gw`` with ``token``: (status, answer)."""
+    return http("POST", f"{gw}/v1/register", _register_body(endpoint_id, intents, url), token=token)
+
+
 # --- the open parts ------------------------------------------------------------------------
 
 
@@ -260,19 +267,9 @@ def test_register_refusals_change_nothing(net: Net, tmp_path: Path) -> None:
 def test_an_endpoint_token_binds_its_id(net: Net) -> None:
     weather = net.enroll("agent://weather-*", "weather.*")
     url = f"{net.gw}/v1"
-    status, x = http(
-        "POST",
-        f"{url}/register",
-        _register_body("agent://weather-bx", ["weather.query"]),
-        token=weather,
-    )
+    status, x = _register(net.gw, weather, "agent://weather-bx", ["weather.query"])
     assert status == 200 and x["token"], x
-    status, y = http(
-        "POST",
-        f"{url}/register",
-        _register_body("agent://weather-by", ["weather.query"]),
-        token=weather,
-    )
+    status, y = _register(net.gw, weather, "agent://weather-by", ["weather.query"])
     assert status == 200, y
     y_before = net.registered()["agent://weather-by"]
     other = {"endpoint_id": "agent://weather-by"}
@@ -289,18 +286,12 @@ def test_an_endpoint_token_binds_its_id(net: Net) -> None:
         assert status == code, (action, answer)
         assert why in answer["detail"], answer
     # the live id cannot be taken over by a new enrollment, nor moved by another endpoint token
-    status, answer = http(
-        "POST",
-        f"{url}/register",
-        _register_body("agent://weather-by", ["weather.query"], "http://127.0.0.1:8/evil"),
-        token=weather,
+    status, answer = _register(
+        net.gw, weather, "agent://weather-by", ["weather.query"], "http://127.0.0.1:8/evil"
     )
     assert (status, answer.get("reason")) == (403, "endpoint_held"), answer
-    status, answer = http(
-        "POST",
-        f"{url}/register",
-        _register_body("agent://weather-by", ["weather.query"], "http://127.0.0.1:8/evil"),
-        token=x["token"],
+    status, answer = _register(
+        net.gw, x["token"], "agent://weather-by", ["weather.query"], "http://127.0.0.1:8/evil"
     )
     assert status == 403, answer
     after = net.registered()["agent://weather-by"]
@@ -314,12 +305,7 @@ def test_an_endpoint_token_binds_its_id(net: Net) -> None:
     admin = net.audit("audit.admin")[admin_before:]
     assert any(a["action"] == "deregister" and a["target"] == "agent://weather-by" for a in admin)
     # re-enrolled, the id belongs to the new registration: y's old token no longer touches it
-    status, fresh = http(
-        "POST",
-        f"{url}/register",
-        _register_body("agent://weather-by", ["weather.query"]),
-        token=weather,
-    )
+    status, fresh = _register(net.gw, weather, "agent://weather-by", ["weather.query"])
     assert status == 200, fresh
     status, answer = http("POST", f"{url}/heartbeat", other, token=y["token"])
     assert status == 403 and "earlier registration" in answer["detail"], answer

@@ -39,7 +39,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
-__all__ = ["KeyDirectoryError", "KeyRing", "SigningKey", "generate_key", "public_jwk"]
+__all__ = ["KeyDirectoryError", "KeyRing", "SigningKey", "b64url", "generate_key", "public_jwk"]
 
 _NAME = re.compile(r"ed25519-(\d{8}T\d{6}Z)(?:-(\d{1,6}))?\.pem\Z")
 _TIME_FORMAT = "%Y%m%dT%H%M%SZ"
@@ -49,16 +49,18 @@ class KeyDirectoryError(ValueError):
     """The key directory cannot be used (missing, empty, a file that is not an Ed25519 key)."""
 
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+def b64url(data: bytes) -> bytes:
+    """Base64url without padding, as JOSE writes it (RFC 7515)."""
+    return base64.urlsafe_b64encode(data).rstrip(b"=")
 
 
 def public_jwk(public: Ed25519PublicKey) -> dict[str, str]:
     """The JWK of an Ed25519 public key, with its RFC 7638 thumbprint as ``kid``."""
-    x = _b64(public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
+    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    x = b64url(raw).decode("ascii")
     # RFC 7638: the required members, in lexicographic order, no spaces
     thumb = json.dumps({"crv": "Ed25519", "kty": "OKP", "x": x}, separators=(",", ":"))
-    kid = _b64(hashlib.sha256(thumb.encode()).digest())[:22]
+    kid = b64url(hashlib.sha256(thumb.encode()).digest()).decode("ascii")[:22]
     return {"kty": "OKP", "crv": "Ed25519", "x": x, "kid": kid, "alg": "EdDSA", "use": "sig"}
 
 

@@ -26,7 +26,6 @@ Invariants:
 
 from __future__ import annotations
 
-import base64
 import enum
 import hashlib
 import os
@@ -38,7 +37,7 @@ from typing import Any, Protocol
 import jwt
 import msgspec
 
-from agent_reach.auth.keys import KeyRing
+from agent_reach.auth.keys import KeyRing, b64url
 from agent_reach.core.intents import is_endpoint_id
 from agent_reach.errors import Unauthorized
 
@@ -99,13 +98,9 @@ class TokenVerifier(Protocol):
         ...
 
 
-def _b64(data: bytes) -> bytes:
-    return base64.urlsafe_b64encode(data).rstrip(b"=")
-
-
 def body_hash(body: bytes) -> str:
     """The ``bh`` claim of a delivery assertion: SHA-256 of the delivered body, base64url."""
-    return _b64(hashlib.sha256(body).digest()).decode("ascii")
+    return b64url(hashlib.sha256(body).digest()).decode("ascii")
 
 
 def _strings(value: Any, name: str) -> tuple[str, ...]:
@@ -197,13 +192,13 @@ class TokenService:
         key = self.keys.signing_key(self.wall())
         header = self._headers.get(key.kid)
         if header is None:
-            header = self._headers[key.kid] = _b64(
+            header = self._headers[key.kid] = b64url(
                 _encode({"alg": "EdDSA", "kid": key.kid, "typ": "JWT"})
             )
         signing_input = (
             header
             + b"."
-            + _b64(
+            + b64url(
                 _encode(
                     {
                         "iss": self.issuer,
@@ -220,7 +215,7 @@ class TokenService:
                 )
             )
         )
-        return (signing_input + b"." + _b64(key.private.sign(signing_input))).decode("ascii")
+        return (signing_input + b"." + b64url(key.private.sign(signing_input))).decode("ascii")
 
     def _sign(self, claims: dict[str, Any]) -> str:
         key = self.keys.signing_key(self.wall())

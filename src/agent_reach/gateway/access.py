@@ -16,7 +16,8 @@ Invariants:
 - A live endpoint id belongs to its current registration: the endpoint token names it (``sub``)
   and the registration (``gen``, kept in the record as ``owner``). Only that token heartbeats,
   deregisters or re-registers it; an enrollment may take an id only while it is free (absent or
-  down). An operator may deregister any id.
+  down), which the registry checks in one step with the write. An operator may deregister any
+  id.
 - ``sender`` is the token's subject; a body that names another sender is refused.
 - Every denial and every admin action is one JSON log line (``audit.denied``,
   ``audit.admin``) with who, what, why and the trace id where one applies.
@@ -45,11 +46,10 @@ from agent_reach.core.access import (
     Policy,
     scope_allows,
 )
-from agent_reach.core.model import EndpointRecord, Status
+from agent_reach.core.model import EndpointRecord
 from agent_reach.core.netguard import AddressGuard
 from agent_reach.core.ratelimit import RateLimiter
 from agent_reach.errors import (
-    EndpointHeld,
     Forbidden,
     InvalidRequest,
     NotFound,
@@ -322,11 +322,10 @@ class Access:
         caller: Caller,
         endpoint_id: str,
         capabilities: list[str],
-        current: EndpointRecord | None,
-        current_status: Status | None,
     ) -> EndpointGrant:
-        """May ``caller`` register ``endpoint_id`` with ``capabilities``, given the record that
-        holds the id now (and its status)? Returns the grant; Forbidden otherwise."""
+        """May ``caller`` register ``endpoint_id`` with ``capabilities``? Returns the grant;
+        Forbidden otherwise. Whether another live registration holds the id is the registry's
+        to check, where it writes (``upsert(held_within_s=...)``: one step with the write)."""
         claims = caller.claims
         if claims is None:
             return EndpointGrant(owner="")
@@ -352,20 +351,6 @@ class Access:
             self.deny(
                 caller, "register", endpoint_id, f"the policy does not allow it: {claim.reason}"
             )
-        held = (
-            current is not None
-            and current.owner
-            and current.owner != generation
-            and current_status is not Status.DOWN
-        )
-        if held:
-            why = (
-                f"{endpoint_id} is registered and alive under another registration; only its "
-                "endpoint token may re-register it (or wait until it is down, or have an "
-                "operator deregister it)"
-            )
-            self.denied(caller.who, "register", endpoint_id, why, None)
-            raise EndpointHeld(why)
         return self._grant(claims, endpoint_id, generation)
 
     def _grant(self, claims: Claims, endpoint_id: str, generation: str) -> EndpointGrant:

@@ -314,17 +314,11 @@ class GatewayHTTP:
     async def register(self, request: web.BaseRequest, _: str) -> web.Response:
         caller = self._caller(request, REGISTRANTS, "register")
         body = decode(await self._body(request), RegisterBody)
+        grant = self.access.check_register(caller, body.endpoint_id, body.capabilities)
         await self.access.check_endpoint_url(caller, body.endpoint_id, body.endpoint_url)
-        # from here to the write nothing waits: within this process, whether the id is held
-        # cannot change between the check and the registration
-        current = self.registry.get(body.endpoint_id)
-        status = None if current is None else self.gateway.health(current).status
-        grant = self.access.check_register(
-            caller, body.endpoint_id, body.capabilities, current, status
-        )
         try:
             record = await self.gateway.register(body, owner=grant.owner)
-        except EndpointHeld as exc:  # held through another gateway, seen where it is written
+        except EndpointHeld as exc:  # checked by the registry, in one step with the write
             self.access.denied(caller.who, "register", body.endpoint_id, exc.detail, None)
             raise
         self.metrics.registrations.inc()

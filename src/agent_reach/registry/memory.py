@@ -56,9 +56,7 @@ class MemoryRegistry:
         if held_within_s is not None and before is not None and self._now is not None:
             held_by_another = before.owner and before.owner != record.owner
             if held_by_another and self._now() - before.last_seen < held_within_s:
-                raise EndpointHeld(
-                    f"{record.endpoint_id} is registered and alive under another registration"
-                )
+                raise EndpointHeld(record.endpoint_id)
         if before is not None and before.capabilities != record.capabilities:
             self._unindex(before)
         self._records[record.endpoint_id] = record

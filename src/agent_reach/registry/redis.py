@@ -139,6 +139,7 @@ class RedisRegistry:
 
     def bind(self, now: Callable[[], float]) -> None:
         self._now = now
+        self._view.bind(now)  # the view's last_seen are on it: it checks held_within_s itself
 
     async def start(self) -> None:
         """Connect, load the whole registry into the view, and start the background loops.
@@ -233,12 +234,13 @@ class RedisRegistry:
             try:
                 await self._write_upsert(record, fresh=True, held_within_s=held_within_s)
             except RedisError as exc:
-                self._lost(exc)  # cannot be checked now: written when Redis is back
+                self._lost(exc)  # checked on the view below, and written when Redis is back
             else:
                 before = await self._view.upsert(record)
                 self._pending_writes.pop(record.endpoint_id, None)
                 return before
-        before = await self._view.upsert(record)
+            # Redis away: this gateway's view decides (what it cannot see is not checked)
+        before = await self._view.upsert(record, held_within_s=held_within_s)
         self._pending_writes.pop(record.endpoint_id, None)
         if not self._available:
             # known to be away: buffer at once rather than make the caller wait for a
@@ -330,9 +332,7 @@ class RedisRegistry:
         ]
         first, ver = await self._upsert_script(keys=self._keys_of(record.endpoint_id), args=args)
         if first in ("held", b"held"):
-            raise EndpointHeld(
-                f"{record.endpoint_id} is registered and alive under another registration"
-            )
+            raise EndpointHeld(record.endpoint_id)
         self._versions[record.endpoint_id] = int(ver)
         self._healthy()
 
