@@ -46,13 +46,13 @@ import msgspec
 
 from agent_reach.auth.keys import KeyRing, generate_key
 from agent_reach.auth.tokens import Kind, TokenService, body_hash
-from agent_reach.core.access import parse_policy
 from agent_reach.core.netguard import AddressGuard
+from agent_reach.core.policy import parse_policy
 from agent_reach.core.ratelimit import RateLimiter
 from agent_reach.gateway.access import SENDERS, Access
-from agent_reach.gateway.schemas import SendBody, decode
 from agent_reach.sdk._assertions import ASSERTION_HEADER, DeliveryVerifier
 from agent_reach.settings import GatewaySettings
+from agent_reach.wire.bodies import SendBody, decode
 
 SENDER = "agent://bench-caller"
 RECIPIENT = "agent://bench-agent"

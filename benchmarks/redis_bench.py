@@ -3,7 +3,7 @@
 Three measures (run.py turns them into rows of the report):
 
 - ``decision`` (in process, this file run as a child, pinned like ``route``): the route
-  decision (``Gateway.plan`` + ``Gateway.choose``, one call at a time with ``perf_counter_ns``)
+  decision (``Router.plan`` + ``Router.choose``, one call at a time with ``perf_counter_ns``)
   on a gateway whose view was LOADED FROM REDIS at start (10,000 endpoints registered through
   another gateway, 100 intents, 2-3 intents each: ~250 candidates an intent, as in ``route``)
   vs the same registrations on a ``MemoryRegistry``. Both also "live": decisions while every
@@ -47,11 +47,11 @@ from typing import Any
 
 import harness
 from agent_reach.clock import SystemClock
-from agent_reach.gateway.schemas import RegisterBody, decode
-from agent_reach.gateway.service import Gateway
+from agent_reach.gateway.router import Router
 from agent_reach.registry.memory import MemoryRegistry
 from agent_reach.registry.redis import STALENESS_BOUND_S, RedisRegistry
 from agent_reach.settings import GatewaySettings
+from agent_reach.wire.bodies import RegisterBody, decode
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -139,7 +139,7 @@ def figures(samples: list[int]) -> dict[str, float]:
     }
 
 
-def time_calls(gw: Gateway, seq: list[str]) -> list[int]:
+def time_calls(gw: Router, seq: list[str]) -> list[int]:
     now_ns = time.perf_counter_ns
     plan, choose = gw.plan, gw.choose
     out = []
@@ -150,7 +150,7 @@ def time_calls(gw: Gateway, seq: list[str]) -> list[int]:
     return out
 
 
-async def live(gw: Gateway, beat: Gateway, ids: list[str], intents: list[str]) -> list[int]:
+async def live(gw: Router, beat: Router, ids: list[str], intents: list[str]) -> list[int]:
     """Decisions on ``gw`` (25, then a 10 ms pause) while every id beats through ``beat``."""
     stop = asyncio.Event()
     per_tick = max(1, round(len(ids) / LIVE_INTERVAL_S / 100))  # beats every 10 ms
@@ -184,12 +184,12 @@ async def decision(args: argparse.Namespace) -> dict[str, Any]:
     prefix = f"bench-{os.urandom(4).hex()}"
     out: dict[str, Any] = {"endpoints": args.endpoints, "intents": N_INTENTS, "runs": []}
 
-    memory = Gateway(settings, MemoryRegistry(), SystemClock(), rng=random.Random(7))
+    memory = Router(settings, MemoryRegistry(), SystemClock(), rng=random.Random(7))
     for body in raw:
         await memory.register(decode(body, RegisterBody))
 
     writer_reg = RedisRegistry(args.redis, prefix=prefix)
-    writer = Gateway(settings, writer_reg, SystemClock(), rng=random.Random(7))
+    writer = Router(settings, writer_reg, SystemClock(), rng=random.Random(7))
     await writer_reg.start()
     t0 = time.perf_counter()
     for body in raw:
@@ -197,7 +197,7 @@ async def decision(args: argparse.Namespace) -> dict[str, Any]:
     out["register_s"] = round(time.perf_counter() - t0, 2)
     progress(f"{args.endpoints} registered through Redis in {out['register_s']} s")
     reader_reg = RedisRegistry(args.redis, prefix=prefix)
-    reader = Gateway(settings, reader_reg, SystemClock(), rng=random.Random(7))
+    reader = Router(settings, reader_reg, SystemClock(), rng=random.Random(7))
     t0 = time.perf_counter()
     await reader_reg.start()  # loads the whole registry from Redis
     out["load_s"] = round(time.perf_counter() - t0, 3)

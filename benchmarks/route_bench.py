@@ -2,7 +2,7 @@
 
 100,000 endpoints over 1,000 intents, each endpoint declaring 2 or 3 of them (about 250
 candidates an intent). Registered through the real service path: each body is decoded from JSON
-into ``RegisterBody`` (as the HTTP edge does) and passed to ``await Gateway.register``.
+into ``RegisterBody`` (as the HTTP edge does) and passed to ``await Router.register``.
 
 Measured (each "run" is one batch; the caller takes medians over runs):
 
@@ -43,11 +43,11 @@ import tracemalloc
 from typing import Any
 
 from agent_reach.clock import SystemClock
-from agent_reach.gateway.schemas import RegisterBody, decode
-from agent_reach.gateway.service import Gateway
+from agent_reach.gateway.router import Router
 from agent_reach.registry.memory import MemoryRegistry
 from agent_reach.settings import GatewaySettings
 from agent_reach.testing import FakeClock
+from agent_reach.wire.bodies import RegisterBody, decode
 
 N_INTENTS = 1_000
 
@@ -86,8 +86,8 @@ def pct(samples: list[int], q: float) -> float:
 
 async def build_gateway(
     bodies: list[bytes], settings: GatewaySettings, clock: Any, spread_s: float = 0.0
-) -> Gateway:
-    gw = Gateway(settings, MemoryRegistry(), clock, rng=random.Random(7))
+) -> Router:
+    gw = Router(settings, MemoryRegistry(), clock, rng=random.Random(7))
     step = spread_s / len(bodies) if spread_s else 0.0
     for raw in bodies:
         await gw.register(decode(raw, RegisterBody))
@@ -96,7 +96,7 @@ async def build_gateway(
     return gw
 
 
-def time_calls(gw: Gateway, seq: list[str]) -> list[int]:
+def time_calls(gw: Router, seq: list[str]) -> list[int]:
     now_ns = time.perf_counter_ns
     plan, choose = gw.plan, gw.choose
     out = []

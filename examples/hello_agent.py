@@ -1,6 +1,6 @@
 """An agent in 15 lines: `python examples/hello_agent.py` next to a running gateway."""
 
-from agent_reach import logs
+from agent_reach.observability import logs
 from agent_reach.sdk import Agent, ReachContext
 
 agent = Agent("agent://hello-01", description="Says hello")  # gateway: $AGENT_REACH_GATEWAY

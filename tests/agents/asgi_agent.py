@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Mount, Route
 
-from agent_reach import logs
+from agent_reach.observability import logs
 from agent_reach.sdk import Agent, ReachContext
 
 parser = argparse.ArgumentParser()

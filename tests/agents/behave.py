@@ -12,7 +12,7 @@ import asyncio
 import os
 from typing import Any
 
-from agent_reach import logs
+from agent_reach.observability import logs
 from agent_reach.sdk import Agent, ReachContext, Reject
 
 parser = argparse.ArgumentParser()

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from agent_reach import logs
 from agent_reach.errors import ReachError
+from agent_reach.observability import logs
 from agent_reach.sdk import Agent, ReachContext, Reply
 
 parser = argparse.ArgumentParser()

@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from agent_reach import logs
+from agent_reach.observability import logs
 from agent_reach.sdk import Agent, ReachContext, Reject
 
 parser = argparse.ArgumentParser()

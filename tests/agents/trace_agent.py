@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from agent_reach import logs
+from agent_reach.observability import logs
 from agent_reach.sdk import Agent, ReachContext
 
 parser = argparse.ArgumentParser()

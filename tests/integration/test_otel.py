@@ -23,10 +23,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from agent_reach.gateway.app import GatewayHTTP
+from agent_reach.edges.http.app import HttpEdge
+from agent_reach.observability.tracecontext import otel_trace_id, parse_traceparent
 from agent_reach.sdk import Agent, ReachContext
 from agent_reach.settings import GatewaySettings
-from agent_reach.tracecontext import otel_trace_id, parse_traceparent
 from tests.agents.sdk_support import HERE
 from tests.support import Proc, _start, gateway
 
@@ -40,7 +40,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
 )
 from opentelemetry.trace import SpanKind, StatusCode
 
-from agent_reach import _otel
+from agent_reach.observability import spans as _otel
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 SPAN = "00f067aa0ba902b7"
@@ -78,7 +78,7 @@ def exporter(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
 @asynccontextmanager
 async def serving(settings: GatewaySettings | None = None) -> AsyncIterator[str]:
     """A gateway on 127.0.0.1, a free port, in this event loop; yields its URL."""
-    http = GatewayHTTP(settings or GatewaySettings(port=0))
+    http = HttpEdge(settings or GatewaySettings(port=0))
     await http.start()
     runner = web.ServerRunner(web.Server(http.handle, access_log=None), handle_signals=False)
     await runner.setup()
@@ -401,10 +401,10 @@ def test_the_service_name_defaults_unless_the_environment_names_one(
 def test_nothing_imports_opentelemetry_while_export_is_off() -> None:
     code = (
         "import sys\n"
-        "from agent_reach.gateway.app import GatewayHTTP\n"
+        "from agent_reach.edges.http.app import HttpEdge\n"
         "from agent_reach.sdk import Agent\n"
         "from agent_reach.settings import GatewaySettings\n"
-        "GatewayHTTP(GatewaySettings(port=0))\n"
+        "HttpEdge(GatewaySettings(port=0))\n"
         "Agent('agent://a')\n"
         "loaded = sorted(m for m in sys.modules if m.startswith('opentelemetry'))\n"
         "assert not loaded, loaded\n"

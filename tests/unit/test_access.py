@@ -1,4 +1,4 @@
-"""Unit tests of agent_reach.core.access: pattern grammar, policy parsing with line numbers,
+"""Unit tests of agent_reach.core.policy: pattern grammar, policy parsing with line numbers,
 deny by default, reach/deliver/claim decisions and enrollment-token scopes."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_reach.core.access import (
+from agent_reach.core.policy import (
     Decision,
     Pattern,
     Policy,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agent_reach.logs import TRACE_ID
+from agent_reach.observability.logs import TRACE_ID
 from agent_reach.sdk import ReachContext, Reject
 from agent_reach.sdk._delivery import Dispatcher, Handler
 from agent_reach.sdk.asgi import AsgiDelivery

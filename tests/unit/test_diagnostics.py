@@ -18,11 +18,11 @@ from agent_reach.errors import (
     RecipientNotFound,
 )
 from agent_reach.gateway.diagnostics import UNROUTED_CAPACITY, UnroutedIntents
-from agent_reach.gateway.schemas import RegisterBody
-from agent_reach.gateway.service import Gateway
+from agent_reach.gateway.router import Router
 from agent_reach.registry.memory import MemoryRegistry
 from agent_reach.settings import GatewaySettings
 from agent_reach.testing import FakeClock
+from agent_reach.wire.bodies import RegisterBody
 
 WALL = 1_700_000_000.0
 
@@ -89,9 +89,9 @@ def test_against_a_plain_model(refusals: list[str]) -> None:
 # --- through the service -------------------------------------------------------------------------
 
 
-async def service(**settings: float) -> tuple[Gateway, FakeClock]:
+async def service(**settings: float) -> tuple[Router, FakeClock]:
     clock = FakeClock(start=0.0, wall_offset=WALL)
-    gw = Gateway(GatewaySettings(**settings), MemoryRegistry(), clock)  # type: ignore[arg-type]
+    gw = Router(GatewaySettings(**settings), MemoryRegistry(), clock)  # type: ignore[arg-type]
     await gw.register(
         RegisterBody(
             endpoint_id="agent://w1", capabilities=["weather.query"], endpoint_url="http://h/"

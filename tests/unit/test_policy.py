@@ -1,4 +1,4 @@
-"""Unit tests of agent_reach.core.policy: the contract's timeout formula, backoff, deadline and
+"""Unit tests of agent_reach.core.retry: the contract's timeout formula, backoff, deadline and
 retry budget."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_reach.core.policy import (
+from agent_reach.core.retry import (
     MIN_PER_TRY_MS,
     Deadline,
     RetryBudget,

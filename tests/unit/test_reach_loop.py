@@ -23,15 +23,15 @@ from agent_reach.errors import (
     NoAvailableAgent,
     ReachError,
 )
+from agent_reach.gateway.delivery import Reacher
 from agent_reach.gateway.metrics import GatewayMetrics
-from agent_reach.gateway.reach import Reacher
-from agent_reach.gateway.schemas import RegisterBody, SendBody
-from agent_reach.gateway.service import Gateway
+from agent_reach.gateway.router import Router
 from agent_reach.gateway.traces import TraceStore
 from agent_reach.registry.memory import MemoryRegistry
 from agent_reach.settings import GatewaySettings
 from agent_reach.testing import FakeClock
 from agent_reach.transport.base import Delivery
+from agent_reach.wire.bodies import RegisterBody, SendBody
 
 
 @dataclass
@@ -74,7 +74,7 @@ def make(
     behaviours: dict[str, list[Behaviour]], seed: int = 1, **overrides: float
 ) -> tuple[Reacher, ScriptedTransport, FakeClock]:
     clock = FakeClock()
-    gw = Gateway(
+    gw = Router(
         GatewaySettings(**overrides),
         MemoryRegistry(),
         clock,  # type: ignore[arg-type]

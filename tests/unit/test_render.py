@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from rich.console import Console, RenderableType
 
-from agent_reach import render
+from agent_reach.cli import render
 from agent_reach.errors import AllAttemptsFailed, GatewayUnavailable, NoCapableAgent
 from agent_reach.sdk.client import (
     AgentInfo,

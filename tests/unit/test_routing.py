@@ -1,4 +1,4 @@
-"""Unit tests of agent_reach.core.routing and agent_reach.core.intents: health tiers, the
+"""Unit tests of agent_reach.core.routing and agent_reach.core.names: health tiers, the
 load-aware pick, fallback matching and the name grammar."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent_reach.core.health import INF, EndpointStats, derive
-from agent_reach.core.intents import SegmentPrefixMatcher, is_endpoint_id, is_intent
 from agent_reach.core.model import EndpointRecord, Status, Thresholds
+from agent_reach.core.names import SegmentPrefixMatcher, is_endpoint_id, is_intent
 from agent_reach.core.routing import PROBE_SHARE, Tiers, build_tiers, fallback_tags, pick
 
 T = Thresholds()  # 10 / 20 / 30 s, slow over 2000 ms, samples kept 60 s

@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from agent_reach.core.model import Outcome
 from agent_reach.core.routing import build_tiers
 from agent_reach.errors import ReachError
-from agent_reach.gateway.schemas import RegisterBody
-from agent_reach.gateway.service import FALLBACK_CACHE_SIZE, Gateway
+from agent_reach.gateway.router import FALLBACK_CACHE_SIZE, Router
 from agent_reach.registry.memory import MemoryRegistry
 from agent_reach.settings import GatewaySettings
 from agent_reach.testing import FakeClock
+from agent_reach.wire.bodies import RegisterBody
 
 NAMES = [f"agent://n{i}" for i in range(5)]
 INTENTS = ["t.a", "t.b", "t.c"]
@@ -61,7 +61,7 @@ def snapshot(tiers: object) -> tuple[frozenset[str], frozenset[str], frozenset[s
 @given(steps=st.lists(ops, max_size=40))
 async def test_cached_tiers_equal_fresh_tiers(steps: list[tuple[object, ...]]) -> None:
     clock = FakeClock()
-    gw = Gateway(
+    gw = Router(
         GatewaySettings(heartbeat_interval=5.0, slow_threshold_ms=1000.0),
         MemoryRegistry(),
         clock,
@@ -113,7 +113,7 @@ async def test_cached_tiers_equal_fresh_tiers(steps: list[tuple[object, ...]]) -
 
 
 async def test_caller_chosen_intents_cannot_grow_the_fallback_cache() -> None:
-    gw = Gateway(GatewaySettings(), MemoryRegistry(), FakeClock())
+    gw = Router(GatewaySettings(), MemoryRegistry(), FakeClock())
     await gw.register(
         RegisterBody(endpoint_id="agent://x", capabilities=["t.a"], endpoint_url="http://h/")
     )

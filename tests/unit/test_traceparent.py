@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent_reach import otel
-from agent_reach.tracecontext import (
+from agent_reach.observability import otel
+from agent_reach.observability.tracecontext import (
     SAMPLED,
     TraceParent,
     new_span_id,

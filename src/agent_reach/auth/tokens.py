@@ -38,7 +38,7 @@ import jwt
 import msgspec
 
 from agent_reach.auth.keys import KeyRing, b64url
-from agent_reach.core.intents import is_endpoint_id
+from agent_reach.core.names import is_endpoint_id
 from agent_reach.errors import Unauthorized
 
 __all__ = [

@@ -21,8 +21,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from agent_reach.core.health import INF, EndpointStats, Health, derive
-from agent_reach.core.intents import FallbackMatcher
 from agent_reach.core.model import EndpointRecord, Status, Thresholds
+from agent_reach.core.names import FallbackMatcher
 
 __all__ = ["PROBE_SHARE", "Tiers", "build_tiers", "fallback_tags", "pick"]
 

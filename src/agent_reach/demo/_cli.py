@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from agent_reach import logs
+from agent_reach.observability import logs
 from agent_reach.sdk import Agent
 
 __all__ = ["main"]

@@ -14,8 +14,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from agent_reach._children import die_with_parent, listening_url
 from agent_reach.errors import GatewayUnavailable
+from agent_reach.gateway.children import die_with_parent, listening_url
 from agent_reach.sdk.client import SyncReachClient
 
 __all__ = ["AGENTS", "Stack", "StackError", "start"]

@@ -6,7 +6,7 @@ deadlines uses the gateway's overhead reserve when ``/v1/diagnostics`` gives it 
 
 from __future__ import annotations
 
-from agent_reach.core.policy import per_try_timeout_ms
+from agent_reach.core.retry import per_try_timeout_ms
 from agent_reach.doctor.findings import Finding, Severity, count
 from agent_reach.doctor.snapshot import ATTEMPTS, BUDGET, REQUESTS, RETRIES, UNROUTABLE, Snapshot
 

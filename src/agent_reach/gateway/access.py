@@ -6,7 +6,7 @@ Two modes (docs/security.md):
   who can reach the port may do anything, as before token mode existed.
 - **tokens**: every API call but ``/healthz``, ``/metrics``, ``/v1/keys`` and the dashboard's
   static files needs ``Authorization: Bearer TOKEN`` (:mod:`agent_reach.auth.tokens`), and the
-  policy file (:mod:`agent_reach.core.access`) says, deny by default, who may reach which
+  policy file (:mod:`agent_reach.core.policy`) says, deny by default, who may reach which
   intents and which ids may claim which intents.
 
 Invariants:
@@ -42,12 +42,12 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from agent_reach.auth.tokens import Claims, Kind, TokenService
-from agent_reach.core.access import (
+from agent_reach.core.model import EndpointRecord
+from agent_reach.core.netguard import AddressGuard
+from agent_reach.core.policy import (
     Policy,
     scope_allows,
 )
-from agent_reach.core.model import EndpointRecord
-from agent_reach.core.netguard import AddressGuard
 from agent_reach.core.ratelimit import RateLimiter
 from agent_reach.errors import (
     Forbidden,
@@ -58,10 +58,10 @@ from agent_reach.errors import (
 )
 from agent_reach.gateway.authfiles import AuthFiles
 from agent_reach.gateway.guards import BrowserGuard, endpoint_url_refusal
-from agent_reach.gateway.schemas import TokenRequest
-from agent_reach.gateway.service import RouteScope
-from agent_reach.logs import log
+from agent_reach.gateway.router import RouteScope
+from agent_reach.observability.logs import log
 from agent_reach.settings import GatewaySettings, is_loopback
+from agent_reach.wire.bodies import TokenRequest
 
 __all__ = ["READERS", "REGISTRANTS", "SENDERS", "Access", "Caller", "EndpointGrant"]
 

@@ -19,11 +19,11 @@ from typing import Any
 
 from agent_reach.auth.keys import KeyDirectoryError, KeyRing
 from agent_reach.auth.tokens import Kind, TokenService
-from agent_reach.core.access import Policy, PolicyError, compile_pattern, parse_policy
-from agent_reach.core.intents import is_endpoint_id
+from agent_reach.core.names import is_endpoint_id
+from agent_reach.core.policy import Policy, PolicyError, compile_pattern, parse_policy
 from agent_reach.errors import InvalidRequest
-from agent_reach.gateway.schemas import DEFAULT_CLIENT_TTL_S, DEFAULT_ENROLL_TTL_S, TokenRequest
-from agent_reach.logs import log
+from agent_reach.observability.logs import log
+from agent_reach.wire.bodies import DEFAULT_CLIENT_TTL_S, DEFAULT_ENROLL_TTL_S, TokenRequest
 
 __all__ = ["AuthFiles", "IssuedToken"]
 

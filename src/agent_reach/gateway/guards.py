@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from agent_reach.core.netguard import AddressGuard, is_ip
 from agent_reach.errors import Forbidden
-from agent_reach.logs import log
+from agent_reach.observability.logs import log
 from agent_reach.settings import is_loopback
 
 __all__ = ["RESOLVE_TIMEOUT_S", "BrowserGuard", "endpoint_url_refusal"]

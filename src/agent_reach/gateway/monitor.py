@@ -9,13 +9,13 @@ import asyncio
 import logging
 
 from agent_reach.gateway.metrics import GatewayMetrics
-from agent_reach.gateway.service import STALL_TICK_S, Gateway
-from agent_reach.logs import log
+from agent_reach.gateway.router import STALL_TICK_S, Router
+from agent_reach.observability.logs import log
 
 __all__ = ["run_purger", "run_ticker"]
 
 
-async def run_ticker(gateway: Gateway, metrics: GatewayMetrics) -> None:
+async def run_ticker(gateway: Router, metrics: GatewayMetrics) -> None:
     """Tick the liveness clock; a late tick is a gateway stall credited to every lease."""
     clock = gateway.clock
     liveness = gateway.liveness
@@ -41,7 +41,7 @@ async def run_ticker(gateway: Gateway, metrics: GatewayMetrics) -> None:
             )
 
 
-async def run_purger(gateway: Gateway) -> None:
+async def run_purger(gateway: Router) -> None:
     """Delete records whose last heartbeat is older than the purge time."""
     period = min(60.0, gateway.settings.purge_after_s / 4)
     while True:

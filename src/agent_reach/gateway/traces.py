@@ -18,7 +18,7 @@ from typing import Annotated, Any, NamedTuple
 import msgspec
 
 from agent_reach.errors import ReachError
-from agent_reach.gateway.schemas import Attempt, Intent
+from agent_reach.wire.bodies import Attempt, Intent
 
 __all__ = ["OUTCOMES", "RequestSummary", "TraceQuery", "TraceStore"]
 

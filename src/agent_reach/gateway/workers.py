@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import IO
 
-from agent_reach._children import die_with_parent, listening_url
+from agent_reach.gateway.children import die_with_parent, listening_url
 from agent_reach.settings import GatewaySettings, redacted
 
 __all__ = ["supervise"]

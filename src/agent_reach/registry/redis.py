@@ -57,7 +57,7 @@ from redis.exceptions import RedisError
 
 from agent_reach.core.model import EndpointRecord
 from agent_reach.errors import EndpointHeld
-from agent_reach.logs import log
+from agent_reach.observability.logs import log
 from agent_reach.registry._redis_scripts import REMOVE, TOUCH, UPSERT
 from agent_reach.registry.base import RegistryListener, RegistryState
 from agent_reach.registry.memory import MemoryRegistry

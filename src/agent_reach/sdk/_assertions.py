@@ -30,7 +30,7 @@ from typing import Any
 import jwt
 
 from agent_reach.auth.tokens import body_hash
-from agent_reach.logs import log
+from agent_reach.observability.logs import log
 
 __all__ = ["ASSERTION_HEADER", "DeliveryVerifier"]
 

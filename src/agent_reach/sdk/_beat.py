@@ -55,7 +55,7 @@ import aiohttp
 
 from agent_reach.clock import Clock, SystemClock
 from agent_reach.errors import AgentReachError, error_from_answer
-from agent_reach.logs import log
+from agent_reach.observability.logs import log
 from agent_reach.sdk._failover import CONNECT_TIMEOUT_S, COOLOFF_S, GatewayRing, describe
 
 __all__ = ["Lifeline"]

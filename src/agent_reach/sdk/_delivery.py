@@ -6,7 +6,7 @@ else's, read the body (capped) and call :meth:`Dispatcher.deliver`; everything e
 parsing, the handler table, the request context, trace-id binding (the body's ``trace_id``, else
 ``X-Reach-Trace-Id``, else the W3C ``traceparent``'s trace-id), the ``traceparent`` that reaches
 made while the handler runs carry on, the ``agent_reach.handle`` span when OpenTelemetry export is
-on (:mod:`agent_reach.otel`), dedup by ``msg_id``, running sync handlers on the agent's bounded
+on (`observability.otel`), dedup by ``msg_id``, running sync handlers on the agent's bounded
 thread pool, and the error table:
 
 ==========================  ======  ===================================================
@@ -50,14 +50,14 @@ from agent_reach.errors import (
     PayloadTooLarge,
     Unauthorized,
 )
-from agent_reach.logs import TRACE_ID, log
-from agent_reach.otel import agent_tracer
+from agent_reach.observability.logs import TRACE_ID, log
+from agent_reach.observability.otel import agent_tracer
+from agent_reach.observability.tracecontext import TRACEPARENT, TraceParent, parse_traceparent
 from agent_reach.sdk._dedup import RecentResults, RunOnce
 from agent_reach.sdk.context import ReachContext, Reject
-from agent_reach.tracecontext import TRACEPARENT, TraceParent, parse_traceparent
 
 if TYPE_CHECKING:
-    from agent_reach._otel import AgentTracer, HandleSpan
+    from agent_reach.observability.spans import AgentTracer, HandleSpan
     from agent_reach.sdk._assertions import DeliveryVerifier
     from agent_reach.sdk.agent import Agent
 
@@ -171,7 +171,7 @@ class Dispatcher:
     ``handlers`` is read at each delivery (the agent's table, filled by ``@agent.handle``).
     Sync handlers run on a pool of ``workers`` threads made on first use, with the request's
     contextvars (the trace id) copied in; async handlers run on the caller's event loop.
-    ``tracer`` makes the OpenTelemetry spans; by default :func:`agent_reach.otel.agent_tracer`
+    ``tracer`` makes the OpenTelemetry spans; by default `observability.otel.agent_tracer`
     decides from the environment (None: off).
     """
 

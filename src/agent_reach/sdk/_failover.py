@@ -1,5 +1,5 @@
 """Several gateways sharing one registry: in which order to try them, which failures allow
-trying the next one, and (:class:`Gateways`) the client's HTTP exchange across them. The ring
+trying the next one, and (:class:`GatewayPool`) the client's HTTP exchange across them. The ring
 and the rule are shared by the client (:mod:`.client`) and the heartbeat line (:mod:`._beat`).
 
 Invariants of :class:`GatewayRing`:
@@ -29,9 +29,9 @@ import msgspec
 
 from agent_reach.clock import Clock, SystemClock
 from agent_reach.errors import AgentReachError, GatewayUnavailable
-from agent_reach.logs import log
+from agent_reach.observability.logs import log
 
-__all__ = ["CONNECT_TIMEOUT_S", "COOLOFF_S", "GatewayRing", "Gateways", "describe", "never_sent"]
+__all__ = ["CONNECT_TIMEOUT_S", "COOLOFF_S", "GatewayPool", "GatewayRing", "describe", "never_sent"]
 
 # how long a failed gateway is tried last
 COOLOFF_S = 5.0
@@ -89,7 +89,7 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-class Gateways:
+class GatewayPool:
     """The HTTP side of a client of several gateways: one pooled aiohttp session, and
     :meth:`call`, one exchange through the first gateway of the ring that answers."""
 

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import StreamReader, web
 
-from agent_reach.core.intents import is_endpoint_id, is_intent
+from agent_reach.core.names import is_endpoint_id, is_intent
 from agent_reach.sdk._assertions import DeliveryVerifier
 from agent_reach.sdk._beat import Lifeline
 from agent_reach.sdk._delivery import (

@@ -39,7 +39,10 @@ from agent_reach.errors import (
     GatewayUnavailable,
     error_from_answer,
 )
-from agent_reach.sdk._answers import (
+from agent_reach.observability.tracecontext import TRACEPARENT
+from agent_reach.sdk._failover import CONNECT_TIMEOUT_S, COOLOFF_S, GatewayPool, GatewayRing
+from agent_reach.settings import gateway_token, gateway_urls
+from agent_reach.wire.answers import (
     AgentInfo,
     Attempt,
     Candidate,
@@ -49,9 +52,6 @@ from agent_reach.sdk._answers import (
     RouteExplanation,
     Trace,
 )
-from agent_reach.sdk._failover import CONNECT_TIMEOUT_S, COOLOFF_S, GatewayRing, Gateways
-from agent_reach.settings import gateway_token, gateway_urls
-from agent_reach.tracecontext import TRACEPARENT
 
 __all__ = [
     "AgentInfo",
@@ -124,7 +124,7 @@ class ReachClient:
             current: Callable[[], str | None] = lambda: self._held  # noqa: E731
         else:
             current = token
-        self._gateways = Gateways(
+        self._gateways = GatewayPool(
             GatewayRing(gateway_urls(gateway), cooloff_s=cooloff_s),
             headers=headers,
             max_connections=max_connections,

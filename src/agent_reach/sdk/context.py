@@ -12,7 +12,7 @@ from agent_reach.errors import AgentReachError, DeadlineExceeded
 from agent_reach.sdk.client import EMPTY
 
 if TYPE_CHECKING:
-    from agent_reach._otel import HandleSpan
+    from agent_reach.observability.spans import HandleSpan
     from agent_reach.sdk.agent import Agent
     from agent_reach.sdk.client import Reply
 

@@ -1,7 +1,7 @@
 """The gateway service: registry operations, derived health, and route decisions.
 
 Orchestrates the pure core over a registry backend; it never speaks HTTP. Delivery (the retry
-loop) lives in :mod:`agent_reach.gateway.reach`.
+loop) lives in :mod:`agent_reach.gateway.delivery`.
 
 Invariants:
 - Status is derived in one place (:func:`agent_reach.core.health.derive`) on the liveness clock.
@@ -23,9 +23,9 @@ from typing import Any
 
 from agent_reach.clock import Clock
 from agent_reach.core.health import EndpointStats, Health, LivenessClock, derive
-from agent_reach.core.intents import FallbackMatcher, SegmentPrefixMatcher
 from agent_reach.core.model import EndpointRecord, Outcome, Status
-from agent_reach.core.policy import RetryBudget, max_retries, per_try_timeout_ms
+from agent_reach.core.names import FallbackMatcher, SegmentPrefixMatcher
+from agent_reach.core.retry import RetryBudget, max_retries, per_try_timeout_ms
 from agent_reach.core.routing import Tiers, build_tiers, fallback_tags, pick
 from agent_reach.errors import (
     EndpointNotRegistered,
@@ -36,12 +36,12 @@ from agent_reach.errors import (
     RecipientNotFound,
 )
 from agent_reach.gateway.diagnostics import UnroutedIntents
-from agent_reach.gateway.schemas import RegisterBody
-from agent_reach.logs import log
+from agent_reach.observability.logs import log
 from agent_reach.registry.base import RegistryBackend, RegistryChange
 from agent_reach.settings import GatewaySettings
+from agent_reach.wire.bodies import RegisterBody
 
-__all__ = ["Gateway", "RoutePlan", "RouteScope"]
+__all__ = ["RoutePlan", "RouteScope", "Router"]
 
 STALL_TICK_S = 0.25
 _JUST_SEEN = Health(Status.HEALTHY, "healthy", math.inf)  # only its status is read
@@ -71,7 +71,7 @@ class RoutePlan:
     fallback_ids: tuple[str, ...] = ()  # candidates of a fallback match (not cached)
 
 
-class Gateway:
+class Router:
     """Registry operations and route decisions over one registry backend."""
 
     def __init__(

@@ -1,5 +1,5 @@
 """OpenTelemetry spans of the gateway and the agent SDK: the only module that imports
-``opentelemetry``, and only :mod:`agent_reach.otel` imports it, once tracing is switched on.
+``opentelemetry``, and only `observability.otel` imports it, once tracing is switched on.
 
 The spans of one reach (names and attributes: docs/observing.md, "Tracing")::
 
@@ -12,7 +12,7 @@ The spans of one reach (names and attributes: docs/observing.md, "Tracing")::
     └── agent_reach.attempt    CLIENT    (a retry or failover)
 
 Parents: the ``traceparent`` a request carries; without a valid one, a remote parent made from
-the contract ``trace_id`` (:func:`agent_reach.tracecontext.otel_trace_id`, with a span id taken
+the contract ``trace_id`` (`observability.tracecontext.otel_trace_id`, with a span id taken
 from it) so that every hop carrying that ``trace_id`` joins one trace; a gateway request with
 neither starts a trace of its own (its ``trace_id`` is then ``trace_`` + the new trace-id).
 Contexts are passed explicitly; only the agent's handle span is made current, while the handler
@@ -46,8 +46,8 @@ from opentelemetry.trace import (
 )
 from opentelemetry.util.types import AttributeValue
 
-from agent_reach.logs import log
-from agent_reach.tracecontext import SAMPLED, TraceParent, onward, otel_trace_id
+from agent_reach.observability.logs import log
+from agent_reach.observability.tracecontext import SAMPLED, TraceParent, onward, otel_trace_id
 
 __all__ = [
     "AgentTracer",

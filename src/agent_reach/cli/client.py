@@ -1,8 +1,8 @@
 """The client commands: ``agents``, ``send``, ``route``, ``trace`` and ``doctor``.
 
 Thin: they parse, make one call through :class:`~agent_reach.sdk.client.ReachClient` and print
-what :mod:`agent_reach.render` makes of the answer. Their exit codes are
-:class:`~agent_reach._cli_common.ExitCode`.
+what :mod:`agent_reach.cli.render` makes of the answer. Their exit codes are
+:class:`~agent_reach.cli.common.ExitCode`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any, cast
 import click
 import msgspec
 
-from agent_reach import render
-from agent_reach._cli_common import ExitCode, client_options, reach, stdout
+from agent_reach.cli import render
+from agent_reach.cli.common import ExitCode, client_options, reach, stdout
 from agent_reach.sdk.client import DEFAULT_TIMEOUT_MS, Priority, ReachClient
 
 __all__ = ["COMMANDS", "agents", "doctor", "route", "send", "trace"]

@@ -7,8 +7,8 @@ Invariants:
   endpoint after a jittered backoff; it starts only when its per-try timeout fits in what is left.
 - 4xx answers are never retried. Retries that reached an agent are charged to the retry budget.
 - All waiting goes through the injected clock.
-- Every delivery carries a W3C ``traceparent`` (rules: :mod:`agent_reach.tracecontext`); the
-  OpenTelemetry spans (:mod:`agent_reach._otel`) hang off ``self.otel``, which is None while
+- Every delivery carries a W3C ``traceparent`` (rules: `observability.tracecontext`); the
+  OpenTelemetry spans (`observability.spans`) hang off ``self.otel``, which is None while
   export is off: then each hook is one ``is not None`` test.
 """
 
@@ -25,7 +25,7 @@ import msgspec
 
 from agent_reach.auth.keys import KeyDirectoryError
 from agent_reach.core.model import Outcome
-from agent_reach.core.policy import Deadline, backoff_s
+from agent_reach.core.retry import Deadline, backoff_s
 from agent_reach.errors import (
     AgentError,
     AgentReachError,
@@ -34,17 +34,17 @@ from agent_reach.errors import (
     ReachError,
 )
 from agent_reach.gateway.metrics import GatewayMetrics
-from agent_reach.gateway.schemas import Attempt, DeliveryBody, SendBody, encode
-from agent_reach.gateway.service import Gateway, RoutePlan, RouteScope
+from agent_reach.gateway.router import RoutePlan, Router, RouteScope
 from agent_reach.gateway.traces import TraceStore
-from agent_reach.logs import TRACE_ID, log
-from agent_reach.otel import gateway_tracer
-from agent_reach.tracecontext import new_span_id, onward, parse_traceparent
+from agent_reach.observability.logs import TRACE_ID, log
+from agent_reach.observability.otel import gateway_tracer
+from agent_reach.observability.tracecontext import new_span_id, onward, parse_traceparent
 from agent_reach.transport.base import Transport
+from agent_reach.wire.bodies import Attempt, DeliveryBody, SendBody, encode
 
 if TYPE_CHECKING:
-    from agent_reach._otel import GatewayTracer, ReceiveSpan
     from agent_reach.auth.tokens import TokenService
+    from agent_reach.observability.spans import GatewayTracer, ReceiveSpan
 
 __all__ = ["ReachResult", "Reacher", "new_id"]
 
@@ -87,7 +87,7 @@ class Reacher:
 
     def __init__(
         self,
-        gateway: Gateway,
+        gateway: Router,
         transport: Transport,
         metrics: GatewayMetrics,
         traces: TraceStore,
@@ -103,7 +103,7 @@ class Reacher:
         self.clock = gateway.clock
         self.settings = gateway.settings
         self._wall = wall
-        # OpenTelemetry spans (None: off, the default; agent_reach.otel says when it is on)
+        # OpenTelemetry spans (None: off, the default: observability.otel says when it is on)
         self.otel = tracer if tracer is not None else gateway_tracer()
         # token mode: each delivery carries an assertion signed by the gateway
         self.signer = signer
@@ -117,7 +117,7 @@ class Reacher:
         """The request's trace_id, the traceparent its deliveries carry (with OpenTelemetry on,
         each attempt's own), and its server span (None while off).
 
-        The rules (agent_reach.tracecontext): the body's trace_id wins, else the traceparent's
+        The rules (observability.tracecontext): the body's trace_id wins, else the traceparent's
         trace-id, else a new one; an invalid traceparent is ignored.
         """
         received = parse_traceparent(traceparent)

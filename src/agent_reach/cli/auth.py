@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
-from agent_reach import render
-from agent_reach._cli_common import env_name, gateway_options, reach
-from agent_reach.core.access import PatternKind, PolicyError, compile_pattern, parse_policy
-from agent_reach.core.intents import is_endpoint_id
-from agent_reach.gateway.schemas import (
+from agent_reach.cli import render
+from agent_reach.cli.common import env_name, gateway_options, reach
+from agent_reach.core.names import is_endpoint_id
+from agent_reach.core.policy import PatternKind, PolicyError, compile_pattern, parse_policy
+from agent_reach.wire.bodies import (
     DEFAULT_CLIENT_TTL_S,
     DEFAULT_ENROLL_TTL_S,
     MAX_TOKEN_TTL_S,

@@ -1,13 +1,13 @@
 """The gateway's HTTP edge: a dispatch table over aiohttp's low-level server.
 
 Handlers only parse, call the service, and render. Errors are rendered in one place
-(:meth:`GatewayHTTP.handle`) from the exception tree of :mod:`agent_reach.errors`; anything
+(:meth:`HttpEdge.handle`) from the exception tree of :mod:`agent_reach.errors`; anything
 unexpected is a 500 ``internal_error``, logged once with its traceback, and never takes the
 process down. The low-level server (no ``web.Application``, router or middleware) is used because
 it costs about 8 µs less per request, a tenth of a heartbeat's whole cost (benchmarks/RESULTS.md).
 
 The dashboard (``/``, ``/dashboard`` and ``/static/NAME``) is a static page shipped in the
-package (``gateway/static/``), read once at start and served from memory; it polls the JSON API.
+package (``edges/http/static/``), read once at start and served from memory; it polls the JSON API.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from aiohttp import web
 
 from agent_reach.auth.tokens import Kind
 from agent_reach.clock import Clock, SystemClock
-from agent_reach.core.intents import is_endpoint_id
+from agent_reach.core.names import is_endpoint_id
 from agent_reach.core.netguard import AddressGuard
 from agent_reach.errors import (
     AgentReachError,
@@ -48,10 +48,16 @@ from agent_reach.gateway.access import (
     Access,
     Caller,
 )
+from agent_reach.gateway.delivery import Reacher, new_id
 from agent_reach.gateway.metrics import GatewayMetrics
 from agent_reach.gateway.monitor import run_purger, run_ticker
-from agent_reach.gateway.reach import Reacher, new_id
-from agent_reach.gateway.schemas import (
+from agent_reach.gateway.router import Router
+from agent_reach.gateway.traces import TraceQuery, TraceStore
+from agent_reach.observability.logs import log
+from agent_reach.registry import RegistryBackend, open_registry
+from agent_reach.settings import GatewaySettings
+from agent_reach.transport import HttpTransport, Transport
+from agent_reach.wire.bodies import (
     EndpointIdBody,
     RegisterBody,
     RouteQuery,
@@ -61,14 +67,8 @@ from agent_reach.gateway.schemas import (
     decode,
     encode,
 )
-from agent_reach.gateway.service import Gateway
-from agent_reach.gateway.traces import TraceQuery, TraceStore
-from agent_reach.logs import log
-from agent_reach.registry import RegistryBackend, open_registry
-from agent_reach.settings import GatewaySettings
-from agent_reach.transport import HttpTransport, Transport
 
-__all__ = ["GatewayHTTP"]
+__all__ = ["HttpEdge"]
 
 Handler = Callable[[web.BaseRequest, str], Awaitable[web.StreamResponse]]
 _JSON = {"Content-Type": "application/json"}
@@ -111,8 +111,8 @@ class _Static:
 
 
 def _load_static() -> dict[str, _Static]:
-    """The dashboard's files shipped in ``agent_reach/gateway/static/``, by name."""
-    folder = resources.files("agent_reach.gateway").joinpath("static")
+    """The dashboard's files shipped in ``agent_reach/edges/http/static/``, by name."""
+    folder = resources.files("agent_reach.edges.http").joinpath("static")
     return {
         entry.name: _Static(entry.name, entry.read_bytes())
         for entry in folder.iterdir()
@@ -132,7 +132,7 @@ def _with_ids(exc: AgentReachError) -> AgentReachError:
     return exc
 
 
-class GatewayHTTP:
+class HttpEdge:
     """The gateway's HTTP API: serve :meth:`handle` with ``web.Server``; start, then close."""
 
     def __init__(
@@ -154,7 +154,7 @@ class GatewayHTTP:
             max_response_bytes=settings.max_body_bytes,
             address_guard=AddressGuard.from_csv(settings.endpoint_networks),
         )
-        self.gateway = Gateway(settings, self.registry, clock, rng=rng)
+        self.gateway = Router(settings, self.registry, clock, rng=rng)
         self.metrics = GatewayMetrics(self.gateway.status_counts, self.registry.state)
         self.traces = TraceStore(settings.trace_capacity)
         self.metrics.watch(

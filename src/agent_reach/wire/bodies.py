@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from agent_reach.core.intents import ENDPOINT_ID_PATTERN, INTENT_MAX_LEN, INTENT_PATTERN
+from agent_reach.core.names import ENDPOINT_ID_PATTERN, INTENT_MAX_LEN, INTENT_PATTERN
 from agent_reach.errors import InvalidRequest
 
 __all__ = [

@@ -1,7 +1,7 @@
 """What the ``agent-reach`` commands share: flag helpers, exit codes, consoles, the client call.
 
-Kept apart from :mod:`agent_reach.cli` so that command groups in other modules
-(:mod:`agent_reach._cli_auth`) use the same helpers without importing the entry point.
+Kept apart from :mod:`agent_reach.cli.main` so that command groups in other modules
+(:mod:`agent_reach.cli.auth`) use the same helpers without importing the entry point.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 from rich.console import Console
 
-from agent_reach import render
+from agent_reach.cli import render
 from agent_reach.errors import AgentReachError, GatewayUnavailable
 from agent_reach.sdk.client import ReachClient
 from agent_reach.settings import DEFAULT_GATEWAY_URL, GATEWAY_ENV, TOKEN_ENV, gateway_urls

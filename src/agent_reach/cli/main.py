@@ -1,9 +1,9 @@
 """The ``agent-reach`` command: parse flags, load settings, configure logging, start things.
 
 ``serve`` starts a gateway and ``demo`` a whole stack; the client commands (``agents``,
-``send``, ``route``, ``trace``, ``doctor``) are in :mod:`agent_reach._cli_client`, the ``auth``
-group (keys, tokens, policy check) in :mod:`agent_reach._cli_auth`, and what they share (flags
-read from ``AGENT_REACH_*``, :class:`ExitCode`) in :mod:`agent_reach._cli_common`.
+``send``, ``route``, ``trace``, ``doctor``) are in :mod:`agent_reach.cli.client`, the ``auth``
+group (keys, tokens, policy check) in :mod:`agent_reach.cli.auth`, and what they share (flags
+read from ``AGENT_REACH_*``, :class:`ExitCode`) in :mod:`agent_reach.cli.common`.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 import click
 from aiohttp import web
 
-from agent_reach import logs
-from agent_reach._cli_auth import auth
-from agent_reach._cli_client import COMMANDS as CLIENT_COMMANDS
-from agent_reach._cli_common import ExitCode, Group, env_name, option, stdout
+from agent_reach.cli.auth import auth
+from agent_reach.cli.client import COMMANDS as CLIENT_COMMANDS
+from agent_reach.cli.common import ExitCode, Group, env_name, option, stdout
+from agent_reach.observability import logs
 from agent_reach.settings import GatewaySettings, redacted
 
 __all__ = ["ExitCode", "main"]
@@ -231,10 +231,10 @@ def _run(main_coro: Any) -> None:
 
 
 async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None:
-    from agent_reach.gateway.app import GatewayHTTP
+    from agent_reach.edges.http.app import HttpEdge
 
     try:
-        http = GatewayHTTP(settings)
+        http = HttpEdge(settings)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     try:

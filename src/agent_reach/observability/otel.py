@@ -7,7 +7,7 @@ that variable, ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_TRACES_EN
 
 Off, :func:`gateway_tracer` and :func:`agent_tracer` return None, and nothing imports
 ``opentelemetry``: the gateway and the agent SDK hold None and test it once per request and per
-attempt (that is the whole cost). On, the spans are made by :mod:`agent_reach._otel` (the only
+attempt (that is the whole cost). On, the spans are made by `observability.spans` (the only
 module that imports OpenTelemetry) on the process's global tracer provider: the application's
 when it installed one (its own code, or ``opentelemetry-instrument``), else one installed here
 with the exporters ``OTEL_TRACES_EXPORTER`` names (``otlp``, the default, and ``console``), a
@@ -23,10 +23,10 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from agent_reach.logs import log
+from agent_reach.observability.logs import log
 
 if TYPE_CHECKING:
-    from agent_reach._otel import AgentTracer, GatewayTracer
+    from agent_reach.observability.spans import AgentTracer, GatewayTracer
 
 __all__ = ["GATEWAY_SERVICE_NAME", "agent_tracer", "gateway_tracer", "requested"]
 
@@ -50,7 +50,7 @@ def gateway_tracer(environ: Mapping[str, str] | None = None) -> GatewayTracer | 
     environ = os.environ if environ is None else environ
     if not requested(environ) or not _importable():
         return None
-    from agent_reach._otel import GatewayTracer, tracer
+    from agent_reach.observability.spans import GatewayTracer, tracer
 
     return GatewayTracer(tracer(GATEWAY_SERVICE_NAME, environ))
 
@@ -61,14 +61,14 @@ def agent_tracer(endpoint_id: str, environ: Mapping[str, str] | None = None) -> 
     environ = os.environ if environ is None else environ
     if not requested(environ) or not _importable():
         return None
-    from agent_reach._otel import AgentTracer, tracer
+    from agent_reach.observability.spans import AgentTracer, tracer
 
     return AgentTracer(tracer(endpoint_id.removeprefix("agent://"), environ), endpoint_id)
 
 
 def _importable() -> bool:
     try:
-        import agent_reach._otel  # noqa: F401 - imports OpenTelemetry
+        import agent_reach.observability.spans  # noqa: F401 - imports OpenTelemetry
     except ImportError as exc:
         log(
             logging.WARNING,

@@ -1,0 +1,1 @@
+"""The edges of the gateway: each parses its protocol, calls the service, renders."""

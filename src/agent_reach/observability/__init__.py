@@ -1,0 +1,1 @@
+"""Logs, trace context and OpenTelemetry: what every hop of a request says about it."""

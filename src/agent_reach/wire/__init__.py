@@ -1,0 +1,2 @@
+"""The wire types: msgspec structs of every body and answer, shared by the edges, the
+service and the client SDK."""
