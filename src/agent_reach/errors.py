@@ -1,30 +1,41 @@
 """The whole exception tree of Agent-Reach.
 
-Every error carries the wire contract's error ``code`` and its HTTP ``status``; the HTTP edge
-renders any of them as ``{"ok": false, "error": code, "detail": str(exc), ...}`` from one table.
+Protocol-neutral: every error carries the wire contract's error ``code``, a ``detail`` for a
+person and its ``fields``; nothing here knows HTTP. Each edge renders them from one table of its
+own (:mod:`agent_reach.edges.http.status` for HTTP: status and headers; a JSON-RPC or NATS edge
+brings its own), as ``{"ok": false, "error": code, "detail": str(exc), ...}``.
 
 ::
 
-    AgentReachError                      (code, status, detail)
-    ├── InvalidRequest                   invalid_request        400 / 422
-    ├── PayloadTooLarge                  payload_too_large      413
-    ├── EndpointNotRegistered            endpoint_not_registered 404
-    ├── TraceNotFound                    trace_not_found        404
-    ├── NotFound                         not_found              404 (no such path)
-    ├── MethodNotAllowed                 method_not_allowed     405
-    ├── Unauthorized                     unauthorized           401
-    ├── Forbidden                        forbidden              403
-    │   └── EndpointHeld                 forbidden              403 (reason: endpoint_held)
-    ├── RateLimited                      rate_limited           429 (+ retry_after_s)
+    AgentReachError                      (code, detail, fields)
+    ├── InvalidRequest                   invalid_request        (malformed: not JSON at all)
+    ├── PayloadTooLarge                  payload_too_large
+    ├── EndpointNotRegistered            endpoint_not_registered
+    ├── TraceNotFound                    trace_not_found
+    ├── NotFound                         not_found              (no such path or method)
+    ├── MethodNotAllowed                 method_not_allowed
+    ├── Unauthorized                     unauthorized
+    ├── Forbidden                        forbidden
+    │   └── EndpointHeld                 forbidden              (reason: endpoint_held)
+    ├── RateLimited                      rate_limited           (+ retry_after_s)
+    ├── RegistryFull                     registry_full          (--max-endpoints reached)
+    ├── ConfigError                      config_error           (+ source, line): settings,
+    │   ├── PolicyFileError                                      policy file, key directory,
+    │   └── KeyDirectoryError                                    intent dictionary
+    ├── BackendUnavailable               backend_unavailable    (a registry store, a bus)
+    ├── InternalError                    internal_error         (a fault of ours, logged)
     ├── GatewayUnavailable               gateway_unavailable    (client side: no usable answer)
     └── ReachError                       (+ msg_id, trace_id, attempts): answers of /v1/send
-        ├── NoCapableAgent               no_capable_agent       404
-        ├── RecipientNotFound            recipient_not_found    404
-        ├── RecipientIncapable           recipient_incapable    422
-        ├── NoAvailableAgent             no_available_agent     503
-        ├── AgentError                   agent_error            502
-        ├── AllAttemptsFailed            all_attempts_failed    502
-        └── DeadlineExceeded             deadline_exceeded      504
+        ├── NoCapableAgent               no_capable_agent
+        ├── RecipientNotFound            recipient_not_found
+        ├── RecipientIncapable           recipient_incapable
+        ├── NoAvailableAgent             no_available_agent
+        ├── AgentError                   agent_error
+        ├── AllAttemptsFailed            all_attempts_failed
+        └── DeadlineExceeded             deadline_exceeded
+
+An error the client SDK rebuilt from an answer (:func:`error_from_answer`) also has the
+answer's ``http_status``; an error raised in the gateway has ``http_status`` None.
 
 The client SDK turns an error answer back into the same class with :func:`error_from_answer`,
 so a caller catches ``NoCapableAgent`` whether it runs in the gateway or talks to one.
@@ -41,21 +52,27 @@ __all__ = [
     "AgentError",
     "AgentReachError",
     "AllAttemptsFailed",
+    "BackendUnavailable",
+    "ConfigError",
     "DeadlineExceeded",
     "EndpointHeld",
     "EndpointNotRegistered",
     "Forbidden",
     "GatewayUnavailable",
+    "InternalError",
     "InvalidRequest",
+    "KeyDirectoryError",
     "MethodNotAllowed",
     "NoAvailableAgent",
     "NoCapableAgent",
     "NotFound",
     "PayloadTooLarge",
+    "PolicyFileError",
     "RateLimited",
     "ReachError",
     "RecipientIncapable",
     "RecipientNotFound",
+    "RegistryFull",
     "TraceNotFound",
     "Unauthorized",
     "error_from_answer",
@@ -66,7 +83,8 @@ class AgentReachError(Exception):
     """Root of every error Agent-Reach raises on purpose."""
 
     code: str = "internal_error"
-    status: int = 500
+    #: the HTTP status of the answer this error was rebuilt from (client side), else None
+    http_status: int | None = None
 
     def __init__(self, detail: str, **fields: Any) -> None:
         super().__init__(detail)
@@ -79,63 +97,56 @@ class AgentReachError(Exception):
 
 
 class InvalidRequest(AgentReachError):
-    """The body is not JSON (400) or not of the shape asked for (422)."""
+    """The body is not JSON at all (``malformed``: HTTP 400) or not of the shape asked for
+    (HTTP 422); ``field`` names the field at fault."""
 
     code = "invalid_request"
-    status = 422
 
-    def __init__(self, detail: str, *, status: int = 422, field: str | None = None) -> None:
+    def __init__(self, detail: str, *, malformed: bool = False, field: str | None = None) -> None:
         super().__init__(detail, **({"field": field} if field else {}))
-        self.status = status
+        self.malformed = malformed
 
 
 class PayloadTooLarge(AgentReachError):
     """The request body is over the gateway's size limit."""
 
     code = "payload_too_large"
-    status = 413
 
 
 class EndpointNotRegistered(AgentReachError):
     """No record with that endpoint id (heartbeat, deregister, lookup)."""
 
     code = "endpoint_not_registered"
-    status = 404
 
 
 class TraceNotFound(AgentReachError):
     """No recent request carries that trace id."""
 
     code = "trace_not_found"
-    status = 404
 
 
 class NotFound(AgentReachError):
     """No such path in the HTTP API."""
 
     code = "not_found"
-    status = 404
 
 
 class MethodNotAllowed(AgentReachError):
     """The path exists, but not for this method."""
 
     code = "method_not_allowed"
-    status = 405
 
 
 class Unauthorized(AgentReachError):
     """No or bad credentials, where the gateway requires them."""
 
     code = "unauthorized"
-    status = 401
 
 
 class Forbidden(AgentReachError):
     """The sender may not reach that intent or endpoint."""
 
     code = "forbidden"
-    status = 403
 
 
 class EndpointHeld(Forbidden):
@@ -155,7 +166,6 @@ class RateLimited(AgentReachError):
     """Too many requests; ``retry_after_s`` (from ``Retry-After``) says when to come back."""
 
     code = "rate_limited"
-    status = 429
 
     @property
     def retry_after_s(self) -> float | None:
@@ -164,14 +174,82 @@ class RateLimited(AgentReachError):
         return float(value) if isinstance(value, int | float) else None
 
 
+class RegistryFull(AgentReachError):
+    """The registry holds ``--max-endpoints`` records: a new id is refused (a known one may
+    still re-register)."""
+
+    code = "registry_full"
+
+
+class ConfigError(AgentReachError):
+    """A setting, the policy file, the key directory or the intent dictionary cannot be used.
+
+    ``source`` names the file or flag, ``line`` the line at fault where there is one. The CLI
+    maps it to exit code 2 (:mod:`agent_reach.cli.main`); at reload the old configuration stays.
+    """
+
+    code = "config_error"
+
+    def __init__(
+        self, detail: str, *, source: str | None = None, line: int | None = None, **fields: Any
+    ) -> None:
+        if source is not None:
+            fields["source"] = source
+        if line is not None:
+            fields["line"] = line
+        super().__init__(detail, **fields)
+
+    @property
+    def source(self) -> str | None:
+        """The file or setting at fault."""
+        value = self.fields.get("source")
+        return value if isinstance(value, str) else None
+
+    @property
+    def line(self) -> int | None:
+        """The line at fault (1-based), when the error is in a file."""
+        value = self.fields.get("line")
+        return value if isinstance(value, int) else None
+
+
+class PolicyFileError(ConfigError):
+    """The access policy file does not parse or breaks a rule (:mod:`agent_reach.core.policy`).
+
+    ``str(exc)`` reads ``"<source> line <N>: <detail>"`` (``"<source>: <detail>"`` without a
+    line); ``detail`` holds the message alone.
+    """
+
+    def __init__(self, detail: str, *, source: str, line: int | None) -> None:
+        super().__init__(detail, source=source, line=line)
+
+    def __str__(self) -> str:
+        where = self.source if self.line is None else f"{self.source} line {self.line}"
+        return f"{where}: {self.detail}"
+
+
+class KeyDirectoryError(ConfigError):
+    """The key directory cannot be used (:mod:`agent_reach.auth.keys`)."""
+
+
+class BackendUnavailable(AgentReachError):
+    """A backing service (the shared registry's store, a message bus) cannot be reached."""
+
+    code = "backend_unavailable"
+
+
+class InternalError(AgentReachError):
+    """A fault of ours: rendered as the protocol's internal error, logged once with its cause."""
+
+    code = "internal_error"
+
+
 class GatewayUnavailable(AgentReachError):
     """Client side: the gateway could not be reached, or its answer was not the contract's.
 
-    Never sent by a gateway. ``status`` is 503 for scripts that map errors to HTTP.
+    Never sent by a gateway.
     """
 
     code = "gateway_unavailable"
-    status = 503
 
 
 class ReachError(AgentReachError):
@@ -207,49 +285,42 @@ class NoCapableAgent(ReachError):
     """No endpoint declares the intent, and no fallback match reaches the threshold."""
 
     code = "no_capable_agent"
-    status = 404
 
 
 class RecipientNotFound(ReachError):
     """``recipient_hint`` names an endpoint that is not registered."""
 
     code = "recipient_not_found"
-    status = 404
 
 
 class RecipientIncapable(ReachError):
     """``recipient_hint`` names an endpoint that does not declare the intent."""
 
     code = "recipient_incapable"
-    status = 422
 
 
 class NoAvailableAgent(ReachError):
     """Capable endpoints exist but none may be routed to now (suspect, down or ejected)."""
 
     code = "no_available_agent"
-    status = 503
 
 
 class AgentError(ReachError):
     """The agent answered 4xx: not retried, passed back to the caller."""
 
     code = "agent_error"
-    status = 502
 
 
 class AllAttemptsFailed(ReachError):
     """Retries, the retry budget or the candidates ran out before the deadline."""
 
     code = "all_attempts_failed"
-    status = 502
 
 
 class DeadlineExceeded(ReachError):
     """The caller's deadline ran out (or left no room for another attempt)."""
 
     code = "deadline_exceeded"
-    status = 504
 
 
 def _codes() -> dict[str, type[AgentReachError]]:
@@ -263,18 +334,22 @@ def _codes() -> dict[str, type[AgentReachError]]:
 
 
 _BY_CODE = _codes()
+_BY_CODE["internal_error"] = InternalError
 
 
 def error_from_answer(status: int, body: Any) -> AgentReachError:
     """The typed error for a gateway's error answer ``{"ok": false, "error": CODE, ...}``.
 
-    An unknown code (a newer gateway) gives a plain :class:`AgentReachError` whose ``code`` and
-    ``status`` are the answer's; a body not of the contract's shape gives ``GatewayUnavailable``.
+    An unknown code (a newer gateway) gives a plain :class:`AgentReachError` whose ``code`` is
+    the answer's; every error made here has the answer's ``http_status``; a body not of the
+    contract's shape gives ``GatewayUnavailable``.
     """
     if not isinstance(body, dict) or not isinstance(body.get("error"), str):
-        return GatewayUnavailable(
+        unusable = GatewayUnavailable(
             f"the gateway answered HTTP {status} without a contract error body", http_status=status
         )
+        unusable.http_status = status
+        return unusable
     code: str = body["error"]
     detail = body.get("detail")
     detail = detail if isinstance(detail, str) and detail else f"{code} (HTTP {status})"
@@ -283,5 +358,5 @@ def error_from_answer(status: int, body: Any) -> AgentReachError:
     exc = AgentReachError(detail, **fields) if cls is None else cls.__new__(cls)
     if cls is not None:
         AgentReachError.__init__(exc, detail, **fields)
-    exc.code, exc.status = code, status
+    exc.code, exc.http_status = code, status
     return exc

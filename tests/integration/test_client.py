@@ -67,7 +67,7 @@ async def test_each_error_code_raises_its_typed_error_with_trace_id(client: Reac
     with pytest.raises(NoCapableAgent) as no_agent:
         await client.send("cl.nobody", trace_id="trace_cl_none")
     assert no_agent.value.trace_id == "trace_cl_none"
-    assert no_agent.value.attempts == [] and no_agent.value.status == 404
+    assert no_agent.value.attempts == [] and no_agent.value.http_status == 404
 
     with pytest.raises(RecipientNotFound):
         await client.send("cl.echo", recipient_hint="agent://cl-missing")
@@ -95,7 +95,7 @@ async def test_gateway_deadline_is_a_typed_deadline_exceeded(client: ReachClient
     assert time.monotonic() - start < 0.4 + 0.5
     assert late.value.trace_id == "trace_cl_hang"
     assert [a["outcome"] for a in late.value.attempts] == ["timeout"]
-    assert late.value.status == 504
+    assert late.value.http_status == 504
 
 
 async def test_listing_lookup_explain_and_trace(client: ReachClient) -> None:
@@ -262,4 +262,4 @@ async def test_no_available_agent_when_the_only_capable_one_is_down(gw: Proc) ->
                 await asyncio.sleep(0.05)
             with pytest.raises(NoAvailableAgent) as exc:
                 await c.send("cl.stale")
-            assert exc.value.status == 503
+            assert exc.value.http_status == 503

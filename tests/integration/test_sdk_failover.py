@@ -204,7 +204,7 @@ async def test_an_answer_is_never_failed_over_not_even_a_5xx(
     async with ReachClient([gw1.url, gw2.url]) as client:
         with pytest.raises(AllAttemptsFailed) as failed:  # 502, the contract's error body
             await client.send("fo.echo", timeout_ms=3000, trace_id="trace_fo_502")
-        assert failed.value.status == 502
+        assert failed.value.http_status == 502
         with pytest.raises(NoCapableAgent):  # 404
             await client.send("fo.nobody", trace_id="trace_fo_404")
         assert client.gateway == gw1.url

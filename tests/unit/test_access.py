@@ -14,13 +14,14 @@ from agent_reach.core.policy import (
     Decision,
     Pattern,
     Policy,
-    PolicyError,
+    PolicyFileError,
     compile_pattern,
     locate_line,
     matches_any,
     parse_policy,
     scope_allows,
 )
+from agent_reach.errors import ConfigError
 
 
 def toml(text: str) -> str:
@@ -485,14 +486,14 @@ ERRORS = [
 
 @pytest.mark.parametrize(("text", "line", "detail"), ERRORS)
 def test_policy_errors_name_the_line(text: str, line: int, detail: str) -> None:
-    with pytest.raises(PolicyError) as info:
+    with pytest.raises(PolicyFileError) as info:
         parse_policy(toml(text), "policy.toml")
     exc = info.value
     assert exc.line == line
     assert exc.source == "policy.toml"
     assert detail in exc.detail
     assert str(exc) == f"policy.toml line {line}: {exc.detail}"
-    assert isinstance(exc, ValueError)
+    assert isinstance(exc, ConfigError)  # in the error tree, not a builtin
 
 
 def test_the_briefs_example_message() -> None:
@@ -508,7 +509,7 @@ def test_the_briefs_example_message() -> None:
         senders = ["agent://b"]
         """
     )
-    with pytest.raises(PolicyError) as info:
+    with pytest.raises(PolicyFileError) as info:
         parse_policy(text, "policy.toml")
     assert str(info.value) == (
         "policy.toml line 7: [[reach]] #2: 'intents' must be a non-empty list of intent "
@@ -526,7 +527,7 @@ def test_the_briefs_example_message() -> None:
     ],
 )
 def test_toml_syntax_errors_use_tomllibs_message_and_line(text: str, line: int) -> None:
-    with pytest.raises(PolicyError) as info:
+    with pytest.raises(PolicyFileError) as info:
         parse_policy(text, "p.toml")
     assert info.value.line == line
     assert f"(at line {line}, column" in str(info.value)
@@ -534,7 +535,7 @@ def test_toml_syntax_errors_use_tomllibs_message_and_line(text: str, line: int) 
 
 
 def test_toml_error_at_end_of_document_has_no_line() -> None:
-    with pytest.raises(PolicyError) as info:
+    with pytest.raises(PolicyFileError) as info:
         parse_policy("a = ", "p.toml")
     assert info.value.line is None
     assert str(info.value).startswith("p.toml: ")
@@ -542,7 +543,7 @@ def test_toml_error_at_end_of_document_has_no_line() -> None:
 
 def test_long_values_are_shortened_in_messages() -> None:
     text = '[[reach]]\nsenders = ["*"]\nintents = "' + "x" * 500 + '"\n'
-    with pytest.raises(PolicyError) as info:
+    with pytest.raises(PolicyFileError) as info:
         parse_policy(text)
     assert len(str(info.value)) < 200
     assert info.value.line == 3

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from agent_reach.errors import ReachError
 from agent_reach.gateway.traces import OUTCOMES, TraceStore
-from agent_reach.wire.bodies import Attempt
+from agent_reach.wire.answers import Attempt
 
 OK = [Attempt("agent://a", "ok", 1.0)]
 FAILED = [Attempt("agent://a", "timeout", 2000.0), Attempt("agent://b", "server_error", 3.0)]

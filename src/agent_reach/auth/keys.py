@@ -39,14 +39,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
+from agent_reach.errors import KeyDirectoryError
+
 __all__ = ["KeyDirectoryError", "KeyRing", "SigningKey", "b64url", "generate_key", "public_jwk"]
 
 _NAME = re.compile(r"ed25519-(\d{8}T\d{6}Z)(?:-(\d{1,6}))?\.pem\Z")
 _TIME_FORMAT = "%Y%m%dT%H%M%SZ"
-
-
-class KeyDirectoryError(ValueError):
-    """The key directory cannot be used (missing, empty, a file that is not an Ed25519 key)."""
 
 
 def b64url(data: bytes) -> bytes:

@@ -19,7 +19,7 @@ import click
 from agent_reach.cli import render
 from agent_reach.cli.common import env_name, gateway_options, reach
 from agent_reach.core.names import is_endpoint_id
-from agent_reach.core.policy import PatternKind, PolicyError, compile_pattern, parse_policy
+from agent_reach.core.policy import PatternKind, PolicyFileError, compile_pattern, parse_policy
 from agent_reach.wire.bodies import (
     DEFAULT_CLIENT_TTL_S,
     DEFAULT_ENROLL_TTL_S,
@@ -307,6 +307,6 @@ def check_policy(file: Path) -> None:
         raise click.ClickException(f"{file}: cannot read it: {exc}") from None
     try:
         policy = parse_policy(text, source=str(file))
-    except PolicyError as exc:
+    except PolicyFileError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{file}: ok, {policy.summary()}")

@@ -19,7 +19,7 @@ Invariants:
   literal and the whole value must match. Intent patterns use ``[a-z0-9_.*-]{1,128}``; endpoint
   patterns are ``agent://`` followed by ``[a-z0-9._*-]{1,128}``, or the bare ``*``.
 - Parsing is all or nothing: any unknown key, wrong type, empty list or invalid pattern raises
-  :class:`PolicyError` naming the source and, where it can be found, the line.
+  :class:`PolicyFileError` naming the source and, where it can be found, the line.
 - Every :class:`Decision` carries a human sentence, also when it allows.
 - Matching never backtracks: a pattern is split at its stars once, at parse time, and matched
   by ordered substring search, so a hostile value cannot make a check slow.
@@ -34,13 +34,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from agent_reach.errors import PolicyFileError
+
 __all__ = [
     "ClaimRule",
     "Decision",
     "Pattern",
     "PatternKind",
     "Policy",
-    "PolicyError",
+    "PolicyFileError",
     "ReachRule",
     "compile_pattern",
     "locate_line",
@@ -147,21 +149,6 @@ class ClaimRule:
     number: int
     endpoints: tuple[Pattern, ...]
     intents: tuple[Pattern, ...]
-
-
-class PolicyError(ValueError):
-    """A policy file that cannot be used; ``line`` is 1-based, None when unknown.
-
-    ``str(exc)`` reads ``"<source> line <N>: <detail>"`` (``"<source>: <detail>"`` without a
-    line); ``detail`` holds the message alone.
-    """
-
-    def __init__(self, detail: str, *, source: str, line: int | None) -> None:
-        self.detail = detail
-        self.source = source
-        self.line = line
-        where = source if line is None else f"{source} line {line}"
-        super().__init__(f"{where}: {detail}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,22 +384,22 @@ def locate_line(
 
 
 def parse_policy(text: str, source: str = "policy") -> Policy:
-    """Parse and validate a policy file's text; :class:`PolicyError` on any problem.
+    """Parse and validate a policy file's text; :class:`PolicyFileError` on any problem.
 
     ``source`` names the file in error messages.
     """
 
     def fail(
         detail: str, table: str | None = None, index: int = 1, key: str | None = None
-    ) -> PolicyError:
-        return PolicyError(detail, source=source, line=locate_line(text, table, index, key))
+    ) -> PolicyFileError:
+        return PolicyFileError(detail, source=source, line=locate_line(text, table, index, key))
 
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         found = _TOML_LINE.search(str(exc))
         line = int(found.group(1)) if found else None
-        raise PolicyError(str(exc), source=source, line=line) from None
+        raise PolicyFileError(str(exc), source=source, line=line) from None
 
     for key in data:
         if key not in _TOP_KEYS:

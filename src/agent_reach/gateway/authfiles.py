@@ -20,7 +20,7 @@ from typing import Any
 from agent_reach.auth.keys import KeyDirectoryError, KeyRing
 from agent_reach.auth.tokens import Kind, TokenService
 from agent_reach.core.names import is_endpoint_id
-from agent_reach.core.policy import Policy, PolicyError, compile_pattern, parse_policy
+from agent_reach.core.policy import Policy, PolicyFileError, compile_pattern, parse_policy
 from agent_reach.errors import InvalidRequest
 from agent_reach.observability.logs import log
 from agent_reach.wire.bodies import DEFAULT_CLIENT_TTL_S, DEFAULT_ENROLL_TTL_S, TokenRequest
@@ -44,12 +44,9 @@ class AuthFiles:
         self._policy_stamp: tuple[int, int] | None = None
 
     def load(self) -> None:
-        """First load of keys and policy; ValueError (the reason, with the policy line at
-        fault) when either cannot be used: the gateway does not start."""
-        try:
-            self.keys.load()
-        except KeyDirectoryError as exc:
-            raise ValueError(str(exc)) from None
+        """First load of keys and policy; a ConfigError (KeyDirectoryError, or PolicyFileError
+        naming the line at fault) when either cannot be used: the gateway does not start."""
+        self.keys.load()
         self._load_policy()
         log(
             logging.INFO,
@@ -61,7 +58,7 @@ class AuthFiles:
         )
 
     def _load_policy(self) -> bool:
-        """Read the policy file when it changed; PolicyError (old policy kept) when bad."""
+        """Read the policy file when it changed; PolicyFileError (old policy kept) when bad."""
         path = self.policy_path
         try:
             st = path.stat()
@@ -70,7 +67,7 @@ class AuthFiles:
                 return False
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeError) as exc:
-            raise PolicyError(f"cannot read it: {exc}", line=None, source=str(path)) from None
+            raise PolicyFileError(f"cannot read it: {exc}", line=None, source=str(path)) from None
         policy = parse_policy(text, source=str(path))
         self.policy, self._policy_stamp = policy, stamp
         return True
@@ -86,7 +83,7 @@ class AuthFiles:
             raise InvalidRequest(f"keys not reloaded, the old ones stay: {exc}") from None
         try:
             policy_changed = self._load_policy()
-        except PolicyError as exc:
+        except PolicyFileError as exc:
             log(logging.ERROR, "auth.reload_failed", what="policy", error=str(exc), line=exc.line)
             refused = InvalidRequest(f"policy not reloaded, the old one stays: {exc}")
             refused.fields["line"] = exc.line
@@ -119,12 +116,12 @@ class AuthFiles:
             for pattern in request.intents:
                 compile_pattern(pattern, "intent")
         except ValueError as exc:
-            raise InvalidRequest(str(exc), status=422) from None
+            raise InvalidRequest(str(exc)) from None
         kind = Kind(request.kind)
         if kind is Kind.ENROLL:
             if not request.endpoints or not request.intents:
                 raise InvalidRequest(
-                    "an enrollment token needs 'endpoints' and 'intents' (patterns)", status=422
+                    "an enrollment token needs 'endpoints' and 'intents' (patterns)"
                 )
             subject = request.subject or "enroll"
             ttl = request.ttl_s or DEFAULT_ENROLL_TTL_S
@@ -132,14 +129,12 @@ class AuthFiles:
             if request.subject is None or not is_endpoint_id(request.subject):
                 raise InvalidRequest(
                     "a client token needs 'subject': the agent://name id it sends as",
-                    status=422,
                     field="subject",
                 )
             if request.endpoints or request.intents:
                 raise InvalidRequest(
                     "a client token takes no 'endpoints' or 'intents': what it may reach is"
-                    " the policy's [[reach]] rules",
-                    status=422,
+                    " the policy's [[reach]] rules"
                 )
             subject = request.subject
             ttl = request.ttl_s or DEFAULT_CLIENT_TTL_S

@@ -40,20 +40,17 @@ from agent_reach.observability.logs import TRACE_ID, log
 from agent_reach.observability.otel import gateway_tracer
 from agent_reach.observability.tracecontext import new_span_id, onward, parse_traceparent
 from agent_reach.transport.base import Transport
-from agent_reach.wire.bodies import Attempt, DeliveryBody, SendBody, encode
+from agent_reach.wire.answers import Attempt
+from agent_reach.wire.bodies import DeliveryBody, SendBody, encode
+from agent_reach.wire.ids import new_id
 
 if TYPE_CHECKING:
     from agent_reach.auth.tokens import TokenService
     from agent_reach.observability.spans import GatewayTracer, ReceiveSpan
 
-__all__ = ["ReachResult", "Reacher", "new_id"]
+__all__ = ["ReachResult", "Reacher"]
 
 _TRACE_CANDIDATES = 16  # candidates listed by name in a trace's route event
-
-
-def new_id(prefix: str) -> str:
-    """A fresh random id such as ``trace_5f1c...`` (128 random bits, as hex)."""
-    return f"{prefix}_{os.urandom(16).hex()}"
 
 
 @dataclass(slots=True)

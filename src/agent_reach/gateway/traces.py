@@ -18,7 +18,8 @@ from typing import Annotated, Any, NamedTuple
 import msgspec
 
 from agent_reach.errors import ReachError
-from agent_reach.wire.bodies import Attempt, Intent
+from agent_reach.wire.answers import Attempt
+from agent_reach.wire.bodies import Intent
 
 __all__ = ["OUTCOMES", "RequestSummary", "TraceQuery", "TraceStore"]
 

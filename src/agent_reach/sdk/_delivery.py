@@ -33,7 +33,6 @@ import functools
 import inspect
 import logging
 import os
-import secrets
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from agent_reach.edges.http.status import status_for
 from agent_reach.errors import (
     AgentReachError,
     Forbidden,
@@ -55,6 +55,7 @@ from agent_reach.observability.otel import agent_tracer
 from agent_reach.observability.tracecontext import TRACEPARENT, TraceParent, parse_traceparent
 from agent_reach.sdk._dedup import RecentResults, RunOnce
 from agent_reach.sdk.context import ReachContext, Reject
+from agent_reach.wire.ids import new_id
 
 if TYPE_CHECKING:
     from agent_reach.observability.spans import AgentTracer, HandleSpan
@@ -111,8 +112,9 @@ def error_answer(status: int, code: str, detail: str, **fields: Any) -> Answer:
 
 
 def from_error(exc: AgentReachError) -> Answer:
-    """The error answer of one of our errors (its code, status and fields)."""
-    return Answer(exc.status, _encode(exc.to_body()))
+    """The error answer of one of our errors (its code and fields; the status from the one
+    table of :mod:`agent_reach.edges.http.status`)."""
+    return Answer(status_for(exc), _encode(exc.to_body()))
 
 
 def too_large(limit: int) -> Answer:
@@ -147,11 +149,11 @@ def _decode(body: bytes) -> _Delivery:
         field = text.rsplit(" - at `$.", 1)[1].rstrip("`") if " - at `$." in text else None
         if field is None and "required field `" in text:
             field = text.rsplit("required field `", 1)[1].rstrip("`")
-        raise InvalidRequest(text, status=422, field=field) from None
+        raise InvalidRequest(text, field=field) from None
     except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"body is not valid JSON: {exc}", status=400) from None
+        raise InvalidRequest(f"body is not valid JSON: {exc}", malformed=True) from None
     except RecursionError:
-        raise InvalidRequest("body is nested too deeply", status=400) from None
+        raise InvalidRequest("body is nested too deeply", malformed=True) from None
 
 
 def _header_int(headers: Mapping[str, str], name: str) -> int | None:
@@ -216,7 +218,7 @@ class Dispatcher:
             d.trace_id
             or headers.get("x-reach-trace-id")
             or (received.trace_id if received is not None else None)
-            or _new_id("trace")
+            or new_id("trace")
         )
         msg_id = d.msg_id or headers.get("x-reach-msg-id") or ""
         attempt = _header_int(headers, "x-reach-attempt") or 1
@@ -412,7 +414,3 @@ class Dispatcher:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
-
-
-def _new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(8)}"

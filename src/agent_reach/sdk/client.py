@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import secrets
 import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
@@ -52,6 +51,7 @@ from agent_reach.wire.answers import (
     RouteExplanation,
     Trace,
 )
+from agent_reach.wire.ids import new_id
 
 __all__ = [
     "AgentInfo",
@@ -73,11 +73,6 @@ DEFAULT_TIMEOUT_MS = 8000
 # what a send may take beyond the caller's deadline: the gateway's answer on the wire
 NETWORK_ALLOWANCE_S = 1.0
 EMPTY: Any = msgspec.UNSET  # "no payload given": sent as {} (an explicit None is sent as null)
-
-
-def new_id(prefix: str) -> str:
-    """A fresh id such as ``trace_5f0c...``: made on the client so every error can name it."""
-    return f"{prefix}_{secrets.token_hex(8)}"
 
 
 class ReachClient:

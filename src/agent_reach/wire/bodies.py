@@ -16,7 +16,6 @@ from agent_reach.core.names import ENDPOINT_ID_PATTERN, INTENT_MAX_LEN, INTENT_P
 from agent_reach.errors import InvalidRequest
 
 __all__ = [
-    "Attempt",
     "DeliveryBody",
     "EndpointIdBody",
     "RegisterBody",
@@ -122,14 +121,6 @@ class DeliveryBody(msgspec.Struct, omit_defaults=False):
     timeout_ms: int
 
 
-class Attempt(msgspec.Struct):
-    """One delivery attempt as reported in answers and traces."""
-
-    endpoint_id: str
-    outcome: str
-    latency_ms: float
-
-
 T = TypeVar("T")
 _NAMED_FIELD = re.compile(r"field `([^`]+)`")
 
@@ -147,9 +138,9 @@ def decode(body: bytes, kind: type[T]) -> T:
     except msgspec.ValidationError as exc:
         raise _invalid(exc) from None
     except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"body is not valid JSON: {exc}", status=400) from None
+        raise InvalidRequest(f"body is not valid JSON: {exc}", malformed=True) from None
     except RecursionError:
-        raise InvalidRequest("body is nested too deeply", status=400) from None
+        raise InvalidRequest("body is nested too deeply", malformed=True) from None
 
 
 class RouteQuery(msgspec.Struct, forbid_unknown_fields=True):
@@ -176,4 +167,4 @@ def _invalid(exc: msgspec.ValidationError) -> InvalidRequest:
     else:
         named = _NAMED_FIELD.search(text)  # "Object missing required field `intent`"
         field = named.group(1) if named else ""
-    return InvalidRequest(text, status=422, field=field or None)
+    return InvalidRequest(text, field=field or None)

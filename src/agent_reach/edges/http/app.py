@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import math
 import random
 import re
 from collections.abc import Awaitable, Callable
@@ -28,6 +27,7 @@ from agent_reach.auth.tokens import Kind
 from agent_reach.clock import Clock, SystemClock
 from agent_reach.core.names import is_endpoint_id
 from agent_reach.core.netguard import AddressGuard
+from agent_reach.edges.http.status import headers_for, status_for
 from agent_reach.errors import (
     AgentReachError,
     EndpointHeld,
@@ -36,7 +36,6 @@ from agent_reach.errors import (
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
-    RateLimited,
     TraceNotFound,
 )
 from agent_reach.gateway.access import (
@@ -48,7 +47,7 @@ from agent_reach.gateway.access import (
     Access,
     Caller,
 )
-from agent_reach.gateway.delivery import Reacher, new_id
+from agent_reach.gateway.delivery import Reacher
 from agent_reach.gateway.metrics import GatewayMetrics
 from agent_reach.gateway.monitor import run_purger, run_ticker
 from agent_reach.gateway.router import Router
@@ -67,6 +66,7 @@ from agent_reach.wire.bodies import (
     decode,
     encode,
 )
+from agent_reach.wire.ids import new_id
 
 __all__ = ["HttpEdge"]
 
@@ -249,12 +249,10 @@ class HttpEdge:
             if handler is None:
                 handler, arg = self._resolve(request.method, path)
             return await handler(request, arg)
-        except RateLimited as exc:
-            answer = _json(exc.to_body(), exc.status)
-            answer.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s or 1)))
-            return answer
         except AgentReachError as exc:
-            return _json(exc.to_body(), exc.status)
+            answer = _json(exc.to_body(), status_for(exc))
+            answer.headers.update(headers_for(exc))
+            return answer
         except asyncio.CancelledError:
             raise
         except Exception:
