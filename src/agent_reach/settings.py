@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 from agent_reach.core.model import Thresholds
 from agent_reach.core.netguard import AddressGuard
+from agent_reach.errors import ConfigError
 
 __all__ = [
     "DEFAULT_GATEWAY_URL",
@@ -66,7 +67,7 @@ def gateway_urls(
     ``http://10.0.0.1:7700,http://10.0.0.2:7700``), else ``http://127.0.0.1:7700``. Each URL
     must be http(s) with a host (and a valid port, if any); spaces and trailing slashes are
     stripped, empty items between commas skipped, and repeats dropped (the first place counts).
-    Raises ValueError naming the first URL that is not usable.
+    Raises ConfigError naming the first URL that is not usable.
 
     The one place the SDKs read that variable (when called, never at import).
     """
@@ -80,20 +81,20 @@ def gateway_urls(
             if url and (url := _check_gateway_url(url).rstrip("/")) not in urls:
                 urls.append(url)
     if not urls:
-        raise ValueError(f"no gateway URL in {given!r}")
+        raise ConfigError(f"no gateway URL in {given!r}")
     return tuple(urls)
 
 
 def _check_gateway_url(url: str) -> str:
     if not url.startswith(("http://", "https://")):
-        raise ValueError(f"gateway URL must start with http:// or https://, got {url!r}")
+        raise ConfigError(f"gateway URL must start with http:// or https://, got {url!r}")
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018  (raises ValueError for a port that is not a number or too big)
     except ValueError as exc:
-        raise ValueError(f"gateway URL {url!r} is not a valid URL: {exc}") from None
+        raise ConfigError(f"gateway URL {url!r} is not a valid URL: {exc}") from None
     if not parts.hostname:
-        raise ValueError(f"gateway URL {url!r} has no host")
+        raise ConfigError(f"gateway URL {url!r} has no host")
     return url
 
 
@@ -157,62 +158,65 @@ class GatewaySettings:
         return max(DEFAULT_PURGE_AFTER_S, self.thresholds.down_after)
 
     def check(self) -> None:
-        """Raise ValueError naming the first setting that cannot work."""
+        """Raise ConfigError naming the first setting that cannot work."""
         t = self.thresholds  # validates the health thresholds
         if not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be 0-65535, got {self.port}")
+            raise ConfigError(f"port must be 0-65535, got {self.port}")
         if not 0 < self.confidence_threshold <= 1:
-            raise ValueError("confidence-threshold must be in (0, 1]")
+            raise ConfigError("confidence-threshold must be in (0, 1]")
         if self.overhead_reserve_ms < 0:
-            raise ValueError("overhead-reserve-ms must be >= 0")
+            raise ConfigError("overhead-reserve-ms must be >= 0")
         if self.purge_after is not None and self.purge_after < t.down_after:
-            raise ValueError(
+            raise ConfigError(
                 f"purge-after ({self.purge_after}) must be at least down-after ({t.down_after}):"
                 " only down records are purged"
             )
         if self.workers > 1 and self.registry.startswith("memory:"):
-            raise ValueError(
+            raise ConfigError(
                 f"--workers {self.workers} needs a shared registry: each process would have its"
                 " own memory:// registry, and an agent registered through one would be unknown to"
                 " the others; use --registry redis://HOST:PORT/DB"
             )
         if self.max_body_bytes < 1024:
-            raise ValueError("max-body-bytes must be at least 1024")
+            raise ConfigError("max-body-bytes must be at least 1024")
         self._check_access()
 
     def _check_access(self) -> None:
         if self.auth not in ("open", "tokens"):
-            raise ValueError(f"auth must be 'open' or 'tokens', got {self.auth!r}")
+            raise ConfigError(f"auth must be 'open' or 'tokens', got {self.auth!r}")
         if self.auth == "tokens":
             if not self.keys:
-                raise ValueError(
+                raise ConfigError(
                     "--auth tokens needs --keys DIR (make one with `agent-reach auth keygen"
                     " --keys DIR`)"
                 )
             if not self.policy:
-                raise ValueError(
+                raise ConfigError(
                     "--auth tokens needs --policy FILE: token mode denies by default, and"
                     " without a policy nothing could register or send (docs/security.md)"
                 )
         elif not is_loopback(self.host) and not self.insecure_open_mode:
-            raise ValueError(
+            raise ConfigError(
                 f"refusing to serve in open mode on {self.host}: without auth anyone who can"
                 " reach this address may register, deregister and send as any agent. Use"
                 " --auth tokens (docs/security.md), bind to 127.0.0.1, or pass"
                 " --insecure-open-mode to accept the risk"
             )
         if self.rate_limit is not None and self.rate_limit <= 0:
-            raise ValueError("rate-limit must be > 0 requests a second")
+            raise ConfigError("rate-limit must be > 0 requests a second")
         if self.rate_burst is not None and self.rate_burst < 1:
-            raise ValueError("rate-burst must be at least 1")
+            raise ConfigError("rate-burst must be at least 1")
         if self.auth == "tokens" and self.endpoint_token_ttl < 2 * self.heartbeat_interval:
-            raise ValueError(
+            raise ConfigError(
                 "endpoint-token-ttl must be at least two heartbeat intervals: heartbeats renew"
                 " the token once half of it is left"
             )
         if self.reload_interval <= 0:
-            raise ValueError("reload-interval must be > 0")
-        AddressGuard.from_csv(self.endpoint_networks)  # raises ValueError naming a bad network
+            raise ConfigError("reload-interval must be > 0")
+        try:
+            AddressGuard.from_csv(self.endpoint_networks)
+        except ValueError as exc:  # names the bad network
+            raise ConfigError(f"endpoint-networks: {exc}", source="endpoint-networks") from None
 
     @property
     def open_mode(self) -> bool:

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from agent_reach.errors import ConfigError
 from agent_reach.settings import GatewaySettings, gateway_url, gateway_urls
 
 
@@ -43,7 +44,7 @@ def test_purge_time(settings: GatewaySettings, purge: float) -> None:
     ],
 )
 def test_refusals_name_the_setting(settings: GatewaySettings, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ConfigError, match=message):
         settings.check()
 
 
@@ -100,12 +101,12 @@ def test_gateway_url_is_the_first_of_a_list() -> None:
     ],
 )
 def test_gateway_urls_refuse_what_is_not_an_http_url(given: Any, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ConfigError, match=message):
         gateway_urls(given, NO_ENV)
 
 
 def test_an_unusable_environment_variable_is_refused_too() -> None:
-    with pytest.raises(ValueError, match="no gateway URL"):
+    with pytest.raises(ConfigError, match="no gateway URL"):
         gateway_urls(None, {"AGENT_REACH_GATEWAY": " , "})
-    with pytest.raises(ValueError, match="got 'localhost:7700'"):
+    with pytest.raises(ConfigError, match="got 'localhost:7700'"):
         gateway_urls(None, {"AGENT_REACH_GATEWAY": "http://a:1,localhost:7700"})

@@ -15,7 +15,7 @@ import click
 from rich.console import Console
 
 from agent_reach.cli import render
-from agent_reach.errors import AgentReachError, GatewayUnavailable
+from agent_reach.errors import AgentReachError, ConfigError, GatewayUnavailable
 from agent_reach.sdk.client import ReachClient
 from agent_reach.settings import DEFAULT_GATEWAY_URL, GATEWAY_ENV, TOKEN_ENV, gateway_urls
 
@@ -91,7 +91,7 @@ def _gateway(ctx: click.Context, param: click.Parameter, value: str | None) -> s
     # one URL or several, comma-separated: the client fails over between them
     try:
         return ",".join(gateway_urls(value))
-    except ValueError as exc:
+    except (ValueError, ConfigError) as exc:
         raise click.BadParameter(str(exc), ctx, param) from exc
 
 

@@ -22,6 +22,7 @@ from aiohttp import web
 from agent_reach.cli.auth import auth
 from agent_reach.cli.client import COMMANDS as CLIENT_COMMANDS
 from agent_reach.cli.common import ExitCode, Group, env_name, option, stdout
+from agent_reach.errors import ConfigError
 from agent_reach.observability import logs
 from agent_reach.settings import GatewaySettings, redacted
 
@@ -192,7 +193,7 @@ def serve(reuse_port: bool, **flags: Any) -> None:
     settings = GatewaySettings(**flags)
     try:
         settings.check()
-    except ValueError as exc:
+    except (ValueError, ConfigError) as exc:
         raise click.UsageError(str(exc)) from exc
     logs.configure(settings.log_level)
     if settings.workers > 1:
@@ -216,7 +217,7 @@ def _check_access_files(settings: GatewaySettings) -> None:
 
     try:
         Access(settings).load()
-    except ValueError as exc:
+    except (ValueError, ConfigError) as exc:
         raise click.ClickException(_one_line(exc)) from exc
 
 
@@ -235,14 +236,14 @@ async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None
 
     try:
         http = HttpEdge(settings)
-    except ValueError as exc:
+    except (ValueError, ConfigError) as exc:
         raise click.UsageError(str(exc)) from exc
     try:
         await http.start()
     except ConnectionError as exc:  # the shared registry cannot be reached
         await http.close()
         raise click.ClickException(str(exc)) from exc
-    except ValueError as exc:  # token mode: the key directory or the policy file is unusable
+    except (ValueError, ConfigError) as exc:  # token mode: unusable key directory or policy
         await http.close()
         raise click.ClickException(_one_line(exc)) from exc
     # on SIGTERM, requests in flight get SHUTDOWN_S to finish (their deadlines may be longer)
