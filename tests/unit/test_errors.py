@@ -130,5 +130,5 @@ def test_gateway_url_explicit_then_env_then_default() -> None:
     assert gateway_url(None, env) == "http://gw.example:7700"
     assert gateway_url(None, {}) == "http://127.0.0.1:7700"
     assert gateway_url(None, {"AGENT_REACH_GATEWAY": ""}) == "http://127.0.0.1:7700"
-    with pytest.raises(ConfigError, match="http"):
+    with pytest.raises(errors.ConfigError, match="http"):
         gateway_url("127.0.0.1:7700", {})

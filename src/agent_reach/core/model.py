@@ -12,6 +12,8 @@ import enum
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from agent_reach.errors import ConfigError
+
 __all__ = ["EndpointRecord", "Outcome", "Status", "Thresholds"]
 
 
@@ -76,11 +78,11 @@ class Thresholds:
     def check(self) -> None:
         """Raise ValueError unless 0 < degraded <= suspect <= down and the rest are positive."""
         if self.heartbeat_interval <= 0:
-            raise ValueError("heartbeat-interval must be > 0")
+            raise ConfigError("heartbeat-interval must be > 0")
         if not 0 < self.degraded_after <= self.suspect_after <= self.down_after:
-            raise ValueError(
+            raise ConfigError(
                 "need 0 < degraded-after <= suspect-after <= down-after, got "
                 f"{self.degraded_after} / {self.suspect_after} / {self.down_after}"
             )
         if self.slow_threshold_ms <= 0 or self.sample_ttl <= 0:
-            raise ValueError("slow-threshold-ms and the sample window must be > 0")
+            raise ConfigError("slow-threshold-ms and the sample window must be > 0")
