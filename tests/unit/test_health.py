@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from agent_reach.core.health import INF, EndpointStats, LivenessClock, derive
 from agent_reach.core.model import Status, Thresholds
+from agent_reach.errors import ConfigError
 
 DEFAULT = Thresholds()
 T0 = 1000.0  # an arbitrary liveness time for "last heartbeat"
@@ -102,7 +103,7 @@ def test_thresholds_from_interval_and_overrides() -> None:
     ],
 )
 def test_thresholds_check_rejects_bad_values(t: Thresholds) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError):
         t.check()
 
 
