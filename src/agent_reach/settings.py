@@ -136,6 +136,10 @@ class GatewaySettings:
     endpoint_networks: str | None = None  # CIDRs endpoint URLs may point into [any but denied]
     endpoint_token_ttl: float = 900.0  # seconds an endpoint token lives (renewed by heartbeats)
     reload_interval: float = 2.0  # seconds between checks of the key directory and policy file
+    # bounds on what callers can make the gateway hold (docs/operations.md)
+    max_endpoints: int = 100_000  # records the registry holds at most (down ones count too)
+    register_rate_limit: float = 50.0  # registrations a second per address/subject (0: none)
+    register_rate_burst: float = 500.0  # that bucket's size
 
     @property
     def thresholds(self) -> Thresholds:
@@ -213,6 +217,12 @@ class GatewaySettings:
             )
         if self.reload_interval <= 0:
             raise ConfigError("reload-interval must be > 0")
+        if self.max_endpoints < 1:
+            raise ConfigError("max-endpoints must be at least 1")
+        if self.register_rate_limit < 0:
+            raise ConfigError("register-rate-limit must be >= 0 (0: no limit)")
+        if self.register_rate_burst < 1:
+            raise ConfigError("register-rate-burst must be at least 1")
         try:
             AddressGuard.from_csv(self.endpoint_networks)
         except ValueError as exc:  # names the bad network

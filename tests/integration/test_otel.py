@@ -24,6 +24,7 @@ import pytest
 from aiohttp import web
 
 from agent_reach.edges.http.app import HttpEdge
+from agent_reach.gateway.node import Node
 from agent_reach.observability.tracecontext import otel_trace_id, parse_traceparent
 from agent_reach.sdk import Agent, ReachContext
 from agent_reach.settings import GatewaySettings
@@ -78,8 +79,9 @@ def exporter(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
 @asynccontextmanager
 async def serving(settings: GatewaySettings | None = None) -> AsyncIterator[str]:
     """A gateway on 127.0.0.1, a free port, in this event loop; yields its URL."""
-    http = HttpEdge(settings or GatewaySettings(port=0))
-    await http.start()
+    node = Node(settings or GatewaySettings(port=0))
+    http = HttpEdge(node)
+    await node.start()
     runner = web.ServerRunner(web.Server(http.handle, access_log=None), handle_signals=False)
     await runner.setup()
     try:
@@ -87,7 +89,7 @@ async def serving(settings: GatewaySettings | None = None) -> AsyncIterator[str]
         yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
         await runner.cleanup()
-        await http.close()
+        await node.close()
 
 
 def traced_agent(url: str, endpoint_id: str = "agent://otel-01") -> Agent:
@@ -402,9 +404,10 @@ def test_nothing_imports_opentelemetry_while_export_is_off() -> None:
     code = (
         "import sys\n"
         "from agent_reach.edges.http.app import HttpEdge\n"
+        "from agent_reach.gateway.node import Node\n"
         "from agent_reach.sdk import Agent\n"
         "from agent_reach.settings import GatewaySettings\n"
-        "HttpEdge(GatewaySettings(port=0))\n"
+        "HttpEdge(Node(GatewaySettings(port=0)))\n"
         "Agent('agent://a')\n"
         "loaded = sorted(m for m in sys.modules if m.startswith('opentelemetry'))\n"
         "assert not loaded, loaded\n"

@@ -89,7 +89,7 @@ def make(
 
 async def register(reacher: Reacher, *names: str, intent: str = "t.echo") -> None:
     for name in names:
-        await reacher.gateway.register(
+        await reacher.router.register(
             RegisterBody(
                 endpoint_id=f"agent://{name}",
                 capabilities=[intent],
@@ -106,9 +106,11 @@ async def reach(reacher: Reacher, clock: FakeClock, **body: object) -> tuple[obj
     """(result or error, elapsed fake seconds)."""
     start = clock.now
     try:
-        result: object = await reacher.send(
-            msgspec.convert({"intent": "t.echo", **body}, SendBody), start
-        )
+        send = msgspec.convert({"intent": "t.echo", **body}, SendBody)
+        send.msg_id = send.msg_id or "msg_1"
+        opened = reacher.open_trace(send, send.msg_id, None)
+        send.trace_id = opened.trace_id
+        result: object = await reacher.send(send, opened, start)
     except ReachError as exc:
         result = exc
     return result, clock.now - start
@@ -152,7 +154,7 @@ async def test_the_issue_example_8s_deadline_p95_800_gives_2000ms_tries_and_2_re
     await register(reacher, "a")
     for _ in range(20):  # history: p95 800 ms
         await reach(reacher, clock)
-    gw = reacher.gateway
+    gw = reacher.router
     assert gw.per_try_ms("agent://a") == 2000
     assert gw.max_retries(8000, gw.per_try_ms("agent://a")) == 2
     transport.behaviours[url("a")] = [Behaviour(5.0)]  # now it hangs
@@ -228,19 +230,19 @@ async def test_connection_refused_ejects_at_once_and_is_not_charged_to_the_budge
         seed=3,
     )
     await register(reacher, "dead", "live")
-    budget = reacher.gateway.budget
+    budget = reacher.router.budget
     for _ in range(20):
         result, _ = await reach(reacher, clock, timeout_ms=8000)
         assert not isinstance(result, ReachError)
     dead_calls = [c for c in transport.calls if c[0] == url("dead")]
     assert len(dead_calls) == 1  # ejected after the first refusal
     assert budget.allowance(clock.now) == pytest.approx(0.2 * 20 + 10 * 10)  # nothing spent
-    record = reacher.gateway.registry.get("agent://dead")
+    record = reacher.router.registry.get("agent://dead")
     assert record is not None
-    assert reacher.gateway.health(record).status.value == "suspect"
-    await reacher.gateway.heartbeat("agent://dead")  # its next heartbeat brings it back
+    assert reacher.router.health(record).status.value == "suspect"
+    await reacher.router.heartbeat("agent://dead")  # its next heartbeat brings it back
     assert (
-        reacher.gateway.health(record := reacher.gateway.registry.get("agent://dead")).status.value
+        reacher.router.health(record := reacher.router.registry.get("agent://dead")).status.value
         == "healthy"
     )  # type: ignore[arg-type]
 
@@ -281,7 +283,7 @@ async def test_suspect_only_by_hint_and_down_never() -> None:
 
 async def test_gateway_stall_does_not_demote_endpoints() -> None:
     reacher, _, clock = make({url("a"): [Behaviour(0.01)]}, heartbeat_interval=10.0)
-    gw = reacher.gateway
+    gw = reacher.router
     await register(reacher, "a")
     for _ in range(8):  # the ticker runs for 2 s
         clock.advance(0.25)
@@ -304,6 +306,6 @@ async def test_tier_cache_sees_a_revived_endpoint_at_once() -> None:
     clock.advance(25)
     result, _ = await reach(reacher, clock)
     assert isinstance(result, NoAvailableAgent)
-    await reacher.gateway.heartbeat("agent://a")
+    await reacher.router.heartbeat("agent://a")
     result, _ = await reach(reacher, clock)
     assert not isinstance(result, ReachError)

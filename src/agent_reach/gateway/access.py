@@ -32,14 +32,13 @@ Invariants:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from agent_reach.auth.tokens import Claims, Kind, TokenService
 from agent_reach.core.model import EndpointRecord
@@ -63,7 +62,10 @@ from agent_reach.observability.logs import log
 from agent_reach.settings import GatewaySettings, is_loopback
 from agent_reach.wire.bodies import TokenRequest
 
-__all__ = ["READERS", "REGISTRANTS", "SENDERS", "Access", "Caller", "EndpointGrant"]
+if TYPE_CHECKING:
+    from agent_reach.gateway.service import Caller
+
+__all__ = ["READERS", "REGISTRANTS", "SENDERS", "Access", "EndpointGrant", "Principal"]
 
 SENDERS = frozenset({Kind.ENDPOINT, Kind.CLIENT})
 REGISTRANTS = frozenset({Kind.ENROLL, Kind.ENDPOINT})
@@ -75,8 +77,9 @@ _NO_POLICY = Policy.empty()
 
 
 @dataclass(frozen=True, slots=True)
-class Caller:
-    """Who makes a request: its verified token (None in open mode) and address."""
+class Principal:
+    """Who makes a request once authenticated: its verified token (None in open mode) and
+    address (the edge's :class:`~agent_reach.gateway.service.Principal` is what it claimed)."""
 
     claims: Claims | None
     remote: str
@@ -135,6 +138,11 @@ class Access:
         if settings.rate_limit is not None:
             burst = settings.rate_burst or max(1.0, settings.rate_limit)
             self.limiter = RateLimiter(settings.rate_limit, burst)
+        self.registrations: RateLimiter | None = None
+        if settings.register_rate_limit > 0:
+            self.registrations = RateLimiter(
+                settings.register_rate_limit, max(1.0, float(settings.register_rate_burst))
+            )
         self.endpoint_ttl_s = settings.endpoint_token_ttl
         self._browsers = BrowserGuard(is_loopback(settings.host)) if self.open else None
 
@@ -165,20 +173,17 @@ class Access:
             return {"ok": True, "mode": "open"}
         return self.files.reload()
 
-    async def run_reloader(self, enforce: Callable[[], Awaitable[object]]) -> None:
-        """Poll the key directory and the policy file; reload what changed, and ``enforce``
-        a changed policy on the ids already registered."""
+    def poll(self) -> bool:
+        """One look at the key directory and the policy file (token mode; the node's reloader
+        calls it every ``reload_interval``): reload what changed, and say whether the policy
+        changed (then the node enforces it on the ids registered). A bad file is logged and
+        refused (the old one stays): False."""
         if self.files is None:
-            return
-        while True:
-            await asyncio.sleep(self.settings.reload_interval)
-            try:
-                if self.reload()["policy_changed"]:
-                    await enforce()
-            except InvalidRequest:
-                pass  # logged by reload(); the old keys and policy stay in force
-            except Exception:  # a bug must not end the loop: the next change is still seen
-                log(logging.ERROR, "auth.reloader_error", exc_info=True)
+            return False
+        try:
+            return bool(self.reload()["policy_changed"])
+        except InvalidRequest:
+            return False  # logged by reload(); the old keys and policy stay in force
 
     def claim_allowed(self, record: EndpointRecord) -> tuple[bool, str]:
         """Whether the policy in force still lets ``record`` claim its intents (token mode)."""
@@ -200,21 +205,16 @@ class Access:
 
     # --- who is calling --------------------------------------------------------------------
 
-    def caller(
-        self,
-        authorization: str | None,
-        remote: str | None,
-        kinds: Collection[Kind],
-        action: str,
-        *,
-        trace_id: str | None = None,
-    ) -> Caller:
-        """Authenticate a request for ``action``: Unauthorized without a valid bearer token,
-        Forbidden when its kind may not do ``action`` (open mode: anyone)."""
-        address = remote or "?"
+    def authenticate(self, caller: Caller, kinds: Collection[Kind], action: str) -> Principal:
+        """Authenticate ``caller`` for ``action``: Unauthorized without a valid bearer token,
+        Forbidden when its kind may not do ``action`` (open mode: anyone, once the browser
+        check has passed)."""
+        address = caller.remote or "?"
         if self.open:
-            return Caller(None, address)
+            self.check_browser(caller.host, caller.origin)
+            return Principal(None, address)
         assert self.tokens is not None
+        authorization = caller.authorization
         if (
             self.limiter is not None
             and not self.tokens.known((authorization or "").partition(" ")[2].strip())
@@ -224,7 +224,7 @@ class Access:
             # token not seen before (one per request is what a flood of forged tokens would
             # cost) until its bucket refills; tokens verified before go on as usual
             why = "over the limit of bad credentials from this address"
-            self.denied(f"anonymous@{address}", action, "", why, trace_id, status=429)
+            self.denied(f"anonymous@{address}", action, "", why, status=429)
             self._limit_failures(address)
         try:
             if not authorization:
@@ -234,20 +234,19 @@ class Access:
                 raise Unauthorized("the Authorization header must be 'Bearer TOKEN'")
             claims = self.tokens.verify(token.strip(), BEARERS)
         except Unauthorized as exc:
-            self.denied(f"anonymous@{address}", action, "", exc.detail, trace_id, status=401)
+            self.denied(f"anonymous@{address}", action, "", exc.detail, status=401)
             self._limit_failures(address)
             raise
-        caller = Caller(claims, address)
+        principal = Principal(claims, address)
         if claims.kind not in kinds:
             wanted = " or ".join(sorted(k.value for k in kinds))
             self.deny(
-                caller,
+                principal,
                 action,
                 "",
                 f"{_a(claims.kind)} token cannot {action}; it needs {_a(wanted)} token",
-                trace_id,
             )
-        return caller
+        return principal
 
     def _limit_failures(self, address: str) -> None:
         if self.limiter is not None:
@@ -258,16 +257,31 @@ class Access:
                     retry_after_s=math.ceil(wait),
                 )
 
-    def limit(self, caller: Caller, trace_id: str | None = None) -> None:
+    def limit(self, caller: Principal) -> None:
         """Take one request from the caller's bucket; RateLimited when it is empty."""
         if self.limiter is None:
             return
         key = caller.claims.subject if caller.claims is not None else f"@{caller.remote}"
         wait = self.limiter.take(key, self.monotonic())
         if wait > 0:
-            self.denied(caller.who, "send", "", "rate limit", trace_id, status=429)
+            self.denied(caller.who, "send", "", "rate limit", status=429)
             raise RateLimited(
                 f"{caller.who} is over its rate limit of {self.settings.rate_limit:g} requests/s",
+                retry_after_s=max(1, math.ceil(wait)),
+            )
+
+    def limit_registration(self, caller: Principal, endpoint_id: str) -> None:
+        """Take one registration from the caller's bucket (its token's subject, else its
+        address): RateLimited when it is empty, so that nobody fills the registry at will."""
+        if self.registrations is None:
+            return
+        key = caller.claims.subject if caller.claims is not None else f"@{caller.remote}"
+        wait = self.registrations.take(key, self.monotonic())
+        if wait > 0:
+            self.denied(caller.who, "register", endpoint_id, "registration rate limit", status=429)
+            raise RateLimited(
+                f"{caller.who} is over the registration rate limit of "
+                f"{self.settings.register_rate_limit:g} a second",
                 retry_after_s=max(1, math.ceil(wait)),
             )
 
@@ -279,7 +293,6 @@ class Access:
         action: str,
         target: str,
         why: str,
-        trace_id: str | None,
         *,
         status: int = 403,
     ) -> None:
@@ -294,23 +307,21 @@ class Access:
             target=target,
             why=why,
             status=status,
-            trace_id=trace_id,
-        )
+        )  # the request's trace_id is on the line (bound by the service)
 
     def deny(
         self,
-        caller: Caller,
+        caller: Principal,
         action: str,
         target: str,
         why: str,
-        trace_id: str | None = None,
         **fields: Any,
     ) -> NoReturn:
         """Log the denial and raise Forbidden with ``why`` (and ``fields`` in the answer)."""
-        self.denied(caller.who, action, target, why, trace_id)
+        self.denied(caller.who, action, target, why)
         raise Forbidden(why, **fields)
 
-    def admin(self, caller: Caller, action: str, target: str, **data: Any) -> None:
+    def admin(self, caller: Principal, action: str, target: str, **data: Any) -> None:
         """Log one admin action (``audit.admin``); nothing in open mode."""
         if caller.claims is not None:
             log(logging.INFO, "audit.admin", who=caller.who, action=action, target=target, **data)
@@ -319,7 +330,7 @@ class Access:
 
     def check_register(
         self,
-        caller: Caller,
+        caller: Principal,
         endpoint_id: str,
         capabilities: list[str],
     ) -> EndpointGrant:
@@ -365,7 +376,7 @@ class Access:
         return EndpointGrant(generation, token, expires)
 
     def check_owner(
-        self, caller: Caller, action: str, endpoint_id: str, current: EndpointRecord | None
+        self, caller: Principal, action: str, endpoint_id: str, current: EndpointRecord | None
     ) -> None:
         """May ``caller`` heartbeat or deregister ``endpoint_id`` (an operator may deregister
         anything)? A missing record is left for the service to report (404)."""
@@ -392,14 +403,14 @@ class Access:
                 f"this endpoint token belongs to an earlier registration of {endpoint_id}",
             )
 
-    def renewal(self, caller: Caller) -> EndpointGrant | None:
+    def renewal(self, caller: Principal) -> EndpointGrant | None:
         """A fresh endpoint token when the caller's has less than half its life left."""
         claims = caller.claims
         if claims is None or claims.remaining_s(self.wall()) > self.endpoint_ttl_s / 2:
             return None
         return self._grant(claims, claims.subject, claims.generation)
 
-    async def check_endpoint_url(self, caller: Caller, endpoint_id: str, url: str) -> None:
+    async def check_endpoint_url(self, caller: Principal, endpoint_id: str, url: str) -> None:
         """Refuse an endpoint URL the gateway must not deliver to, in both modes
         (:func:`~.guards.endpoint_url_refusal`)."""
         refusal = await endpoint_url_refusal(self.addresses, url, endpoint_id)
@@ -408,7 +419,7 @@ class Access:
 
     # --- issuing tokens (operator) ---------------------------------------------------------
 
-    def issue(self, caller: Caller, request: TokenRequest) -> dict[str, Any]:
+    def issue(self, caller: Principal, request: TokenRequest) -> dict[str, Any]:
         """``POST /v1/tokens``: a new enrollment or client token (an admin action)."""
         if self.files is None:
             raise NotFound("this gateway runs in open mode: it issues no tokens (--auth tokens)")
@@ -434,11 +445,10 @@ class Access:
 
     def check_send(
         self,
-        caller: Caller,
+        caller: Principal,
         sender: str | None,
         intent: str,
         hint: str | None,
-        trace_id: str | None,
         *,
         action: str = "send",
     ) -> tuple[str | None, RouteScope | None]:
@@ -456,15 +466,14 @@ class Access:
                 action,
                 intent,
                 f"sender {sender} is not the token's subject {subject}",
-                trace_id,
             )
         allowed = self.policy.may_reach(subject, intent)
         if not allowed.allowed:
-            self.deny(caller, action, intent, allowed.reason, trace_id)
+            self.deny(caller, action, intent, allowed.reason)
         if hint is not None:
             delivery = self.policy.may_deliver(subject, intent, hint)
             if not delivery.allowed:
-                self.deny(caller, action, hint, delivery.reason, trace_id)
+                self.deny(caller, action, hint, delivery.reason)
             return subject, None
         policy = self.policy
 
@@ -478,7 +487,9 @@ class Access:
             policy.allowed_endpoints(subject, intent), reachable_tag, deliverable
         )
 
-    def may_read_trace(self, caller: Caller, trace_id: str, events: list[dict[str, Any]]) -> bool:
+    def may_read_trace(
+        self, caller: Principal, trace_id: str, events: list[dict[str, Any]]
+    ) -> bool:
         """Whether ``caller`` may read this trace: an operator any (an admin action), others
         those of their own requests."""
         if caller.claims is None:
@@ -494,7 +505,6 @@ class Access:
             "trace.read",
             trace_id,
             "not a trace of the caller's requests",
-            trace_id,
             status=404,
         )
         return False

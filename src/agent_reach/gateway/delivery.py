@@ -31,15 +31,15 @@ from agent_reach.errors import (
     AgentReachError,
     AllAttemptsFailed,
     DeadlineExceeded,
-    ReachError,
+    InternalError,
 )
 from agent_reach.gateway.metrics import GatewayMetrics
 from agent_reach.gateway.router import RoutePlan, Router, RouteScope
 from agent_reach.gateway.traces import TraceStore
-from agent_reach.observability.logs import TRACE_ID, log
+from agent_reach.observability.logs import log
 from agent_reach.observability.otel import gateway_tracer
 from agent_reach.observability.tracecontext import new_span_id, onward, parse_traceparent
-from agent_reach.transport.base import Transport
+from agent_reach.transport.base import Delivery, Transport
 from agent_reach.wire.answers import Attempt
 from agent_reach.wire.bodies import DeliveryBody, SendBody, encode
 from agent_reach.wire.ids import new_id
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from agent_reach.auth.tokens import TokenService
     from agent_reach.observability.spans import GatewayTracer, ReceiveSpan
 
-__all__ = ["ReachResult", "Reacher"]
+__all__ = ["OpenTrace", "ReachResult", "Reacher"]
 
 _TRACE_CANDIDATES = 16  # candidates listed by name in a trace's route event
 
@@ -79,12 +79,50 @@ class ReachResult:
         }
 
 
+@dataclass(slots=True)
+class _Run:
+    """One request's delivery state across its attempts."""
+
+    plan: RoutePlan
+    deadline: Deadline
+    timeout_ms: int
+    msg_id: str
+    trace_id: str
+    payload: bytes
+    opened: OpenTrace
+    assertion: Callable[[str, float], str] | None
+    retries_allowed: int = 0
+    same_count: int = 0  # retries of an endpoint already tried
+
+
+@dataclass(slots=True)
+class OpenTrace:
+    """A request's trace as opened at its start: its id (bound for the whole request), the
+    traceparent its deliveries carry while OpenTelemetry is off, and its server span (None
+    while off). ``done`` once the answer is recorded."""
+
+    trace_id: str
+    parent: str
+    span: ReceiveSpan | None
+    timeout_ms: int
+    done: bool = False
+
+    def refused(self, exc: AgentReachError) -> None:
+        """End the span of a request refused before delivery began (access, rate limits)."""
+        if self.done:
+            return
+        self.done = True
+        if self.span is not None:
+            self.span.answered(exc.code, _span_answer(self.trace_id, None, []), exc.detail)
+            self.span.end()
+
+
 class Reacher:
-    """Runs the delivery loop of ``/v1/send`` over a gateway service and a transport."""
+    """Runs the delivery loop of a send over the router and a transport."""
 
     def __init__(
         self,
-        gateway: Router,
+        router: Router,
         transport: Transport,
         metrics: GatewayMetrics,
         traces: TraceStore,
@@ -93,12 +131,12 @@ class Reacher:
         tracer: GatewayTracer | None = None,
         signer: TokenService | None = None,
     ) -> None:
-        self.gateway = gateway
+        self.router = router
         self.transport = transport
         self.metrics = metrics
         self.traces = traces
-        self.clock = gateway.clock
-        self.settings = gateway.settings
+        self.clock = router.clock
+        self.settings = router.settings
         self._wall = wall
         # OpenTelemetry spans (None: off, the default: observability.otel says when it is on)
         self.otel = tracer if tracer is not None else gateway_tracer()
@@ -108,22 +146,22 @@ class Reacher:
     def _trace(self, trace_id: str, kind: str, **data: Any) -> None:
         self.traces.add(trace_id, self._wall(), kind, **data)
 
-    def _open_trace(
-        self, body: SendBody, msg_id: str, timeout_ms: int, traceparent: str | None
-    ) -> tuple[str, str, ReceiveSpan | None]:
-        """The request's trace_id, the traceparent its deliveries carry (with OpenTelemetry on,
-        each attempt's own), and its server span (None while off).
+    def open_trace(self, body: SendBody, msg_id: str, traceparent: str | None) -> OpenTrace:
+        """The request's trace, opened before anything else runs (the service binds its id).
 
         The rules (observability.tracecontext): the body's trace_id wins, else the traceparent's
-        trace-id, else a new one; an invalid traceparent is ignored.
+        trace-id, else a new one; an invalid traceparent is ignored. With OpenTelemetry on and
+        no trace id given, the new server span's trace-id names the trace.
         """
+        timeout_ms = body.timeout_ms or self.settings.default_timeout_ms
         received = parse_traceparent(traceparent)
         trace_id = body.trace_id or (received.trace_id if received is not None else None)
         if self.otel is None:
             if trace_id is None:  # new_id's form, its random hex the trace-id sent on
                 trace_hex = os.urandom(16).hex()
-                return f"trace_{trace_hex}", f"00-{trace_hex}-{new_span_id()}-01", None
-            return trace_id, onward(trace_id, received), None
+                parent = f"00-{trace_hex}-{new_span_id()}-01"
+                return OpenTrace(f"trace_{trace_hex}", parent, None, timeout_ms)
+            return OpenTrace(trace_id, onward(trace_id, received), None, timeout_ms)
         span = self.otel.receive(
             received,
             trace_id,
@@ -139,25 +177,25 @@ class Reacher:
         if trace_id is None:  # the new trace's id, so that both names of the trace agree
             new_hex = span.trace_hex
             trace_id = f"trace_{new_hex}" if new_hex else new_id("trace")
-        return trace_id, "", span
+        return OpenTrace(trace_id, "", span, timeout_ms)
 
     async def send(
         self,
         body: SendBody,
+        opened: OpenTrace,
         received_at: float,
-        traceparent: str | None = None,
         scope: RouteScope | None = None,
     ) -> ReachResult:
-        """Deliver ``body``; raise a :class:`ReachError` carrying msg_id, trace_id and attempts.
+        """Deliver ``body`` (its msg_id and trace_id filled in); raise an AgentReachError
+        carrying msg_id, trace_id and attempts. Every ending, a fault of ours included (an
+        InternalError, logged with its traceback), is counted, traced and logged.
 
         ``received_at`` is the monotonic time the request arrived: the deadline counts from it.
-        ``traceparent`` is the request's W3C header, if any. ``scope`` (token mode) keeps the
-        candidates the policy lets this sender reach.
+        ``scope`` (token mode) keeps the candidates the policy lets this sender reach.
         """
-        msg_id = body.msg_id or new_id("msg")
-        timeout_ms = body.timeout_ms or self.settings.default_timeout_ms
-        trace_id, parent, span = self._open_trace(body, msg_id, timeout_ms, traceparent)
-        token = TRACE_ID.set(trace_id)
+        assert body.msg_id is not None
+        msg_id, trace_id, span = body.msg_id, opened.trace_id, opened.span
+        timeout_ms = opened.timeout_ms
         attempts: list[Attempt] = []
         intent_label = "_unroutable"
         try:
@@ -176,7 +214,7 @@ class Reacher:
             )
             if span is not None:
                 span.planning()
-            plan = self.gateway.plan(body.intent, body.recipient_hint, scope=scope)
+            plan = self.router.plan(body.intent, body.recipient_hint, scope=scope)
             # a registered tag, so that callers cannot grow the metrics' label set at will
             intent_label = next(iter(plan.confidence))
             payload = encode(
@@ -194,71 +232,83 @@ class Reacher:
             assertion = None
             if self.signer is not None:
                 assertion = self._assertion(self.signer, body, msg_id, payload)
-            endpoint_id, answer = await self._attempts(
-                plan,
-                deadline,
-                timeout_ms,
-                msg_id,
-                trace_id,
-                payload,
-                attempts,
-                parent,
-                span,
-                assertion,
-            )
-            elapsed = round((self.clock.monotonic() - received_at) * 1000.0, 3)
-            self._finish(intent_label, "ok", elapsed)
-            self._trace(trace_id, "answer", ok=True, endpoint_id=endpoint_id, latency_ms=elapsed)
-            self.traces.request_done(
-                self._wall(), trace_id, msg_id, body.intent, "ok", attempts, elapsed
-            )
-            if span is not None:
-                span.answered("ok", _span_answer(trace_id, endpoint_id, attempts))
-            log(
-                logging.INFO,
-                "reach.completed",
-                msg_id=msg_id,
-                intent=body.intent,
-                endpoint_id=endpoint_id,
-                attempts=len(attempts),
-                latency_ms=elapsed,
-            )
-            return ReachResult(
-                msg_id, trace_id, body.intent, endpoint_id, answer, attempts, elapsed
-            )
-        except ReachError as exc:
-            exc.fields.update(msg_id=msg_id, trace_id=trace_id, attempts=attempts)
-            elapsed = (self.clock.monotonic() - received_at) * 1000.0
-            self._finish(intent_label, exc.code, elapsed)
-            self._trace(
-                trace_id,
-                "answer",
-                ok=False,
-                error=exc.code,
-                detail=exc.detail,
-                latency_ms=round(elapsed, 3),
-            )
-            self.traces.request_done(
-                self._wall(), trace_id, msg_id, body.intent, exc.code, attempts, elapsed
-            )
-            if span is not None:
-                last = attempts[-1].endpoint_id if attempts else None
-                span.answered(exc.code, _span_answer(trace_id, last, attempts), exc.detail)
-            log(
-                logging.INFO,
-                "reach.failed",
-                msg_id=msg_id,
-                intent=body.intent,
-                error=exc.code,
-                detail=exc.detail,
-                attempts=len(attempts),
-                latency_ms=round(elapsed, 3),
-            )
+            run = _Run(plan, deadline, timeout_ms, msg_id, trace_id, payload, opened, assertion)
+            endpoint_id, answer = await self._attempts(run, attempts)
+        except AgentReachError as exc:
+            self._failed(body, opened, exc, attempts, intent_label, received_at)
             raise
-        finally:
-            TRACE_ID.reset(token)
+        except Exception as exc:  # a fault of ours: still answered, counted, traced, logged
+            fault = InternalError(f"the gateway failed delivering this request: {exc!r}")
+            log(logging.ERROR, "reach.internal_error", msg_id=msg_id, exc_info=True)
+            self._failed(body, opened, fault, attempts, intent_label, received_at)
+            raise fault from exc
+        except BaseException:  # cancelled (the caller went away): the span still ends
+            opened.done = True
             if span is not None:
                 span.end()
+            raise
+        opened.done = True
+        elapsed = round((self.clock.monotonic() - received_at) * 1000.0, 3)
+        self._finish(intent_label, "ok", elapsed)
+        self._trace(trace_id, "answer", ok=True, endpoint_id=endpoint_id, latency_ms=elapsed)
+        self.traces.request_done(
+            self._wall(), trace_id, msg_id, body.intent, "ok", attempts, elapsed
+        )
+        if span is not None:
+            span.answered("ok", _span_answer(trace_id, endpoint_id, attempts))
+            span.end()
+        log(
+            logging.INFO,
+            "reach.completed",
+            msg_id=msg_id,
+            intent=body.intent,
+            endpoint_id=endpoint_id,
+            attempts=len(attempts),
+            latency_ms=elapsed,
+        )
+        return ReachResult(msg_id, trace_id, body.intent, endpoint_id, answer, attempts, elapsed)
+
+    def _failed(
+        self,
+        body: SendBody,
+        opened: OpenTrace,
+        exc: AgentReachError,
+        attempts: list[Attempt],
+        intent_label: str,
+        received_at: float,
+    ) -> None:
+        """Record a request that ends in ``exc``: its ids on the error, the metrics, the
+        trace's answer event, the span and the ``reach.failed`` line."""
+        msg_id, trace_id, span = body.msg_id, opened.trace_id, opened.span
+        exc.fields.update(msg_id=msg_id, trace_id=trace_id, attempts=attempts)
+        elapsed = (self.clock.monotonic() - received_at) * 1000.0
+        self._finish(intent_label, exc.code, elapsed)
+        self._trace(
+            trace_id,
+            "answer",
+            ok=False,
+            error=exc.code,
+            detail=exc.detail,
+            latency_ms=round(elapsed, 3),
+        )
+        self.traces.request_done(
+            self._wall(), trace_id, msg_id or "", body.intent, exc.code, attempts, elapsed
+        )
+        opened.done = True
+        if span is not None:
+            last = attempts[-1].endpoint_id if attempts else None
+            span.answered(exc.code, _span_answer(trace_id, last, attempts), exc.detail)
+            span.end()
+        log(
+            logging.INFO,
+            "reach.failed",
+            msg_id=msg_id,
+            intent=body.intent,
+            error=exc.code,
+            detail=exc.detail,
+            attempts=len(attempts),
+            latency_ms=round(elapsed, 3),
+        )
 
     def _assertion(
         self, signer: TokenService, body: SendBody, msg_id: str, payload: bytes
@@ -276,46 +326,54 @@ class Reacher:
                     expires_at=self._wall() + remaining_s,
                 )
             except KeyDirectoryError as exc:  # every key retired: deliver nothing unsigned
-                raise AgentReachError(f"cannot sign the delivery: {exc}") from None
+                raise InternalError(f"cannot sign the delivery: {exc.detail}") from None
 
         return sign
 
     def _finish(self, intent: str, outcome: str, elapsed_ms: float) -> None:
         self.metrics.request_done(intent, outcome, elapsed_ms / 1000.0)
 
-    async def _attempts(
-        self,
-        plan: RoutePlan,
-        deadline: Deadline,
-        timeout_ms: int,
-        msg_id: str,
-        trace_id: str,
-        payload: bytes,
-        attempts: list[Attempt],
-        parent: str,
-        span: ReceiveSpan | None,
-        assertion: Callable[[str, float], str] | None = None,
-    ) -> tuple[str, msgspec.Raw]:
-        """The attempts of one request; ``parent`` is the traceparent its deliveries carry
-        while OpenTelemetry is off, ``span`` its server span while on; ``assertion`` signs
-        each delivery (token mode)."""
-        gw = self.gateway
+    async def _attempts(self, run: _Run, attempts: list[Attempt]) -> tuple[str, msgspec.Raw]:
+        """The attempts of one request, until one answers or the rules say stop."""
+        router = self.router
         clock = self.clock
-        intent_label = next(iter(plan.confidence))  # the request's label (a registered tag)
-        target = gw.choose(plan)
+        plan = run.plan
+        target = router.choose(plan)
         if target is None:  # plan() found eligible candidates, so this is a race with a removal
             raise AllAttemptsFailed("no eligible candidate is left")
-        per_try = gw.per_try_ms(target)
-        retries_allowed = gw.max_retries(timeout_ms, per_try)
-        gw.budget.record_request(clock.monotonic())
+        per_try = router.per_try_ms(target)
+        run.retries_allowed = router.max_retries(run.timeout_ms, per_try)
+        router.budget.record_request(clock.monotonic())
+        self._route_event(run, target, per_try)
+        tried: dict[str, None] = {}
+        wait = 0.0
+        while True:
+            if wait > 0:
+                await clock.sleep(wait)
+            remaining = run.deadline.remaining(clock.monotonic())
+            attempt_timeout = min(per_try / 1000.0, remaining)
+            if attempt_timeout <= 0:
+                raise DeadlineExceeded(f"deadline of {run.timeout_ms} ms ran out")
+            tried.pop(target, None)
+            tried[target] = None  # keeps the last tried endpoint last
+            delivery = await self._attempt(run, target, attempt_timeout, attempts)
+            if delivery.outcome is Outcome.OK:
+                assert delivery.body is not None
+                return target, msgspec.Raw(delivery.body)
+            target, per_try, wait = self._next(run, delivery, target, tried, len(attempts))
+
+    def _route_event(self, run: _Run, target: str, per_try: float) -> None:
+        """The trace's route event (and the span's) for the first target."""
+        plan = run.plan
         self._trace(
-            trace_id,
+            run.trace_id,
             "route",
             chosen=target,
             per_try_timeout_ms=per_try,
-            max_retries=retries_allowed,
+            max_retries=run.retries_allowed,
             **self._tier_summary(plan),
         )
+        span = run.opened.span
         if span is not None:
             t = plan.tiers
             span.route(
@@ -323,149 +381,152 @@ class Reacher:
                     "agent_reach.endpoint_id": target,
                     "agent_reach.candidates": 1 if t is None else len(t.healthy) + len(t.degraded),
                     "agent_reach.per_try_timeout_ms": per_try,
-                    "agent_reach.max_retries": retries_allowed,
+                    "agent_reach.max_retries": run.retries_allowed,
                     "agent_reach.recipient_hint": plan.hint,
                     "agent_reach.fallback": plan.intent not in plan.confidence,
                 }
             )
-        tried: dict[str, None] = {}
-        same_count = 0
-        wait = 0.0
-        while True:
-            if wait > 0:
-                await clock.sleep(wait)
-            remaining = deadline.remaining(clock.monotonic())
-            attempt_timeout = min(per_try / 1000.0, remaining)
-            if attempt_timeout <= 0:
-                raise DeadlineExceeded(f"deadline of {timeout_ms} ms ran out")
-            tried.pop(target, None)
-            tried[target] = None  # keeps the last tried endpoint last
-            record = gw.registry.get(target)
-            if record is None:
-                raise AllAttemptsFailed(f"{target} was deregistered during the request")
-            n = len(attempts) + 1
-            headers = {
-                "X-Reach-Trace-Id": trace_id,
-                "X-Reach-Msg-Id": msg_id,
-                "X-Reach-Attempt": str(n),
-                "X-Reach-Deadline-Ms": str(int(attempt_timeout * 1000)),
-                "traceparent": parent,
-            }
-            if assertion is not None:
-                headers["X-Reach-Assertion"] = assertion(target, attempt_timeout)
-            attempt_span = None
-            if span is not None:
-                attempt_span = span.attempt(
-                    trace_id,
-                    {
-                        "agent_reach.attempt": n,
-                        "agent_reach.endpoint_id": target,
-                        "url.full": record.endpoint_url,
-                    },
-                )
-                headers["traceparent"] = attempt_span.traceparent
-            stats = gw.attempt_started(target)
-            started = clock.monotonic()
-            try:
-                delivery = await self.transport.deliver(
-                    record.endpoint_url, payload, headers, attempt_timeout
-                )
-            except BaseException:  # cancelled (caller went away): release the in-flight count
-                stats.inflight -= 1
-                if attempt_span is not None:
-                    attempt_span.end("cancelled", (clock.monotonic() - started) * 1000.0)
-                raise
-            latency_ms = (clock.monotonic() - started) * 1000.0
+
+    async def _attempt(
+        self, run: _Run, target: str, timeout_s: float, attempts: list[Attempt]
+    ) -> Delivery:
+        """One delivery to ``target``, learnt from (stats, metrics, trace) and appended to
+        ``attempts``; raises AgentError for a 4xx (never retried)."""
+        router = self.router
+        clock = self.clock
+        record = router.registry.get(target)
+        if record is None:
+            raise AllAttemptsFailed(f"{target} was deregistered during the request")
+        n = len(attempts) + 1
+        headers = {
+            "X-Reach-Trace-Id": run.trace_id,
+            "X-Reach-Msg-Id": run.msg_id,
+            "X-Reach-Attempt": str(n),
+            "X-Reach-Deadline-Ms": str(int(timeout_s * 1000)),
+            "traceparent": run.opened.parent,
+        }
+        if run.assertion is not None:
+            headers["X-Reach-Assertion"] = run.assertion(target, timeout_s)
+        span = run.opened.span
+        attempt_span = None
+        if span is not None:
+            attempt_span = span.attempt(
+                run.trace_id,
+                {
+                    "agent_reach.attempt": n,
+                    "agent_reach.endpoint_id": target,
+                    "url.full": record.endpoint_url,
+                },
+            )
+            headers["traceparent"] = attempt_span.traceparent
+        stats = router.attempt_started(target)
+        started = clock.monotonic()
+        try:
+            delivery = await self.transport.deliver(
+                record.endpoint_url, run.payload, headers, timeout_s
+            )
+        except BaseException:  # cancelled (caller went away): release the in-flight count
+            stats.inflight -= 1
             if attempt_span is not None:
-                attempt_span.end(
-                    delivery.outcome.value, latency_ms, delivery.status, delivery.detail
-                )
-            gw.attempt_finished(
-                target,
-                stats,
-                delivery.outcome,
-                latency_ms,
-                reached=delivery.reached,
-                eject=delivery.eject,
-            )
-            attempts.append(Attempt(target, delivery.outcome.value, round(latency_ms, 3)))
-            self.metrics.attempt_done(intent_label, delivery.outcome.value, latency_ms / 1000.0)
+                attempt_span.end("cancelled", (clock.monotonic() - started) * 1000.0)
+            raise
+        latency_ms = (clock.monotonic() - started) * 1000.0
+        outcome = delivery.outcome.value
+        if attempt_span is not None:
+            attempt_span.end(outcome, latency_ms, delivery.status, delivery.detail)
+        router.attempt_finished(
+            target,
+            stats,
+            delivery.outcome,
+            latency_ms,
+            reached=delivery.reached,
+            eject=delivery.eject,
+        )
+        attempts.append(Attempt(target, outcome, round(latency_ms, 3)))
+        self.metrics.attempt_done(next(iter(run.plan.confidence)), outcome, latency_ms / 1000.0)
+        self._trace(
+            run.trace_id,
+            "attempt",
+            attempt=n,
+            endpoint_id=target,
+            outcome=outcome,
+            status=delivery.status,
+            latency_ms=round(latency_ms, 3),
+            detail=delivery.detail,
+        )
+        if delivery.agent_ms is not None:
+            # the agent's own hop, as it reported it (Server-Timing, sent by the agent SDK)
             self._trace(
-                trace_id,
-                "attempt",
+                run.trace_id,
+                "agent",
                 attempt=n,
                 endpoint_id=target,
-                outcome=delivery.outcome.value,
-                status=delivery.status,
-                latency_ms=round(latency_ms, 3),
-                detail=delivery.detail,
+                handle_ms=delivery.agent_ms,
+                answered_from=delivery.agent_note or "handler",
             )
-            if delivery.agent_ms is not None:
-                # the agent's own hop, as it reported it (Server-Timing, sent by the agent SDK)
-                self._trace(
-                    trace_id,
-                    "agent",
-                    attempt=n,
-                    endpoint_id=target,
-                    handle_ms=delivery.agent_ms,
-                    answered_from=delivery.agent_note or "handler",
-                )
-            if delivery.outcome is Outcome.OK:
-                assert delivery.body is not None
-                return target, msgspec.Raw(delivery.body)
-            log(
-                logging.WARNING,
-                "reach.attempt_failed",
-                endpoint_id=target,
-                attempt=n,
-                outcome=delivery.outcome.value,
-                detail=delivery.detail,
-                latency_ms=round(latency_ms, 3),
+        if delivery.outcome is Outcome.OK:
+            return delivery
+        log(
+            logging.WARNING,
+            "reach.attempt_failed",
+            endpoint_id=target,
+            attempt=n,
+            outcome=outcome,
+            detail=delivery.detail,
+            latency_ms=round(latency_ms, 3),
+        )
+        if delivery.outcome is Outcome.AGENT_ERROR:
+            raise AgentError(
+                f"{target}: {delivery.detail} (not retried)",
+                agent_status=delivery.status,
+                agent_answer=_json_or_none(delivery.body),
             )
-            if delivery.outcome is Outcome.AGENT_ERROR:
-                raise AgentError(
-                    f"{target}: {delivery.detail} (not retried)",
-                    agent_status=delivery.status,
-                    agent_answer=_json_or_none(delivery.body),
-                )
-            # retryable: timeout, connect_error, server_error
-            now = clock.monotonic()
-            remaining = deadline.remaining(now)
-            if remaining <= 0.001:
-                raise DeadlineExceeded(f"deadline of {timeout_ms} ms ran out after {n} attempt(s)")
-            if n > retries_allowed:
-                raise AllAttemptsFailed(
-                    f"{n} attempt(s) failed; the {timeout_ms} ms deadline allows "
-                    f"{retries_allowed} retr{'y' if retries_allowed == 1 else 'ies'}"
-                )
-            previous = target
-            chosen = gw.choose(plan, tried)
-            if chosen is None:
-                raise AllAttemptsFailed(f"{n} attempt(s) failed and no other candidate is eligible")
-            target = chosen
-            per_try = gw.per_try_ms(target)
-            again = target in tried  # a retry of an endpoint already tried waits; failover not
-            wait = shortest = 0.0
-            if again:
-                same_count += 1
-                wait = backoff_s(same_count, per_try, gw.rng.random())
-                shortest = backoff_s(same_count, per_try, 0.0)
-            room = remaining - per_try / 1000.0  # what a wait may take and still fit the try
-            if shortest > room:
-                raise AllAttemptsFailed(
-                    f"{n} attempt(s) failed; {remaining * 1000:.0f} ms left of the {timeout_ms} ms "
-                    f"deadline is not enough for another attempt ({per_try:.0f} ms per try)"
-                )
-            wait = min(wait, room)
-            if delivery.reached and not gw.budget.try_spend(now):
-                self.metrics.retry_budget_exhausted.inc()
-                raise AllAttemptsFailed(f"{n} attempt(s) failed and the retry budget is used up")
-            kind = "same_endpoint" if again else "failover"
-            self.metrics.retries.labels(kind).inc()
-            if span is not None:
-                span.retry(kind, target, wait)
-            if kind == "failover":
-                log(logging.INFO, "route.failover", from_endpoint=previous, to_endpoint=target)
+        return delivery
+
+    def _next(
+        self, run: _Run, delivery: Delivery, previous: str, tried: dict[str, None], n: int
+    ) -> tuple[str, float, float]:
+        """After a retryable failure (timeout, connect_error, server_error): the next target,
+        its per-try timeout and the wait before it; raises when the rules say stop."""
+        router = self.router
+        now = self.clock.monotonic()
+        remaining = run.deadline.remaining(now)
+        timeout_ms = run.timeout_ms
+        if remaining <= 0.001:
+            raise DeadlineExceeded(f"deadline of {timeout_ms} ms ran out after {n} attempt(s)")
+        if n > run.retries_allowed:
+            raise AllAttemptsFailed(
+                f"{n} attempt(s) failed; the {timeout_ms} ms deadline allows "
+                f"{run.retries_allowed} retr{'y' if run.retries_allowed == 1 else 'ies'}"
+            )
+        target = router.choose(run.plan, tried)
+        if target is None:
+            raise AllAttemptsFailed(f"{n} attempt(s) failed and no other candidate is eligible")
+        per_try = router.per_try_ms(target)
+        again = target in tried  # a retry of an endpoint already tried waits; failover not
+        wait = shortest = 0.0
+        if again:
+            run.same_count += 1
+            wait = backoff_s(run.same_count, per_try, router.rng.random())
+            shortest = backoff_s(run.same_count, per_try, 0.0)
+        room = remaining - per_try / 1000.0  # what a wait may take and still fit the try
+        if shortest > room:
+            raise AllAttemptsFailed(
+                f"{n} attempt(s) failed; {remaining * 1000:.0f} ms left of the {timeout_ms} ms "
+                f"deadline is not enough for another attempt ({per_try:.0f} ms per try)"
+            )
+        wait = min(wait, room)
+        if delivery.reached and not router.budget.try_spend(now):
+            self.metrics.retry_budget_exhausted.inc()
+            raise AllAttemptsFailed(f"{n} attempt(s) failed and the retry budget is used up")
+        kind = "same_endpoint" if again else "failover"
+        self.metrics.retries.labels(kind).inc()
+        span = run.opened.span
+        if span is not None:
+            span.retry(kind, target, wait)
+        if kind == "failover":
+            log(logging.INFO, "route.failover", from_endpoint=previous, to_endpoint=target)
+        return target, per_try, wait
 
     def _tier_summary(self, plan: RoutePlan) -> dict[str, Any]:
         if plan.tiers is None:

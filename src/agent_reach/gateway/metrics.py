@@ -4,11 +4,28 @@ Named by the Prometheus conventions: ``agent_reach_`` prefix, base units (second
 ending in ``_total``, durations as ``_seconds`` histograms. Every metric is listed in
 docs/operations.md. What is derived from state (endpoints by status, heartbeat ages, the trace
 store's size) is computed at scrape time, so that it costs the request paths nothing.
+
+Invariants:
+
+- The ``intent`` label (requests, request durations, attempts) takes a registered tag, or one of
+  the gateway's own values, which start with ``_`` and so are never tags (``_unroutable``,
+  ``_other``). Tags come from whoever registers (open mode), so the label set is bounded twice:
+  a tag's series are dropped once no endpoint declares it (:meth:`GatewayMetrics.follow`), and at
+  most :data:`MAX_INTENT_LABELS` tags have series of their own at once; the tags seen past that
+  count under :data:`OTHER_INTENTS`, for as long as they are declared. Every other label takes
+  values from a fixed set in the code (outcomes, error codes, actions, statuses, kinds).
+- The exposition is generated off the event loop (:meth:`GatewayMetrics.scrape`): what the
+  loop mutates without locks (the registry's view, the router's health state, the trace store)
+  is read on the loop into plain values first; the client library's metrics lock their own
+  state, so the worker thread reads them while the loop keeps counting.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable, Iterable, Iterator
+from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
@@ -16,9 +33,17 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from agent_reach.core.model import EndpointRecord
-from agent_reach.registry.base import RegistryState
+from agent_reach.observability.logs import log
+from agent_reach.registry.base import RegistryBackend, RegistryChange, RegistryState
 
-__all__ = ["GatewayMetrics"]
+__all__ = ["MAX_INTENT_LABELS", "OTHER_INTENTS", "GatewayMetrics"]
+
+MAX_INTENT_LABELS = 1_000
+"""Tags with series of their own at once; past it, new tags count under :data:`OTHER_INTENTS`."""
+
+OTHER_INTENTS = "_other"
+"""The ``intent`` label of the tags seen past :data:`MAX_INTENT_LABELS` (``other`` is a valid
+tag, so the gateway's own values start with ``_``, as ``_unroutable`` does)."""
 
 _LATENCY_BUCKETS = (
     0.001,
@@ -38,100 +63,122 @@ _LATENCY_BUCKETS = (
     60.0,
 )
 
-
-class _StatusCollector(Collector):
-    def __init__(self, counts: Callable[[], dict[str, int]]) -> None:
-        self._counts = counts
-
-    def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(
-            "agent_reach_endpoints", "Registered endpoints by derived status", labels=["status"]
-        )
-        for status, n in self._counts().items():
-            family.add_metric([status], n)
-        yield family
-
-
-class _RegistryCollector(Collector):
-    def __init__(self, state: Callable[[], RegistryState]) -> None:
-        self._state = state
-
-    def collect(self) -> Iterator[Metric]:
-        state = self._state()
-        available = GaugeMetricFamily(
-            "agent_reach_registry_available",
-            "1 while the registry's shared store is reachable (0: routing on the last view)",
-            labels=["backend"],
-        )
-        available.add_metric([state.backend], 1.0 if state.available else 0.0)
-        yield available
-        if state.last_sync_age_s is not None:
-            yield GaugeMetricFamily(
-                "agent_reach_registry_sync_age_seconds",
-                "Age of the local view's last successful sync with the shared registry",
-                value=state.last_sync_age_s,
-            )
-
-
 # heartbeat-age buckets, as multiples of the heartbeat interval: SDK agents beat every 0.6-0.8 x
 _AGE_BUCKETS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 
-class _StateCollector(Collector):
-    """Heartbeat ages and the trace store's size, read at scrape time."""
+class _Watched(NamedTuple):
+    """What :meth:`GatewayMetrics.watch` reads at each scrape."""
 
-    def __init__(
-        self,
-        records: Callable[[], Iterable[EndpointRecord]],
-        now: Callable[[], float],
-        interval_s: float,
-        trace_count: Callable[[], int],
-    ) -> None:
-        self._records = records
-        self._now = now
-        self._interval = interval_s
-        self._bounds = [interval_s * m for m in _AGE_BUCKETS]
-        self._trace_count = trace_count
+    records: Callable[[], Iterable[EndpointRecord]]
+    now: Callable[[], float]
+    interval_s: float
+    trace_count: Callable[[], int]
+
+
+class _State(NamedTuple):
+    """The gateway state one scrape exports, read on the loop (plain values only)."""
+
+    status_counts: dict[str, int]
+    registry: RegistryState | None
+    now: float
+    last_seen: list[float] | None  # None: not watched
+    interval_s: float
+    trace_count: int
+
+
+class _Exposition(Collector):
+    """One scrape: the metrics' registry, then the families derived from a state snapshot.
+
+    Its ``collect`` runs in a worker thread and reads nothing the loop mutates without a lock.
+    """
+
+    def __init__(self, registry: CollectorRegistry, state: _State) -> None:
+        self._registry = registry
+        self._state = state
 
     def collect(self) -> Iterator[Metric]:
-        now = self._now()
-        bounds = self._bounds
-        counts = [0] * (len(bounds) + 1)
-        total = 0.0
-        for record in self._records():
-            age = max(0.0, now - record.last_seen)
-            total += age
-            for i, bound in enumerate(bounds):
-                if age <= bound:
-                    counts[i] += 1
-                    break
-            else:
-                counts[-1] += 1
-        cumulative = 0
-        buckets = []
-        for bound, n in zip([*map(floatToGoString, bounds), "+Inf"], counts, strict=True):
-            cumulative += n
-            buckets.append((bound, float(cumulative)))
-        yield GaugeHistogramMetricFamily(
-            "agent_reach_heartbeat_age_seconds",
-            "Time since each registered endpoint's last heartbeat, at scrape time (heartbeat lag)",
-            buckets=buckets,
-            gsum_value=total,
+        yield from self._registry.collect()
+        state = self._state
+        endpoints = GaugeMetricFamily(
+            "agent_reach_endpoints", "Registered endpoints by derived status", labels=["status"]
         )
-        yield GaugeMetricFamily(
-            "agent_reach_heartbeat_interval_seconds",
-            "The heartbeat interval agents are told to keep",
-            value=self._interval,
-        )
-        yield GaugeMetricFamily(
-            "agent_reach_trace_store_traces",
-            "Trace ids held by the trace store (GET /v1/traces/ID)",
-            value=self._trace_count(),
-        )
+        for status, n in state.status_counts.items():
+            endpoints.add_metric([status], n)
+        yield endpoints
+        if state.registry is not None:
+            available = GaugeMetricFamily(
+                "agent_reach_registry_available",
+                "1 while the registry's shared store is reachable (0: routing on the last view)",
+                labels=["backend"],
+            )
+            available.add_metric([state.registry.backend], 1.0 if state.registry.available else 0.0)
+            yield available
+            if state.registry.last_sync_age_s is not None:
+                yield GaugeMetricFamily(
+                    "agent_reach_registry_sync_age_seconds",
+                    "Age of the local view's last successful sync with the shared registry",
+                    value=state.registry.last_sync_age_s,
+                )
+        if state.last_seen is not None:
+            yield from _heartbeat_families(state.now, state.last_seen, state.interval_s)
+            yield GaugeMetricFamily(
+                "agent_reach_trace_store_traces",
+                "Trace ids held by the trace store (GET /v1/traces/ID)",
+                value=state.trace_count,
+            )
+
+
+def _heartbeat_families(now: float, last_seen: list[float], interval_s: float) -> Iterator[Metric]:
+    """Heartbeat ages (a gauge histogram, buckets in multiples of the interval), the interval."""
+    bounds = [interval_s * m for m in _AGE_BUCKETS]
+    counts = [0] * (len(bounds) + 1)
+    total = 0.0
+    for seen in last_seen:
+        age = max(0.0, now - seen)
+        total += age
+        for i, bound in enumerate(bounds):
+            if age <= bound:
+                counts[i] += 1
+                break
+        else:
+            counts[-1] += 1
+    cumulative = 0
+    buckets = []
+    for bound, n in zip([*map(floatToGoString, bounds), "+Inf"], counts, strict=True):
+        cumulative += n
+        buckets.append((bound, float(cumulative)))
+    yield GaugeHistogramMetricFamily(
+        "agent_reach_heartbeat_age_seconds",
+        "Time since each registered endpoint's last heartbeat, at scrape time (heartbeat lag)",
+        buckets=buckets,
+        gsum_value=total,
+    )
+    yield GaugeMetricFamily(
+        "agent_reach_heartbeat_interval_seconds",
+        "The heartbeat interval agents are told to keep",
+        value=interval_s,
+    )
+
+
+class _Series:
+    """The label children of one ``intent`` label value, made on first use (hot path cache)."""
+
+    __slots__ = ("attempts", "duration", "label", "requests")
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.requests: dict[str, Counter] = {}  # outcome -> child
+        self.duration: Histogram | None = None
+        self.attempts: dict[str, Counter] = {}  # outcome -> child
 
 
 class GatewayMetrics:
-    """Counters and histograms of requests, attempts, retries and heartbeats."""
+    """Counters and histograms of requests, attempts, retries and heartbeats.
+
+    Wiring: :meth:`follow` the registry (drops the series of tags nobody declares any more),
+    :meth:`watch` the gateway state, and serve ``await scrape()`` on ``GET /metrics``.
+    """
 
     def __init__(
         self,
@@ -193,13 +240,29 @@ class GatewayMetrics:
             "Total gateway stall time credited to every endpoint's lease",
             registry=r,
         )
-        r.register(_StatusCollector(status_counts))
-        if registry_state is not None:
-            r.register(_RegistryCollector(registry_state))
         self.heartbeats_ok = self.heartbeats.labels("ok")
         self.heartbeats_unknown = self.heartbeats.labels("unknown")
-        self._requests: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
-        self._attempts: dict[tuple[str, str], Counter] = {}
+        self._status_counts = status_counts
+        self._registry_state = registry_state
+        self._watched: _Watched | None = None
+        self._followed: RegistryBackend | None = None
+        # tag (or own label) -> its series; the tags past the cap share the _other series
+        self._series: dict[str, _Series] = {}
+        self._own = 0  # tags with series of their own
+        self._other = _Series(OTHER_INTENTS)
+        # tags given series while nobody declared them (a request in flight across the last
+        # deregistration): dropped at the next registry change or after the next scrape
+        self._orphans: set[str] = set()
+        self._scraping = asyncio.Lock()
+
+    # --- wiring ----------------------------------------------------------------------------
+
+    def follow(self, registry: RegistryBackend) -> None:
+        """Drop the series of a tag once no endpoint of ``registry`` declares it (by listening
+        to its changes; call once, before traffic). Without it, only the cap bounds the label
+        set, and the series of departed tags stay until the process ends."""
+        self._followed = registry
+        registry.subscribe(self._changed)
 
     def watch(
         self,
@@ -211,29 +274,131 @@ class GatewayMetrics:
     ) -> None:
         """Export the heartbeat ages of ``records`` (``last_seen`` against ``now``, the liveness
         clock) and the trace store's size; read at each scrape. Call once."""
-        self.registry.register(_StateCollector(records, now, heartbeat_interval_s, trace_count))
+        self._watched = _Watched(records, now, heartbeat_interval_s, trace_count)
+
+    # --- the hot paths ---------------------------------------------------------------------
 
     def request_done(self, intent: str, outcome: str, seconds: float) -> None:
-        """Count one answered request (label children cached: this is on the hot path)."""
-        key = (intent, outcome)
-        child = self._requests.get(key)
+        """Count one answered request (``intent``: the registered tag routed on, or
+        ``_unroutable``; ``outcome``: ``ok`` or an error code)."""
+        series = self._series.get(intent)
+        if series is None:
+            series = self._admit(intent)
+        child = series.requests.get(outcome)
         if child is None:
-            child = self._requests[key] = (
-                self.requests.labels(intent, outcome),
-                self.request_seconds.labels(intent),
-            )
-        child[0].inc()
-        child[1].observe(seconds)
+            child = series.requests[outcome] = self.requests.labels(series.label, outcome)
+        child.inc()
+        duration = series.duration
+        if duration is None:
+            duration = series.duration = self.request_seconds.labels(series.label)
+        duration.observe(seconds)
 
     def attempt_done(self, intent: str, outcome: str, seconds: float) -> None:
         """Count one delivery attempt (``intent``: the registered tag, as for requests)."""
-        key = (intent, outcome)
-        child = self._attempts.get(key)
+        series = self._series.get(intent)
+        if series is None:
+            series = self._admit(intent)
+        child = series.attempts.get(outcome)
         if child is None:
-            child = self._attempts[key] = self.attempts.labels(intent, outcome)
+            child = series.attempts[outcome] = self.attempts.labels(series.label, outcome)
         child.inc()
         self.attempt_seconds.observe(seconds)
 
+    def _admit(self, intent: str) -> _Series:
+        """The series of a label value seen for the first time (or since it was dropped)."""
+        if intent.startswith("_"):  # the gateway's own values: never tags, never dropped
+            series = _Series(intent)
+        elif self._own < MAX_INTENT_LABELS:
+            series = _Series(intent)
+            self._own += 1
+        else:
+            series = self._other
+        self._series[intent] = series
+        followed = self._followed
+        if followed is not None and not intent.startswith("_") and not followed.by_intent(intent):
+            self._orphans.add(intent)
+        return series
+
+    # --- the label set ---------------------------------------------------------------------
+
+    def _changed(self, change: RegistryChange) -> None:
+        """Registry listener: drop the tags ``change`` took from the last endpoint declaring
+        them. Quick (heartbeats come through here too) and never raises."""
+        if self._orphans:
+            self._drop_orphans()
+        before = change.before
+        after = change.after
+        if before is None or (after is not None and after.capabilities == before.capabilities):
+            return
+        followed = self._followed
+        assert followed is not None  # subscribed by follow()
+        kept = () if after is None else after.capabilities
+        series = self._series
+        for tag in before.capabilities:
+            if tag not in kept and tag in series and not followed.by_intent(tag):
+                self._drop(tag)
+
+    def _drop_orphans(self) -> None:
+        followed = self._followed
+        assert followed is not None  # orphans are only found with a followed registry
+        for tag in self._orphans:
+            if not followed.by_intent(tag):
+                self._drop(tag)
+        self._orphans.clear()
+
+    def _drop(self, tag: str) -> None:
+        """Remove the series of ``tag`` (those under ``_other`` stay: other tags share them)."""
+        series = self._series.pop(tag, None)
+        if series is None or series.label != tag:
+            return
+        self._own -= 1
+        for outcome in series.requests:
+            self.requests.remove(tag, outcome)
+        if series.duration is not None:
+            self.request_seconds.remove(tag)
+        for outcome in series.attempts:
+            self.attempts.remove(tag, outcome)
+
+    # --- scrapes ---------------------------------------------------------------------------
+
+    async def scrape(self) -> bytes:
+        """The Prometheus text exposition, generated in a worker thread so that a large one
+        does not stop the event loop (the state it derives from is read here first, cheaply).
+
+        Scrapes run one at a time; a scrape cancelled (the client went away) ends when its
+        thread does, so that abandoned scrapes cannot pile up threads."""
+        async with self._scraping:
+            exposition = _Exposition(self.registry, self._state())
+            work = asyncio.ensure_future(asyncio.to_thread(generate_latest, exposition))
+            try:
+                body = await asyncio.shield(work)
+            except asyncio.CancelledError:
+                await asyncio.wait([work])
+                if not work.cancelled() and (error := work.exception()) is not None:
+                    log(logging.ERROR, "metrics.scrape_failed", error=repr(error))
+                raise
+        if self._orphans:
+            self._drop_orphans()
+        return body
+
     def render(self) -> bytes:
-        """The Prometheus text exposition of every metric."""
-        return generate_latest(self.registry)
+        """:meth:`scrape`, on the calling thread (tests and tools; a gateway serves scrape)."""
+        body = generate_latest(_Exposition(self.registry, self._state()))
+        if self._orphans:
+            self._drop_orphans()
+        return body
+
+    def _state(self) -> _State:
+        """The gateway state a scrape exports, read now (on the loop: O(endpoints))."""
+        registry = self._registry_state() if self._registry_state is not None else None
+        watched = self._watched
+        if watched is None:
+            return _State(self._status_counts(), registry, 0.0, None, 0.0, 0)
+        return _State(
+            self._status_counts(),
+            registry,
+            watched.now(),
+            [record.last_seen for record in watched.records()],
+            watched.interval_s,
+            watched.trace_count(),
+        )

@@ -1,13 +1,16 @@
 """The gateway's HTTP edge: a dispatch table over aiohttp's low-level server.
 
-Handlers only parse, call the service, and render. Errors are rendered in one place
-(:meth:`HttpEdge.handle`) from the exception tree of :mod:`agent_reach.errors`; anything
-unexpected is a 500 ``internal_error``, logged once with its traceback, and never takes the
-process down. The low-level server (no ``web.Application``, router or middleware) is used because
-it costs about 8 µs less per request, a tenth of a heartbeat's whole cost (benchmarks/RESULTS.md).
+It receives a :class:`~agent_reach.gateway.node.Node` and nothing else. Handlers only parse
+(the request into a :class:`~agent_reach.gateway.service.Caller` and a wire struct), call one
+method of the service, and render. Errors are rendered in one place (:meth:`HttpEdge.handle`)
+from the one table of :mod:`agent_reach.edges.http.status`; anything unexpected is a 500
+``internal_error``, logged once with its traceback, and never takes the process down. The
+low-level server (no ``web.Application``, router or middleware) is used because it costs about
+8 µs less per request, a tenth of a heartbeat's whole cost (benchmarks/RESULTS.md).
 
 The dashboard (``/``, ``/dashboard`` and ``/static/NAME``) is a static page shipped in the
-package (``edges/http/static/``), read once at start and served from memory; it polls the JSON API.
+package (``edges/http/static/``), read once at start and served from memory; it polls the JSON
+API.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import random
 import re
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -23,49 +25,19 @@ from typing import Any
 
 from aiohttp import web
 
-from agent_reach.auth.tokens import Kind
-from agent_reach.clock import Clock, SystemClock
-from agent_reach.core.names import is_endpoint_id
-from agent_reach.core.netguard import AddressGuard
+from agent_reach.edges.http.openapi import openapi_document
 from agent_reach.edges.http.status import headers_for, status_for
 from agent_reach.errors import (
     AgentReachError,
-    EndpointHeld,
-    EndpointNotRegistered,
-    InvalidRequest,
+    InternalError,
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
-    TraceNotFound,
 )
-from agent_reach.gateway.access import (
-    ENDPOINTS,
-    OPERATORS,
-    READERS,
-    REGISTRANTS,
-    SENDERS,
-    Access,
-    Caller,
-)
-from agent_reach.gateway.delivery import Reacher
-from agent_reach.gateway.metrics import GatewayMetrics
-from agent_reach.gateway.monitor import run_purger, run_ticker
-from agent_reach.gateway.router import Router
-from agent_reach.gateway.traces import TraceQuery, TraceStore
+from agent_reach.gateway.node import Node
+from agent_reach.gateway.service import Caller
 from agent_reach.observability.logs import log
-from agent_reach.registry import RegistryBackend, open_registry
-from agent_reach.settings import GatewaySettings
-from agent_reach.transport import HttpTransport, Transport
-from agent_reach.wire.bodies import (
-    EndpointIdBody,
-    RegisterBody,
-    RouteQuery,
-    SendBody,
-    TokenRequest,
-    convert,
-    decode,
-    encode,
-)
+from agent_reach.wire.bodies import SendBody, decode, encode
 from agent_reach.wire.ids import new_id
 
 __all__ = ["HttpEdge"]
@@ -124,60 +96,14 @@ def _json(body: Any, status: int = 200) -> web.Response:
     return web.Response(body=encode(body), status=status, headers=_JSON)
 
 
-def _with_ids(exc: AgentReachError) -> AgentReachError:
-    """Every error answer of /v1/send (and its dry run) carries msg_id, trace_id, attempts."""
-    exc.fields.setdefault("msg_id", new_id("msg"))
-    exc.fields.setdefault("trace_id", new_id("trace"))
-    exc.fields.setdefault("attempts", [])
-    return exc
-
-
 class HttpEdge:
-    """The gateway's HTTP API: serve :meth:`handle` with ``web.Server``; start, then close."""
+    """The gateway's HTTP API over one node: serve :meth:`handle` with ``web.Server``."""
 
-    def __init__(
-        self,
-        settings: GatewaySettings,
-        *,
-        clock: Clock | None = None,
-        registry: RegistryBackend | None = None,
-        transport: Transport | None = None,
-        rng: random.Random | None = None,
-    ) -> None:
-        settings.check()
-        clock = clock or SystemClock()
-        self.settings = settings
-        self.registry = registry or open_registry(
-            settings.registry, prefix=settings.registry_prefix
-        )
-        self.transport = transport or HttpTransport(
-            max_response_bytes=settings.max_body_bytes,
-            address_guard=AddressGuard.from_csv(settings.endpoint_networks),
-        )
-        self.gateway = Router(settings, self.registry, clock, rng=rng)
-        self.metrics = GatewayMetrics(self.gateway.status_counts, self.registry.state)
-        self.traces = TraceStore(settings.trace_capacity)
-        self.metrics.watch(
-            records=self.registry.records,
-            now=self.gateway.now,
-            heartbeat_interval_s=float(settings.heartbeat_interval),
-            trace_count=self.traces.__len__,
-        )
-        self.access = Access(
-            settings,
-            wall=clock.wall,
-            monotonic=clock.monotonic,
-            on_denied=lambda action, status: self.metrics.denied.labels(action, status).inc(),
-        )
-        self.reacher = Reacher(
-            self.gateway,
-            self.transport,
-            self.metrics,
-            self.traces,
-            wall=clock.wall,
-            signer=self.access.tokens,
-        )
-        self._tasks: list[asyncio.Task[None]] = []
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.service = node.service
+        self.settings = node.settings
+        self._monotonic = node.clock.monotonic
         self._static = _load_static()
         # (method, path) -> handler; a path ending in "/" (other than "/" itself) takes the rest
         # of the path as its argument
@@ -197,6 +123,7 @@ class HttpEdge:
             ("GET", "/v1/keys"): self.keys,
             ("POST", "/v1/tokens"): self.issue_token,
             ("POST", "/v1/reload"): self.reload,
+            ("GET", "/openapi.json"): self.openapi,
             ("GET", "/"): self.dashboard,
             ("GET", "/dashboard"): self.dashboard,
             ("GET", "/static/"): self.static,
@@ -205,35 +132,7 @@ class HttpEdge:
         }
         self._exact = {path for _, path in self._routes if path == "/" or not path.endswith("/")}
         self._prefixes = tuple({path for _, path in self._routes if path not in self._exact})
-
-    # --- lifecycle -------------------------------------------------------------------------
-
-    async def start(self) -> None:
-        """Load the keys and policy (token mode; ValueError when they cannot be used), open
-        the registry and transport, start the ticker, the purge and the reloader."""
-        self.access.load()
-        await self.registry.start()
-        await self.transport.start()
-        self._tasks = [
-            asyncio.create_task(run_ticker(self.gateway, self.metrics), name="agent-reach-ticker"),
-            asyncio.create_task(run_purger(self.gateway), name="agent-reach-purger"),
-            asyncio.create_task(
-                self.access.run_reloader(self._enforce_policy), name="agent-reach-reloader"
-            ),
-        ]
-
-    async def _enforce_policy(self) -> list[str]:
-        """A new policy applies to the ids registered already: those it no longer lets claim
-        their intents are deregistered (they are refused when they register again)."""
-        return await self.gateway.evict(self.access.claim_allowed)
-
-    async def close(self) -> None:
-        """Stop the background loops, close the transport and the registry."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.transport.close()
-        await self.registry.close()
+        self._openapi: bytes | None = None
 
     # --- dispatch and the one error table --------------------------------------------------
 
@@ -243,10 +142,8 @@ class HttpEdge:
         arg = ""
         handler = self._routes.get((request.method, path))
         try:
-            if self.access.open and path != "/healthz":  # probes may name the host otherwise
-                headers = request.headers
-                self.access.check_browser(headers.get("Host"), headers.get("Origin"))
             if handler is None:
+                self.service.admit(self._caller(request))  # open mode's guard comes first
                 handler, arg = self._resolve(request.method, path)
             return await handler(request, arg)
         except AgentReachError as exc:
@@ -257,14 +154,8 @@ class HttpEdge:
             raise
         except Exception:
             log(logging.ERROR, "http.unhandled", path=path, exc_info=True)
-            return _json(
-                {
-                    "ok": False,
-                    "error": "internal_error",
-                    "detail": "unexpected error; see gateway log",
-                },
-                500,
-            )
+            fault = InternalError("unexpected error; see gateway log")
+            return _json(fault.to_body(), status_for(fault))
 
     def _resolve(self, method: str, path: str) -> tuple[Handler, str]:
         """A prefixed route (the rest of the path is its argument), or 404 / 405."""
@@ -296,159 +187,83 @@ class HttpEdge:
             chunks.append(chunk)
         return b"".join(chunks)
 
+    def _caller(self, request: web.BaseRequest, received_at: float | None = None) -> Caller:
+        """Who calls, as this request says (checked by the service)."""
+        headers = request.headers
+        return Caller(
+            remote=request.remote or "?",
+            authorization=headers.get("Authorization"),
+            host=headers.get("Host"),
+            origin=headers.get("Origin"),
+            traceparent=headers.get("traceparent"),
+            received_at=received_at,
+            delivery="X-Reach-Attempt" in headers,
+        )
+
     # --- handlers: parse, call the service, render -----------------------------------------
 
-    def _caller(
-        self,
-        request: web.BaseRequest,
-        kinds: frozenset[Kind],
-        action: str,
-        trace_id: str | None = None,
-    ) -> Caller:
-        return self.access.caller(
-            request.headers.get("Authorization"), request.remote, kinds, action, trace_id=trace_id
-        )
-
     async def register(self, request: web.BaseRequest, _: str) -> web.Response:
-        caller = self._caller(request, REGISTRANTS, "register")
-        body = decode(await self._body(request), RegisterBody)
-        grant = self.access.check_register(caller, body.endpoint_id, body.capabilities)
-        await self.access.check_endpoint_url(caller, body.endpoint_id, body.endpoint_url)
-        try:
-            record = await self.gateway.register(body, owner=grant.owner)
-        except EndpointHeld as exc:  # checked by the registry, in one step with the write
-            self.access.denied(caller.who, "register", body.endpoint_id, exc.detail, None)
-            raise
-        self.metrics.registrations.inc()
-        return _json(
-            {
-                "ok": True,
-                "endpoint_id": record.endpoint_id,
-                "heartbeat_interval_s": float(self.settings.heartbeat_interval),
-                **grant.fields(),
-            }
-        )
+        caller = self._caller(request)
+        return _json(await self.service.register(caller, await self._body(request)))
 
     async def heartbeat(self, request: web.BaseRequest, _: str) -> web.Response:
-        caller = self._caller(request, ENDPOINTS, "heartbeat")
-        body = decode(await self._body(request), EndpointIdBody)
-        if caller.claims is not None:
-            current = self.registry.get(body.endpoint_id)
-            self.access.check_owner(caller, "heartbeat", body.endpoint_id, current)
-            if current is not None:
-                allowed, why = self.access.claim_allowed(current)
-                if not allowed:  # the policy changed since it registered (a reload raced it)
-                    await self.gateway.evict(lambda record: (False, why), body.endpoint_id)
-                    self.access.deny(caller, "heartbeat", body.endpoint_id, why)
-        try:
-            health = await self.gateway.heartbeat(body.endpoint_id)
-        except EndpointNotRegistered:
-            self.metrics.heartbeats_unknown.inc()
-            raise
-        self.metrics.heartbeats_ok.inc()
-        answer = {"ok": True, "endpoint_id": body.endpoint_id, "status": health.status.value}
-        renewed = self.access.renewal(caller)
-        if renewed is not None:
-            answer.update(renewed.fields())
-        return _json(answer)
+        caller = self._caller(request)
+        return _json(await self.service.heartbeat(caller, await self._body(request)))
 
     async def deregister(self, request: web.BaseRequest, _: str) -> web.Response:
-        caller = self._caller(request, ENDPOINTS | OPERATORS, "deregister")
-        body = decode(await self._body(request), EndpointIdBody)
-        self.access.check_owner(
-            caller, "deregister", body.endpoint_id, self.registry.get(body.endpoint_id)
-        )
-        await self.gateway.deregister(body.endpoint_id)
-        return _json({"ok": True})
+        caller = self._caller(request)
+        return _json(await self.service.deregister(caller, await self._body(request)))
 
     async def agents(self, request: web.BaseRequest, _: str) -> web.Response:
-        self._caller(request, READERS, "list agents")
-        gw = self.gateway
-        now = gw.now()
-        return _json({"agents": [gw.describe(r, now) for r in gw.registry.records()]})
+        return _json(self.service.agents(self._caller(request)))
 
     async def agent(self, request: web.BaseRequest, name: str) -> web.Response:
-        self._caller(request, READERS, "read an agent")
-        endpoint_id = f"agent://{name}"
-        gw = self.gateway
-        record = gw.registry.get(endpoint_id) if is_endpoint_id(endpoint_id) else None
-        if record is None:  # a malformed name cannot be registered either
-            raise EndpointNotRegistered(f"{endpoint_id!r} is not registered")
-        return _json(gw.describe(record, gw.now()))
+        return _json(self.service.agent(self._caller(request), name))
 
     async def send(self, request: web.BaseRequest, _: str) -> web.Response:
-        received_at = self.reacher.clock.monotonic()
-        access = self.access
-        trace_id = None
-        body: SendBody | None = None
+        caller = self._caller(request, self._monotonic())  # the deadline counts from here
         try:
-            if "X-Reach-Attempt" in request.headers:
-                raise InvalidRequest(
-                    "this request is a gateway's delivery (X-Reach-Attempt): an endpoint_url "
-                    "points at a gateway's /v1/send, and the gateway will not deliver to itself",
-                    field="X-Reach-Attempt",
-                )
-            # the body first (bounded, cheap): a refusal then names the caller's own msg_id and
-            # trace_id, and its audit line that trace id
+            # the body first (bounded, cheap): a refusal then names the caller's own msg_id
+            # and trace_id, and so does its audit line
             body = decode(await self._body(request), SendBody)
-            if not access.open:
-                body.msg_id = body.msg_id or new_id("msg")
-                body.trace_id = trace_id = body.trace_id or new_id("trace")
-            caller = self._caller(request, SENDERS, "send", trace_id)
-            access.limit(caller, trace_id)
-            body.sender, scope = access.check_send(
-                caller, body.sender, body.intent, body.recipient_hint, trace_id
-            )
-            result = await self.reacher.send(
-                body, received_at, request.headers.get("traceparent"), scope
-            )
         except AgentReachError as exc:
-            if body is not None:
-                for key, value in (("msg_id", body.msg_id), ("trace_id", body.trace_id)):
-                    if value is not None:
-                        exc.fields.setdefault(key, value)
-            raise _with_ids(exc) from None
-        return _json(result.to_body())
+            raise _with_new_ids(exc) from None
+        return _json(await self.service.send(caller, body))
 
     async def route(self, request: web.BaseRequest, _: str) -> web.Response:
-        try:
-            caller = self._caller(request, READERS, "route")
-            query = convert(dict(request.query), RouteQuery)
-            _sender, scope = self.access.check_send(
-                caller, None, query.intent, query.recipient_hint, None, action="route"
-            )
-            answer = self.gateway.explain_route(
-                query.intent, query.recipient_hint, query.timeout_ms, scope
-            )
-        except AgentReachError as exc:
-            raise _with_ids(exc) from None
-        return _json(answer)
+        return _json(self.service.explain(self._caller(request), dict(request.query)))
 
     async def trace(self, request: web.BaseRequest, trace_id: str) -> web.Response:
-        caller = self._caller(request, READERS, "read a trace")
-        events = self.traces.get(trace_id)
-        if events is None or not self.access.may_read_trace(caller, trace_id, events):
-            raise TraceNotFound(f"no recent request with trace_id {trace_id!r}")
-        return _json({"trace_id": trace_id, "events": events})
+        return _json(self.service.trace(self._caller(request), trace_id))
 
     async def recent_traces(self, request: web.BaseRequest, _: str) -> web.Response:
-        self._caller(request, OPERATORS, "list traces")
         # an empty value (``?intent=``) means no filter, as a form with a blank field sends it
-        query = convert({k: v for k, v in request.query.items() if v}, TraceQuery)
-        found = self.traces.recent(query.intent, query.outcome, query.limit)
-        return _json({"traces": [summary.to_body() for summary in found]})
+        query = {k: v for k, v in request.query.items() if v}
+        return _json(self.service.recent_traces(self._caller(request), query))
 
     async def inflight(self, request: web.BaseRequest, _: str) -> web.Response:
-        self._caller(request, OPERATORS, "read deliveries in flight")
-        # the delivery attempts this gateway process has open now, by endpoint
-        counts = {eid: s.inflight for eid, s in self.gateway.stats.items() if s.inflight > 0}
-        return _json(
-            {
-                "at": round(self.gateway.clock.wall(), 3),
-                "total": sum(counts.values()),
-                "endpoints": counts,
-            }
-        )
+        return _json(self.service.inflight(self._caller(request)))
+
+    async def diagnostics(self, request: web.BaseRequest, _: str) -> web.Response:
+        return _json(self.service.diagnostics(self._caller(request)))
+
+    async def keys(self, request: web.BaseRequest, _: str) -> web.Response:
+        # public: agents verify delivery assertions against it (empty in open mode)
+        self.service.admit(self._caller(request))
+        return _json(self.service.keys())
+
+    async def issue_token(self, request: web.BaseRequest, _: str) -> web.Response:
+        caller = self._caller(request)
+        return _json(self.service.issue_token(caller, await self._body(request)))
+
+    async def reload(self, request: web.BaseRequest, _: str) -> web.Response:
+        return _json(await self.service.reload(self._caller(request)))
+
+    async def openapi(self, request: web.BaseRequest, _: str) -> web.Response:
+        self.service.admit(self._caller(request))
+        if self._openapi is None:  # built once, from the wire structs (edges/http/openapi.py)
+            self._openapi = encode(openapi_document())
+        return web.Response(body=self._openapi, headers=_JSON)
 
     async def dashboard(self, request: web.BaseRequest, _: str) -> web.Response:
         return self._send_static(request, "index.html")
@@ -457,6 +272,7 @@ class HttpEdge:
         return self._send_static(request, name)
 
     def _send_static(self, request: web.BaseRequest, name: str) -> web.Response:
+        self.service.admit(self._caller(request))
         item = self._static.get(name)
         if item is None:
             raise NotFound(f"no such path: {request.path}")
@@ -464,39 +280,19 @@ class HttpEdge:
             return web.Response(status=304, headers=item.headers)
         return web.Response(body=item.body, headers=item.headers)
 
-    async def diagnostics(self, request: web.BaseRequest, _: str) -> web.Response:
-        self._caller(request, OPERATORS, "read diagnostics")
-        return _json(self.gateway.diagnostics())
-
-    async def keys(self, request: web.BaseRequest, _: str) -> web.Response:
-        # public: agents verify delivery assertions against it (empty in open mode)
-        return _json(self.access.jwks())
-
-    async def issue_token(self, request: web.BaseRequest, _: str) -> web.Response:
-        caller = self._caller(request, OPERATORS, "issue tokens")
-        body = decode(await self._body(request), TokenRequest)
-        return _json(self.access.issue(caller, body))
-
-    async def reload(self, request: web.BaseRequest, _: str) -> web.Response:
-        caller = self._caller(request, OPERATORS, "reload keys and policy")
-        self.access.admin(caller, "reload", "keys+policy")
-        answer = self.access.reload()
-        if answer.get("policy_changed"):
-            answer["evicted"] = await self._enforce_policy()
-        return _json(answer)
-
     async def healthz(self, request: web.BaseRequest, _: str) -> web.Response:
-        # always 200 while the gateway serves: with its shared registry away it still routes on
-        # its last view, and says so here (and in the metric agent_reach_registry_available)
-        state = self.registry.state()
-        registry: dict[str, Any] = {
-            "backend": state.backend,
-            "available": state.available,
-            "detail": state.detail,
-        }
-        if state.last_sync_age_s is not None:
-            registry["last_sync_age_s"] = round(state.last_sync_age_s, 3)
-        return _json({"ok": True, "registry": registry})
+        # no browser check: probes may name the host otherwise
+        return _json(self.service.health())
 
     async def render_metrics(self, request: web.BaseRequest, _: str) -> web.Response:
-        return web.Response(body=self.metrics.render(), headers=_METRICS_TYPE)
+        self.service.admit(self._caller(request))
+        # generated off the event loop: a big scrape does not hold up requests
+        return web.Response(body=await self.node.metrics.scrape(), headers=_METRICS_TYPE)
+
+
+def _with_new_ids(exc: AgentReachError) -> AgentReachError:
+    """An error answer of /v1/send or /v1/route before the body named its ids: new ones."""
+    exc.fields.setdefault("msg_id", new_id("msg"))
+    exc.fields.setdefault("trace_id", new_id("trace"))
+    exc.fields.setdefault("attempts", [])
+    return exc

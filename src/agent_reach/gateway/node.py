@@ -1,0 +1,130 @@
+"""The composition root: one gateway node, built once, started, closed in order.
+
+A :class:`Node` builds every part of a gateway from its settings (the registry, the transports
+behind their mux, the router, the metrics and traces, access control, the delivery loop and
+the service), owns the background loops (the liveness ticker, the purge, the reloader of the
+key directory and policy file) and closes everything in the reverse order of starting.
+
+Every edge (the HTTP app today; NATS, A2A, MCP and federation next) receives the node and
+nothing else: it reads ``node.service`` for the use cases and ``node.settings`` for what it
+needs to listen, and never builds a part of its own (docs/architecture.md, "Adding an edge").
+
+Invariants:
+- Building does no I/O; :meth:`start` loads keys and policy (a ConfigError stops the start),
+  opens the registry (BackendUnavailable when its store cannot be reached) and the transports,
+  then starts the loops. :meth:`close` is idempotent and safe after a failed start.
+- Every background loop sleeps through the node's clock, catches per iteration (logged with
+  context) and lets cancellation pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+from agent_reach.clock import Clock, SystemClock
+from agent_reach.core.netguard import AddressGuard
+from agent_reach.gateway.access import Access
+from agent_reach.gateway.delivery import Reacher
+from agent_reach.gateway.metrics import GatewayMetrics
+from agent_reach.gateway.monitor import run_purger, run_ticker
+from agent_reach.gateway.router import Router
+from agent_reach.gateway.service import Service
+from agent_reach.gateway.traces import TraceStore
+from agent_reach.observability.logs import log
+from agent_reach.registry import RegistryBackend, open_registry
+from agent_reach.settings import GatewaySettings
+from agent_reach.transport import HttpTransport, Transport
+
+__all__ = ["Node"]
+
+
+class Node:
+    """One gateway: its parts, its loops, its lifecycle. Edges receive it.
+
+    ``clock``, ``registry``, ``transport`` and ``rng`` are injectable for tests and
+    benchmarks; by default everything comes from ``settings``.
+    """
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        *,
+        clock: Clock | None = None,
+        registry: RegistryBackend | None = None,
+        transport: Transport | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        settings.check()
+        self.settings = settings
+        self.clock = clock = clock or SystemClock()
+        self.registry = registry or open_registry(
+            settings.registry, prefix=settings.registry_prefix
+        )
+        self.transport = transport or HttpTransport(
+            max_response_bytes=settings.max_body_bytes,
+            address_guard=AddressGuard.from_csv(settings.endpoint_networks),
+        )
+        self.router = Router(settings, self.registry, clock, rng=rng)
+        self.metrics = GatewayMetrics(self.router.status_counts, self.registry.state)
+        self.metrics.follow(self.registry)  # drops the series of tags no longer declared
+        self.traces = TraceStore(settings.trace_capacity)
+        self.metrics.watch(
+            records=self.registry.records,
+            now=self.router.now,
+            heartbeat_interval_s=float(settings.heartbeat_interval),
+            trace_count=self.traces.__len__,
+        )
+        self.access = Access(
+            settings,
+            wall=clock.wall,
+            monotonic=clock.monotonic,
+            on_denied=lambda action, status: self.metrics.denied.labels(action, status).inc(),
+        )
+        self.reacher = Reacher(
+            self.router,
+            self.transport,
+            self.metrics,
+            self.traces,
+            wall=clock.wall,
+            signer=self.access.tokens,
+        )
+        self.service = Service(self)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        """Load keys and policy, open the registry and the transports, start the loops."""
+        self.access.load()
+        await self.registry.start()
+        await self.transport.start()
+        self._tasks = [
+            asyncio.create_task(run_ticker(self.router, self.metrics), name="agent-reach-ticker"),
+            asyncio.create_task(run_purger(self.router), name="agent-reach-purger"),
+        ]
+        if not self.access.open:
+            self._tasks.append(
+                asyncio.create_task(self._run_reloader(), name="agent-reach-reloader")
+            )
+
+    async def _run_reloader(self) -> None:
+        """Poll the key directory and the policy file; enforce a changed policy on the ids
+        registered already."""
+        while True:
+            await self.clock.sleep(self.settings.reload_interval)
+            try:
+                if self.access.poll():
+                    await self.service.enforce_policy()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug must not end the loop: the next change is still seen
+                log(logging.ERROR, "auth.reloader_error", exc_info=True)
+
+    async def close(self) -> None:
+        """Stop the loops, then close the transports and the registry (reverse order)."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.transport.close()  # both idempotent, and safe on a part never started
+        await self.registry.close()

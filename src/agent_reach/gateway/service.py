@@ -1,0 +1,322 @@
+"""The gateway's use cases: one method per thing a caller can ask, for every edge alike.
+
+An edge (HTTP today; NATS, A2A, MCP and federation next) parses its protocol into a
+:class:`Caller` and the wire structs of :mod:`agent_reach.wire.bodies`, calls one method here,
+and renders what comes back (a JSON-ready answer) or the error it raises (the tree of
+:mod:`agent_reach.errors`, rendered from the edge's own table). Nothing here knows a protocol.
+
+Invariants:
+- Every method authenticates its caller first (:meth:`Access.authenticate`): access checks,
+  eviction on a policy change, rate limits and audit lines happen here, never in an edge.
+- A send binds its trace id once (:data:`~agent_reach.observability.logs.TRACE_ID`), before
+  anything else runs: every log line of the request carries it, and every error answer of a
+  send carries ``msg_id``, ``trace_id`` and ``attempts``, whatever refused it.
+- A refusal changes nothing: the checks run before the registry or a transport is touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from agent_reach.core.names import is_endpoint_id
+from agent_reach.errors import (
+    AgentReachError,
+    EndpointHeld,
+    EndpointNotRegistered,
+    InvalidRequest,
+    TraceNotFound,
+)
+from agent_reach.gateway.access import (
+    ENDPOINTS,
+    OPERATORS,
+    READERS,
+    REGISTRANTS,
+    SENDERS,
+)
+from agent_reach.gateway.traces import TraceQuery
+from agent_reach.observability.logs import TRACE_ID
+from agent_reach.wire.bodies import (
+    EndpointIdBody,
+    RegisterBody,
+    RouteQuery,
+    SendBody,
+    TokenRequest,
+    convert,
+    decode,
+)
+from agent_reach.wire.ids import new_id
+
+if TYPE_CHECKING:
+    from agent_reach.gateway.node import Node
+
+__all__ = ["Caller", "Service"]
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who calls, from where, with which credentials: what an edge saw, not yet checked.
+
+    ``remote`` is the peer's address; ``authorization`` the credentials as presented
+    (``Bearer TOKEN``); ``edge`` names the edge (for audit lines). ``host`` and ``origin`` are
+    what a browser would send (open mode refuses cross-site and rebinding requests; edges
+    without browsers leave them None). ``traceparent`` is the W3C header, ``received_at`` the
+    monotonic time the request arrived (a deadline counts from it), and ``delivery`` says that
+    the request is a gateway's delivery (``X-Reach-Attempt``): an endpoint URL pointing at a
+    gateway's own send.
+    """
+
+    remote: str = "?"
+    authorization: str | None = None
+    edge: str = "http"
+    host: str | None = None
+    origin: str | None = None
+    traceparent: str | None = None
+    received_at: float | None = None
+    delivery: bool = False
+
+
+class Service:
+    """The use cases over one :class:`~agent_reach.gateway.node.Node`."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.settings = node.settings
+        self.access = node.access
+        self.router = node.router
+        self.registry = node.registry
+        self.metrics = node.metrics
+        self.traces = node.traces
+        self.reacher = node.reacher
+
+    # --- open mode's guard, for what is not a use case (static files, metrics) -------------
+
+    def admit(self, caller: Caller) -> None:
+        """Open mode: refuse what a web page could send (foreign Origin, rebinding Host)."""
+        self.access.check_browser(caller.host, caller.origin)
+
+    # --- registration and the heartbeat line -----------------------------------------------
+
+    async def register(self, caller: Caller, body: RegisterBody | bytes) -> dict[str, Any]:
+        """Register (or replace) an endpoint; counts as a heartbeat. ``body`` may come raw:
+        then it is decoded after the caller is authenticated (credentials are judged first)."""
+        principal = self.access.authenticate(caller, REGISTRANTS, "register")
+        if isinstance(body, bytes):
+            body = decode(body, RegisterBody)
+        access = self.access
+        grant = access.check_register(principal, body.endpoint_id, body.capabilities)
+        access.limit_registration(principal, body.endpoint_id)
+        await access.check_endpoint_url(principal, body.endpoint_id, body.endpoint_url)
+        try:
+            record = await self.router.register(body, owner=grant.owner)
+        except EndpointHeld as exc:  # checked by the registry, in one step with the write
+            access.denied(principal.who, "register", body.endpoint_id, exc.detail)
+            raise
+        self.metrics.registrations.inc()
+        return {
+            "ok": True,
+            "endpoint_id": record.endpoint_id,
+            "heartbeat_interval_s": float(self.settings.heartbeat_interval),
+            **grant.fields(),
+        }
+
+    async def heartbeat(self, caller: Caller, body: EndpointIdBody | bytes) -> dict[str, Any]:
+        """Note a heartbeat. In token mode, an id the policy no longer lets claim its intents
+        is evicted here (a reload raced its registration) and the heartbeat refused."""
+        principal = self.access.authenticate(caller, ENDPOINTS, "heartbeat")
+        if isinstance(body, bytes):
+            body = decode(body, EndpointIdBody)
+        endpoint_id = body.endpoint_id
+        if principal.claims is not None:
+            current = self.registry.get(endpoint_id)
+            self.access.check_owner(principal, "heartbeat", endpoint_id, current)
+            if current is not None:
+                allowed, why = self.access.claim_allowed(current)
+                if not allowed:
+                    await self.router.evict(lambda record: (False, why), endpoint_id)
+                    self.access.deny(principal, "heartbeat", endpoint_id, why)
+        try:
+            health = await self.router.heartbeat(endpoint_id)
+        except EndpointNotRegistered:
+            self.metrics.heartbeats_unknown.inc()
+            raise
+        self.metrics.heartbeats_ok.inc()
+        answer: dict[str, Any] = {
+            "ok": True,
+            "endpoint_id": endpoint_id,
+            "status": health.status.value,
+        }
+        renewed = self.access.renewal(principal)
+        if renewed is not None:
+            answer.update(renewed.fields())
+        return answer
+
+    async def deregister(self, caller: Caller, body: EndpointIdBody | bytes) -> dict[str, Any]:
+        """Remove an endpoint at once (its own endpoint token, or an operator's)."""
+        principal = self.access.authenticate(caller, ENDPOINTS | OPERATORS, "deregister")
+        if isinstance(body, bytes):
+            body = decode(body, EndpointIdBody)
+        current = self.registry.get(body.endpoint_id)
+        self.access.check_owner(principal, "deregister", body.endpoint_id, current)
+        await self.router.deregister(body.endpoint_id)
+        return {"ok": True}
+
+    async def enforce_policy(self) -> list[str]:
+        """A new policy applies to the ids registered already: those it no longer lets claim
+        their intents are deregistered (they are refused when they register again)."""
+        return await self.router.evict(self.access.claim_allowed)
+
+    # --- reading the registry --------------------------------------------------------------
+
+    def agents(self, caller: Caller) -> dict[str, Any]:
+        """Every registered endpoint, as the contract's AGENT objects."""
+        self.access.authenticate(caller, READERS, "list agents")
+        router = self.router
+        now = router.now()
+        return {"agents": [router.describe(r, now) for r in self.registry.records()]}
+
+    def agent(self, caller: Caller, name: str) -> dict[str, Any]:
+        """One endpoint by NAME (``agent://NAME``); EndpointNotRegistered when unknown."""
+        self.access.authenticate(caller, READERS, "read an agent")
+        endpoint_id = f"agent://{name}"
+        record = self.registry.get(endpoint_id) if is_endpoint_id(endpoint_id) else None
+        if record is None:  # a malformed name cannot be registered either
+            raise EndpointNotRegistered(f"{endpoint_id!r} is not registered")
+        return self.router.describe(record, self.router.now())
+
+    # --- reaching ----------------------------------------------------------------------------
+
+    async def send(self, caller: Caller, body: SendBody) -> dict[str, Any]:
+        """Deliver ``body`` by intent (or to its recipient_hint) within its deadline.
+
+        The trace is opened and its id bound first; any error raised after that carries the
+        request's ``msg_id``, ``trace_id`` and the ``attempts`` made.
+        """
+        reacher = self.reacher
+        received_at = caller.received_at
+        if received_at is None:
+            received_at = reacher.clock.monotonic()
+        body.msg_id = msg_id = body.msg_id or new_id("msg")
+        opened = reacher.open_trace(body, msg_id, caller.traceparent)
+        body.trace_id = opened.trace_id
+        token = TRACE_ID.set(opened.trace_id)
+        try:
+            if caller.delivery:
+                raise InvalidRequest(
+                    "this request is a gateway's delivery (X-Reach-Attempt): an endpoint_url "
+                    "points at a gateway's /v1/send, and the gateway will not deliver to itself",
+                    field="X-Reach-Attempt",
+                )
+            principal = self.access.authenticate(caller, SENDERS, "send")
+            self.access.limit(principal)
+            body.sender, scope = self.access.check_send(
+                principal, body.sender, body.intent, body.recipient_hint
+            )
+            result = await reacher.send(body, opened, received_at, scope)
+        except AgentReachError as exc:
+            opened.refused(exc)
+            exc.fields.setdefault("msg_id", msg_id)
+            exc.fields.setdefault("trace_id", opened.trace_id)
+            exc.fields.setdefault("attempts", [])
+            raise
+        finally:
+            TRACE_ID.reset(token)
+        return result.to_body()
+
+    def explain(self, caller: Caller, query: RouteQuery | Mapping[str, str]) -> dict[str, Any]:
+        """The route a send would take now (``/v1/route``), delivering nothing. ``query`` may
+        come as the query string's values (converted after the caller is authenticated)."""
+        try:
+            principal = self.access.authenticate(caller, READERS, "route")
+            if not isinstance(query, RouteQuery):
+                query = convert(dict(query), RouteQuery)
+            _sender, scope = self.access.check_send(
+                principal, None, query.intent, query.recipient_hint, action="route"
+            )
+            return self.router.explain_route(
+                query.intent, query.recipient_hint, query.timeout_ms, scope
+            )
+        except AgentReachError as exc:
+            _with_ids(exc)
+            raise
+
+    # --- traces and operations -----------------------------------------------------------------
+
+    def trace(self, caller: Caller, trace_id: str) -> dict[str, Any]:
+        """The recorded events of a recent request; TraceNotFound otherwise (also when the
+        caller may not read it: a trace of someone else's request is not confirmed)."""
+        principal = self.access.authenticate(caller, READERS, "read a trace")
+        events = self.traces.get(trace_id)
+        if events is None or not self.access.may_read_trace(principal, trace_id, events):
+            raise TraceNotFound(f"no recent request with trace_id {trace_id!r}")
+        return {"trace_id": trace_id, "events": events}
+
+    def recent_traces(
+        self, caller: Caller, query: TraceQuery | Mapping[str, str]
+    ) -> dict[str, Any]:
+        """The most recent requests, filtered (operators)."""
+        self.access.authenticate(caller, OPERATORS, "list traces")
+        if not isinstance(query, TraceQuery):
+            query = convert(dict(query), TraceQuery)
+        found = self.traces.recent(query.intent, query.outcome, query.limit)
+        return {"traces": [summary.to_body() for summary in found]}
+
+    def inflight(self, caller: Caller) -> dict[str, Any]:
+        """The delivery attempts this gateway process has open now, by endpoint (operators)."""
+        self.access.authenticate(caller, OPERATORS, "read deliveries in flight")
+        stats = self.router.stats
+        counts = {eid: s.inflight for eid, s in stats.items() if s.inflight > 0}
+        return {
+            "at": round(self.router.clock.wall(), 3),
+            "total": sum(counts.values()),
+            "endpoints": counts,
+        }
+
+    def diagnostics(self, caller: Caller) -> dict[str, Any]:
+        """The settings that decide health and retries, and the intents callers asked that no
+        agent declares (operators)."""
+        self.access.authenticate(caller, OPERATORS, "read diagnostics")
+        return self.router.diagnostics()
+
+    def keys(self) -> dict[str, Any]:
+        """The public keys (JWKS) tokens and deliveries are signed with; public."""
+        return self.access.jwks()
+
+    def issue_token(self, caller: Caller, body: TokenRequest | bytes) -> dict[str, Any]:
+        """A new enrollment or client token (operators)."""
+        principal = self.access.authenticate(caller, OPERATORS, "issue tokens")
+        if isinstance(body, bytes):
+            body = decode(body, TokenRequest)
+        return self.access.issue(principal, body)
+
+    async def reload(self, caller: Caller) -> dict[str, Any]:
+        """Re-read the key directory and the policy file (operators); a changed policy is
+        enforced on the ids registered."""
+        principal = self.access.authenticate(caller, OPERATORS, "reload keys and policy")
+        self.access.admin(principal, "reload", "keys+policy")
+        answer = self.access.reload()
+        if answer.get("policy_changed"):
+            answer["evicted"] = await self.enforce_policy()
+        return answer
+
+    def health(self) -> dict[str, Any]:
+        """``/healthz``: always ok while the gateway serves; with its shared registry away it
+        still routes on its last view, and says so."""
+        state = self.registry.state()
+        registry: dict[str, Any] = {
+            "backend": state.backend,
+            "available": state.available,
+            "detail": state.detail,
+        }
+        if state.last_sync_age_s is not None:
+            registry["last_sync_age_s"] = round(state.last_sync_age_s, 3)
+        return {"ok": True, "registry": registry}
+
+
+def _with_ids(exc: AgentReachError) -> AgentReachError:
+    """A dry run's error answer carries msg_id, trace_id and attempts, as a send's does."""
+    exc.fields.setdefault("msg_id", new_id("msg"))
+    exc.fields.setdefault("trace_id", new_id("trace"))
+    exc.fields.setdefault("attempts", [])
+    return exc

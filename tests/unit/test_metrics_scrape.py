@@ -1,0 +1,132 @@
+"""A scrape generates the exposition in a worker thread, from state read on the loop first.
+
+A probe collector (a prometheus-client Collector, registered beside the gateway's metrics)
+blocks the generation until the test, running on the loop, lets it go: that can only happen
+while the loop is free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+
+from agent_reach.core.model import EndpointRecord
+from agent_reach.gateway.metrics import GatewayMetrics
+from agent_reach.registry.memory import MemoryRegistry
+
+BOUND_S = 5.0
+
+
+class Probe(Collector):
+    """Records the thread of each collection, and holds it until released."""
+
+    def __init__(self) -> None:
+        self.threads: list[int] = []
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def collect(self) -> Iterator[Metric]:
+        self.threads.append(threading.get_ident())
+        self.entered.set()
+        if not self.release.wait(BOUND_S):
+            raise AssertionError("the probe was not released: the loop was blocked")
+        yield GaugeMetricFamily("probe_collections", "collections so far", len(self.threads))
+
+
+def record(name: str, tag: str) -> EndpointRecord:
+    return EndpointRecord(f"agent://{name}", (tag,), "http://127.0.0.1:9/reach", "", 0.0, 0.0)
+
+
+async def entered(probe: Probe) -> bool:
+    """Wait (bounded) for the probe to be collected, without blocking the loop."""
+    return await asyncio.to_thread(probe.entered.wait, BOUND_S)
+
+
+async def test_the_exposition_is_generated_off_the_loop_from_state_read_on_it() -> None:
+    loop_thread = threading.get_ident()
+    state_threads: list[int] = []
+
+    def status_counts() -> dict[str, int]:
+        state_threads.append(threading.get_ident())
+        return {"healthy": 1}
+
+    metrics = GatewayMetrics(status_counts)
+    probe = Probe()
+    metrics.registry.register(probe)
+    metrics.request_done("off.loop", "ok", 0.01)
+    scrape = asyncio.create_task(metrics.scrape())
+    assert await entered(probe)  # generating, and the loop still runs this test
+    probe.release.set()
+    body = await asyncio.wait_for(scrape, BOUND_S)
+    assert probe.threads and loop_thread not in probe.threads
+    assert state_threads == [loop_thread]
+    assert b'agent_reach_requests_total{intent="off.loop",outcome="ok"} 1.0' in body
+    assert b'agent_reach_endpoints{status="healthy"} 1.0' in body
+
+
+async def test_a_scrape_exports_the_state_read_when_it_began() -> None:
+    registry = MemoryRegistry()
+    await registry.upsert(record("a", "snap.tag"))
+    metrics = GatewayMetrics(lambda: {"healthy": len(registry)}, registry.state)
+    metrics.follow(registry)
+    metrics.watch(
+        records=registry.records, now=lambda: 1.0, heartbeat_interval_s=10.0, trace_count=lambda: 7
+    )
+    probe = Probe()
+    metrics.registry.register(probe)
+    scrape = asyncio.create_task(metrics.scrape())
+    assert await entered(probe)
+    # the view changes while the thread generates: it reads a copy, never the live dict
+    for n in range(100):
+        await registry.upsert(record(f"b{n}", "snap.more"))
+    probe.release.set()
+    text = (await asyncio.wait_for(scrape, BOUND_S)).decode()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples["agent_reach_endpoints", (("status", "healthy"),)] == 1
+    assert samples["agent_reach_heartbeat_age_seconds_gcount", ()] == 1
+    assert samples["agent_reach_heartbeat_age_seconds_gsum", ()] == 1.0
+    assert samples["agent_reach_trace_store_traces", ()] == 7
+    assert samples["agent_reach_registry_available", (("backend", "memory"),)] == 1
+
+
+async def test_scrape_and_render_give_the_same_exposition() -> None:
+    registry = MemoryRegistry()
+    await registry.upsert(record("a", "same.tag"))
+    metrics = GatewayMetrics(lambda: {"healthy": len(registry)}, registry.state)
+    metrics.follow(registry)
+    metrics.watch(
+        records=registry.records, now=lambda: 3.0, heartbeat_interval_s=10.0, trace_count=lambda: 1
+    )
+    metrics.request_done("same.tag", "ok", 0.2)
+    metrics.attempt_done("same.tag", "ok", 0.2)
+    assert await metrics.scrape() == metrics.render()
+
+
+async def test_a_cancelled_scrape_holds_the_next_until_its_thread_ends() -> None:
+    metrics = GatewayMetrics(lambda: {})
+    probe = Probe()
+    metrics.registry.register(probe)
+    first = asyncio.create_task(metrics.scrape())
+    assert await entered(probe)
+    probe.entered.clear()
+    first.cancel()
+    second = asyncio.create_task(metrics.scrape())
+    # bounded negative wait: the second must not start a thread while the first's runs
+    done, _ = await asyncio.wait([first, second], timeout=0.2)
+    assert not done
+    assert len(probe.threads) == 1
+    probe.release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(first, BOUND_S)
+    body = await asyncio.wait_for(second, BOUND_S)
+    assert b"probe_collections 2.0" in body
