@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from agent_reach.core.health import INF, EndpointStats, derive
 from agent_reach.core.model import EndpointRecord, Status, Thresholds
-from agent_reach.core.names import SegmentPrefixMatcher, is_endpoint_id, is_intent
+from agent_reach.core.names import is_endpoint_id, is_intent
 from agent_reach.core.routing import PROBE_SHARE, Tiers, build_tiers, fallback_tags, pick
+from agent_reach.intents import SegmentPrefixMatcher
 
 T = Thresholds()  # 10 / 20 / 30 s, slow over 2000 ms, samples kept 60 s
 NOW = 10_000.0
@@ -391,29 +392,31 @@ def test_segment_prefix_is_case_sensitive() -> None:
 def test_fallback_tags_drops_below_threshold() -> None:
     m = SegmentPrefixMatcher()
     known = ["weather.forecast", "weather.query.daily", "note.create"]
-    assert fallback_tags(m, "weather.query", known, 0.8) == {}
-    assert fallback_tags(m, "weather.query", known, 0.5) == {
+    assert fallback_tags(m.scores("weather.query", known), 0.8) == {}
+    assert fallback_tags(m.scores("weather.query", known), 0.5) == {
         "weather.query.daily": pytest.approx(2 / 3)
     }
 
 
 def test_fallback_tags_threshold_is_inclusive() -> None:
     m = SegmentPrefixMatcher()
-    assert fallback_tags(m, "weather.query", ["weather.forecast"], 0.5) == {"weather.forecast": 0.5}
-    assert fallback_tags(m, "weather.query", ["weather.forecast"], 0.51) == {}
+    assert fallback_tags(m.scores("weather.query", ["weather.forecast"]), 0.5) == {
+        "weather.forecast": 0.5
+    }
+    assert fallback_tags(m.scores("weather.query", ["weather.forecast"]), 0.51) == {}
 
 
 def test_fallback_tags_keeps_ties_at_the_best_score() -> None:
     m = SegmentPrefixMatcher()
     known = ["weather.forecast", "weather.alerts", "weather", "note.create"]
-    got = fallback_tags(m, "weather.query", known, 0.3)
+    got = fallback_tags(m.scores("weather.query", known), 0.3)
     assert got == {"weather.forecast": 0.5, "weather.alerts": 0.5, "weather": 0.5}
-    got = fallback_tags(m, "a.b.c", ["a.b.x", "a.b.y", "a.x.c"], 0.3)
+    got = fallback_tags(m.scores("a.b.c", ["a.b.x", "a.b.y", "a.x.c"]), 0.3)
     assert got == {"a.b.x": pytest.approx(2 / 3), "a.b.y": pytest.approx(2 / 3)}
 
 
 def test_fallback_tags_with_no_known_tags() -> None:
-    assert fallback_tags(SegmentPrefixMatcher(), "weather.query", [], 0.0) == {}
+    assert fallback_tags(SegmentPrefixMatcher().scores("weather.query", []), 0.0) == {}
 
 
 # --- names ----------------------------------------------------------------------------------------

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 
 from agent_reach.core.health import INF, EndpointStats, Health, derive
 from agent_reach.core.model import EndpointRecord, Status, Thresholds
-from agent_reach.core.names import FallbackMatcher
 
 __all__ = ["PROBE_SHARE", "Tiers", "build_tiers", "fallback_tags", "pick"]
 
@@ -160,18 +159,16 @@ def pick(
 
 
 def fallback_tags(
-    matcher: FallbackMatcher,
-    intent: str,
-    known: Iterable[str],
+    scored: Mapping[str, float],
     threshold: float,
     limit: int = FALLBACK_TAGS,
 ) -> dict[str, float]:
-    """The best-scoring known tags at or above ``threshold``, with their scores.
+    """The best-scoring tags of ``scored`` (a matcher's scores) at or above ``threshold``.
 
     Ties at the best score are kept, up to ``limit`` tags (in sorted order), so that one
     request cannot pull thousands of tags into a route.
     """
-    scores = {tag: s for tag, s in matcher.scores(intent, known).items() if s >= threshold}
+    scores = {tag: s for tag, s in scored.items() if s >= threshold}
     if not scores:
         return {}
     best = max(scores.values())

@@ -24,7 +24,6 @@ from typing import Any
 from agent_reach.clock import Clock
 from agent_reach.core.health import EndpointStats, Health, LivenessClock, derive
 from agent_reach.core.model import EndpointRecord, Outcome, Status
-from agent_reach.core.names import FallbackMatcher, SegmentPrefixMatcher
 from agent_reach.core.retry import RetryBudget, max_retries, per_try_timeout_ms
 from agent_reach.core.routing import Tiers, build_tiers, fallback_tags, pick
 from agent_reach.errors import (
@@ -36,6 +35,7 @@ from agent_reach.errors import (
     RecipientNotFound,
 )
 from agent_reach.gateway.diagnostics import UnroutedIntents
+from agent_reach.intents import FallbackMatcher, MatchIndexHolder, SegmentPrefixMatcher
 from agent_reach.observability.logs import log
 from agent_reach.registry.base import RegistryBackend, RegistryChange
 from agent_reach.settings import GatewaySettings
@@ -88,7 +88,14 @@ class Router:
         self.registry = registry
         self.clock = clock
         self.rng = rng or random.Random()
-        self.matcher: FallbackMatcher = matcher or SegmentPrefixMatcher()
+        # fallback matches come from an index of the known tags, rebuilt off the request path
+        # when they change; a new index drops the cached fallback answers
+        self.matches = MatchIndexHolder(
+            matcher or SegmentPrefixMatcher(),
+            registry.intents,
+            self._tag_texts,
+            on_swap=self._fallback_clear,
+        )
         interval = settings.heartbeat_interval
         self.liveness = LivenessClock(STALL_TICK_S, min(1.0, interval / 2))
         self.stats: dict[str, EndpointStats] = {}
@@ -150,9 +157,22 @@ class Router:
             ):
                 return  # a timely heartbeat keeps the tier (slowness is not its business)
         if before is None or after is None or before.capabilities != after.capabilities:
-            self._fallback.clear()
+            self.matches.changed()
         intents = {*(before.capabilities if before else ()), *(after.capabilities if after else ())}
         self._replace_member(endpoint_id, intents)
+
+    def _fallback_clear(self) -> None:
+        self._fallback.clear()
+
+    def _tag_texts(self, tag: str) -> list[str]:
+        """The agents' descriptions of the endpoints declaring ``tag`` (for matchers that
+        compare words)."""
+        out = []
+        for endpoint_id in self.registry.by_intent(tag):
+            record = self.registry.get(endpoint_id)
+            if record is not None and record.description:
+                out.append(record.description)
+        return out
 
     # --- registry operations ---------------------------------------------------------------
 
@@ -316,7 +336,7 @@ class Router:
             cached = self._fallback.get(intent)
             if cached is None:
                 cached = fallback_tags(
-                    self.matcher, intent, registry.intents(), self.settings.confidence_threshold
+                    self.matches.index.scores(intent), self.settings.confidence_threshold
                 )
                 if len(self._fallback) >= FALLBACK_CACHE_SIZE:  # keys are callers' strings
                     self._fallback.clear()

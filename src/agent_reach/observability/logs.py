@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextvars
 import logging
 import sys
-import time
 from typing import Any
 
 import msgspec
@@ -27,7 +26,10 @@ def log(level: int, event: str, *, exc_info: bool = False, **data: Any) -> None:
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, event, trace_id (when bound) and the event's data."""
+    """One JSON object per line: ts, level, event, trace_id (when bound) and the event's data.
+
+    ``ts`` is the record's own unix time: no time conversion is configured anywhere, so the
+    formatters of other libraries in the process keep theirs."""
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
@@ -54,4 +56,3 @@ def configure(level: str = "INFO", stream: Any = None) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    logging.Formatter.converter = time.gmtime
