@@ -50,11 +50,12 @@ test-slow: $(VENV)/.installed-test
 bench: $(VENV)/.installed-bench $(VENV)/.installed-test
 	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
 
-## lint: ruff (lint + format check) and mypy --strict
+## lint: ruff (lint + format check), mypy --strict, and the layer contracts (import-linter)
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 format: $(VENV)/.installed-dev
 	$(BIN)/ruff format src tests benchmarks examples

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from agent_reach.errors import ReachError
-from agent_reach.gateway.traces import OUTCOMES, TraceStore
+from agent_reach.gateway.traces import TraceStore
 from agent_reach.wire.answers import Attempt
+from agent_reach.wire.bodies import OUTCOMES
 
 OK = [Attempt("agent://a", "ok", 1.0)]
 FAILED = [Attempt("agent://a", "timeout", 2000.0), Attempt("agent://b", "server_error", 3.0)]
@@ -62,4 +62,5 @@ def test_outcomes_are_ok_and_every_reach_error_code() -> None:
     assert {"ok", *codes} <= OUTCOMES
     assert "invalid_request" not in OUTCOMES  # refused before the delivery loop: never listed
     assert all(isinstance(c, str) for c in OUTCOMES)
-    assert ReachError.code not in OUTCOMES  # the root's placeholder code is no answer
+    # a policy refusing every candidate, and a fault of ours, are answers of the loop too
+    assert {"forbidden", "internal_error"} <= OUTCOMES

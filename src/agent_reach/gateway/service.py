@@ -35,7 +35,6 @@ from agent_reach.gateway.access import (
     REGISTRANTS,
     SENDERS,
 )
-from agent_reach.gateway.traces import TraceQuery
 from agent_reach.observability.logs import TRACE_ID
 from agent_reach.wire.bodies import (
     EndpointIdBody,
@@ -43,6 +42,7 @@ from agent_reach.wire.bodies import (
     RouteQuery,
     SendBody,
     TokenRequest,
+    TraceQuery,
     convert,
     decode,
 )

@@ -13,43 +13,13 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Sequence
-from typing import Annotated, Any, NamedTuple
+from typing import Any, NamedTuple
 
-import msgspec
-
-from agent_reach.errors import ReachError
 from agent_reach.wire.answers import Attempt
-from agent_reach.wire.bodies import Intent
 
-__all__ = ["OUTCOMES", "RequestSummary", "TraceQuery", "TraceStore"]
+__all__ = ["RequestSummary", "TraceStore"]
 
 RECENT_CAPACITY = 1000  # request summaries kept for GET /v1/traces
-MAX_LIST = 500  # the largest ``limit`` of one listing
-
-
-def _codes(cls: type[ReachError]) -> set[str]:
-    out = set()
-    for sub in cls.__subclasses__():
-        out.add(sub.code)
-        out |= _codes(sub)
-    return out
-
-
-# what a summary's ``outcome`` can be: "ok", or the error code of a /v1/send answer
-OUTCOMES = frozenset({"ok", *_codes(ReachError)})
-
-
-class TraceQuery(msgspec.Struct, forbid_unknown_fields=True):
-    """Query of ``GET /v1/traces`` (an extension beyond contract v1)."""
-
-    intent: Intent | None = None
-    outcome: str | None = None
-    limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_LIST)] = 50
-
-    def __post_init__(self) -> None:
-        if self.outcome is not None and self.outcome not in OUTCOMES:
-            codes = ", ".join(sorted(OUTCOMES))
-            raise ValueError(f"Expected one of {codes} - at `$.outcome`")
 
 
 class RequestSummary(NamedTuple):  # a tuple: made on every request, far cheaper than a dataclass

@@ -13,15 +13,17 @@ from urllib.parse import urlsplit
 import msgspec
 
 from agent_reach.core.names import ENDPOINT_ID_PATTERN, INTENT_MAX_LEN, INTENT_PATTERN
-from agent_reach.errors import InvalidRequest
+from agent_reach.errors import Forbidden, InternalError, InvalidRequest, ReachError
 
 __all__ = [
+    "OUTCOMES",
     "DeliveryBody",
     "EndpointIdBody",
     "RegisterBody",
     "RouteQuery",
     "SendBody",
     "TokenRequest",
+    "TraceQuery",
     "convert",
     "decode",
     "encode",
@@ -33,6 +35,7 @@ Intent = Annotated[str, msgspec.Meta(pattern=INTENT_PATTERN, max_length=INTENT_M
 Token = Annotated[str, msgspec.Meta(pattern=r"^[\x21-\x7e]{1,128}\Z")]
 MAX_TIMEOUT_MS = 600_000  # ten minutes: longer work belongs in a task the agent reports on
 Url = Annotated[str, msgspec.Meta(min_length=8, max_length=2048)]
+_EMPTY_OBJECT = msgspec.Raw(b"{}")  # a send's payload when none is given
 
 
 class RegisterBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -78,7 +81,7 @@ class SendBody(msgspec.Struct, forbid_unknown_fields=True):
     trace_id: Token | None = None
     sender: EndpointId | None = None
     recipient_hint: EndpointId | None = None
-    payload: msgspec.Raw = msgspec.Raw(b"{}")
+    payload: msgspec.Raw = msgspec.field(default_factory=lambda: _EMPTY_OBJECT)
     priority: Literal["low", "normal", "high"] = "normal"
     timeout_ms: Annotated[int, msgspec.Meta(ge=1, le=MAX_TIMEOUT_MS)] | None = None
 
@@ -119,6 +122,35 @@ class DeliveryBody(msgspec.Struct, omit_defaults=False):
     payload: msgspec.Raw
     priority: str
     timeout_ms: int
+
+
+def _codes(cls: type[ReachError]) -> set[str]:
+    out = set()
+    for sub in cls.__subclasses__():
+        out.add(sub.code)
+        out |= _codes(sub)
+    return out
+
+
+# what a summary's ``outcome`` can be: "ok", or the error code of a /v1/send answer that the
+# delivery loop gave (a reach error, a policy's refusal of every candidate, a fault of ours)
+OUTCOMES = frozenset({"ok", *_codes(ReachError), Forbidden.code, InternalError.code})
+
+
+MAX_LIST = 500  # the largest ``limit`` of one listing
+
+
+class TraceQuery(msgspec.Struct, forbid_unknown_fields=True):
+    """Query of ``GET /v1/traces`` (an extension beyond contract v1)."""
+
+    intent: Intent | None = None
+    outcome: str | None = None
+    limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_LIST)] = 50
+
+    def __post_init__(self) -> None:
+        if self.outcome is not None and self.outcome not in OUTCOMES:
+            codes = ", ".join(sorted(OUTCOMES))
+            raise ValueError(f"Expected one of {codes} - at `$.outcome`")
 
 
 T = TypeVar("T")

@@ -15,9 +15,15 @@ from typing import Any
 import msgspec
 
 from agent_reach.edges.http.status import STATUS
-from agent_reach.gateway.traces import TraceQuery
 from agent_reach.wire.answers import AgentInfo, RouteExplanation, Trace
-from agent_reach.wire.bodies import EndpointIdBody, RegisterBody, RouteQuery, SendBody, TokenRequest
+from agent_reach.wire.bodies import (
+    EndpointIdBody,
+    RegisterBody,
+    RouteQuery,
+    SendBody,
+    TokenRequest,
+    TraceQuery,
+)
 from agent_reach.wire.gateway import (
     AgentsAnswer,
     ErrorAnswer,
@@ -184,7 +190,11 @@ ROUTES: list[tuple[str, str, str, type[Any] | None, type[Any] | None, tuple[str,
     ("get", "/healthz", "Liveness of the gateway", None, HealthAnswer, ()),
     ("get", "/metrics", "Prometheus text format", None, None, ()),
     ("get", "/openapi.json", "This document", None, None, ()),
+    ("get", "/", "The dashboard (HTML)", None, None, ()),
+    ("get", "/dashboard", "The dashboard (HTML)", None, None, ()),
+    ("get", "/static/{name}", "The dashboard's files", None, None, ("not_found",)),
 ]
+_TEXT = {"/metrics": "text/plain", "/": "text/html", "/dashboard": "text/html"}
 
 
 def openapi_document() -> dict[str, Any]:
@@ -193,7 +203,7 @@ def openapi_document() -> dict[str, Any]:
     for _, _, _, given, answer, _ in ROUTES:
         structs += [s for s in (given, answer) if s is not None]
     schemas, components = msgspec.json.schema_components(
-        structs, ref_template="#/components/schemas/{name}"
+        structs, schema_hook=_schema_hook, ref_template="#/components/schemas/{name}"
     )
     by_type = dict(zip(structs, schemas, strict=True))
     paths: dict[str, dict[str, Any]] = defaultdict(dict)
@@ -212,8 +222,10 @@ def openapi_document() -> dict[str, Any]:
             }
         if params:
             op["parameters"] = params
-        if path == "/metrics":
-            content: dict[str, Any] = {"text/plain": {"schema": {"type": "string"}}}
+        if path in _TEXT:
+            content: dict[str, Any] = {_TEXT[path]: {"schema": {"type": "string"}}}
+        elif path.startswith("/static/"):
+            content = {"*/*": {"schema": {"type": "string"}}}
         else:
             schema = by_type[answer] if answer is not None else _ANY_OBJECT
             content = {"application/json": {"schema": schema}}
@@ -246,6 +258,13 @@ def openapi_document() -> dict[str, Any]:
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
     }
+
+
+def _schema_hook(kind: type[Any]) -> dict[str, Any]:
+    """Schemas of the types msgspec does not describe itself: a raw payload is any JSON."""
+    if kind is msgspec.Raw:
+        return {"description": "any JSON value"}
+    raise NotImplementedError(kind)
 
 
 def _operation_id(method: str, path: str) -> str:
