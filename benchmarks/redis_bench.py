@@ -20,8 +20,12 @@ Three measures (run.py turns them into rows of the report):
   poll every ~0.3 ms): a registration (seen on B), a heartbeat that turns a degraded endpoint
   healthy on B (each started at a random phase of B's sync loop), a deregistration (gone from
   B). Median, p99 and max over ``--trials``.
+- ``churn`` (in process, not part of ``run.py``): ids registered and deregistered, and ids
+  never registered deregistered; what Redis and the views hold afterwards (should be nothing
+  but the fixed keys) and how long a full reconcile then takes.
 
     python benchmarks/redis_bench.py decision --redis redis://127.0.0.1:6390/0   # JSON
+    python benchmarks/redis_bench.py churn --ids 50000 --unknown 10000          # JSON
 """
 
 from __future__ import annotations
@@ -489,6 +493,65 @@ def propagation_run(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
             child.stop()
 
 
+# --- churn: what registrations and removals leave behind (in process) ------------------------
+
+
+async def churn(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
+    """Register and deregister ``--ids`` ids through gateway A (B watching), deregister
+    ``--unknown`` ids never registered, then count what Redis and both views still hold and
+    time a full reconcile of B. Everything should be back to zero but the fixed keys."""
+    from redis import asyncio as aioredis
+
+    from agent_reach.core.model import EndpointRecord
+
+    prefix = f"bench-churn-{os.urandom(4).hex()}"
+    a, b = (RedisRegistry(redis_url, prefix=prefix) for _ in range(2))
+    for view in (a, b):
+        view.bind(time.monotonic)
+        await view.start()
+    t0 = time.perf_counter()
+    for i in range(args.ids):
+        now = time.monotonic()
+        await a.upsert(
+            EndpointRecord(f"agent://churn-{i}", ("bench.t",), "http://h:1/", "", now, 0)
+        )
+        await a.remove(f"agent://churn-{i}")
+    for i in range(args.unknown):
+        await a.remove(f"agent://unknown-{i}")
+    churn_s = time.perf_counter() - t0
+    for _ in range(500):  # at most 5 s: the views drop their tombstones at their next syncs
+        if not (a._versions.tombstones() or b._versions.tombstones()):
+            break
+        await asyncio.sleep(0.01)  # polling interval
+    t1 = time.perf_counter()
+    await b._sync.reconcile()
+    reconcile_ms = (time.perf_counter() - t1) * 1000
+    p = "{" + prefix + "}"
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        keys = [k async for k in client.scan_iter(p + ":*", count=10_000)]
+        out = {
+            "ids": args.ids,
+            "unknown": args.unknown,
+            "ops_per_s": round((2 * args.ids + args.unknown) / churn_s),
+            "ver_fields": await client.hlen(p + ":ver"),
+            "seen_members": await client.zcard(p + ":seen"),
+            "keys": sorted(k.removeprefix(p) for k in keys),
+            "a_versions": len(a._versions.live),
+            "b_versions": len(b._versions.live),
+            "a_tombstones": a._versions.tombstones(),
+            "b_tombstones": b._versions.tombstones(),
+            "b_reconcile_ms": round(reconcile_ms, 2),
+        }
+        if keys:
+            await client.delete(*keys)
+    finally:
+        await client.aclose()
+        for view in (a, b):
+            await view.close()
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -498,9 +561,17 @@ def main() -> None:
     d.add_argument("--runs", type=int, default=3)
     d.add_argument("--calls", type=int, default=100_000, help="timed decisions per run")
     d.add_argument("--no-live", dest="live", action="store_false")
+    c = sub.add_parser("churn", help="what registrations and removals leave in Redis (JSON)")
+    c.add_argument("--redis", help="a Redis URL (default: a private redis-server)")
+    c.add_argument("--ids", type=int, default=50_000, help="ids registered, then deregistered")
+    c.add_argument("--unknown", type=int, default=10_000, help="ids deregistered, never there")
     args = p.parse_args()
     if args.what == "decision":
         json.dump(asyncio.run(decision(args)), sys.stdout)
+        sys.stdout.write("\n")
+    elif args.what == "churn":
+        with redis_server(args.redis) as (url, _):
+            json.dump(asyncio.run(churn(args, url)), sys.stdout)
         sys.stdout.write("\n")
 
 

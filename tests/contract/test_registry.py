@@ -5,26 +5,43 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 
 from agent_reach.core.model import EndpointRecord
-from agent_reach.errors import EndpointHeld
+from agent_reach.errors import ConfigError, EndpointHeld, RegistryFull
 from agent_reach.registry import RegistryBackend, RegistryChange, open_registry
 from tests.support import REDIS_URL, drop_prefix
 
+Opener = Callable[..., Awaitable[RegistryBackend]]
+
 
 @pytest.fixture(params=["memory://", REDIS_URL])
-async def registry(request: pytest.FixtureRequest) -> AsyncIterator[RegistryBackend]:
+async def opener(request: pytest.FixtureRequest) -> AsyncIterator[Opener]:
+    """Starts backends of the parametrized kind, all on one fresh prefix (for Redis: views of
+    one shared registry), on the frozen liveness clock 100.0; closes them afterwards."""
     prefix = f"test-{secrets.token_hex(6)}"
-    backend = open_registry(request.param, prefix=prefix)
-    backend.bind(lambda: 100.0)  # the records below are on this (frozen) liveness clock
-    await backend.start()
-    yield backend
-    await backend.close()
+    made: list[RegistryBackend] = []
+
+    async def make(**kwargs: Any) -> RegistryBackend:
+        backend = open_registry(request.param, prefix=prefix, **kwargs)
+        backend.bind(lambda: 100.0)  # the records below are on this (frozen) liveness clock
+        made.append(backend)
+        await backend.start()
+        return backend
+
+    yield make
+    for backend in made:
+        await backend.close()
     if request.param != "memory://":
         drop_prefix(prefix)
+
+
+@pytest.fixture
+async def registry(opener: Opener) -> RegistryBackend:
+    return await opener()
 
 
 def rec(name: str, caps: tuple[str, ...] = ("t.a",), seen: float = 100.0) -> EndpointRecord:
@@ -147,3 +164,68 @@ async def test_a_live_id_held_by_another_registration_is_not_overwritten(
     await registry.upsert(rec("a")._replace(owner="gen-3"))
     a = registry.get("agent://a")
     assert a is not None and a.owner == "gen-3"
+
+
+# --- the record cap (max_records) ------------------------------------------------------------
+
+
+async def test_a_new_id_past_the_cap_is_refused_and_changes_nothing(opener: Opener) -> None:
+    registry = await opener(max_records=2)
+    changes: list[RegistryChange] = []
+    registry.subscribe(changes.append)
+    await registry.upsert(rec("a", ("t.a",)))
+    await registry.upsert(rec("b", ("t.b",)))
+    changes.clear()
+    with pytest.raises(RegistryFull) as refused:
+        await registry.upsert(rec("c", ("t.c",)))
+    assert refused.value.code == "registry_full"
+    assert "agent://c" in refused.value.detail and "2" in refused.value.detail
+    assert registry.get("agent://c") is None
+    assert set(registry.by_intent("t.c")) == set()
+    assert "t.c" not in registry.intents()
+    assert len(registry) == 2
+    assert changes == []  # no listener heard of it
+
+
+async def test_a_registered_id_may_always_register_again_at_the_cap(opener: Opener) -> None:
+    registry = await opener(max_records=2)
+    await registry.upsert(rec("a", ("t.a",)))
+    await registry.upsert(rec("b", ("t.b",)))
+    before = await registry.upsert(rec("a", ("t.new",))._replace(endpoint_url="http://h:1/x"))
+    assert before == rec("a", ("t.a",))
+    again = registry.get("agent://a")
+    assert again is not None and again.capabilities == ("t.new",)
+    assert again.endpoint_url == "http://h:1/x"
+    assert set(registry.by_intent("t.new")) == {"agent://a"}
+    assert len(registry) == 2
+    # with token mode's check too: its own registration again
+    await registry.upsert(rec("b")._replace(owner="gen-1"))
+    await registry.upsert(rec("b")._replace(owner="gen-1"), held_within_s=30.0)
+    assert len(registry) == 2
+
+
+async def test_a_removal_makes_room_and_down_records_count_until_purged(opener: Opener) -> None:
+    registry = await opener(max_records=2)
+    await registry.upsert(rec("old", seen=10.0))  # long down on the clock of 100.0
+    await registry.upsert(rec("live"))
+    with pytest.raises(RegistryFull):
+        await registry.upsert(rec("new"))
+    assert await registry.purge(50.0) == 1  # the down record goes: one place free
+    await registry.upsert(rec("new"))
+    with pytest.raises(RegistryFull):
+        await registry.upsert(rec("newer"))
+    await registry.remove("agent://live")
+    await registry.upsert(rec("newer"))
+    assert {r.endpoint_id for r in registry.records()} == {"agent://new", "agent://newer"}
+
+
+async def test_no_cap_by_default(registry: RegistryBackend) -> None:
+    for i in range(50):
+        await registry.upsert(rec(f"n{i}"))
+    assert len(registry) == 50
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "10"])
+async def test_an_unusable_cap_is_a_config_error(opener: Opener, bad: object) -> None:
+    with pytest.raises(ConfigError, match="max_records"):
+        await opener(max_records=bad)

@@ -14,7 +14,8 @@ buffers a registration; Redis back EMPTY: the gateways re-publish and everything
 again. Redis frozen (a partition): writes answered at once and written later. No purge from a
 view that cannot see the heartbeats. Gateway A killed under load: every send of a client with
 both URLs answers or fails typed (only those in flight on A), the rest go through B. close()
-ends even when redis-py loses a cancellation.
+ends even when redis-py loses a cancellation. The record cap while Redis is away: checked on
+the view, buffered writes written when it is back.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from typing import Any
 import pytest
 import redis
 
-from agent_reach.errors import AgentReachError
+from agent_reach.core.model import EndpointRecord
+from agent_reach.errors import AgentReachError, RegistryFull
 from agent_reach.registry.redis import RESYNC_EPS_S, STALENESS_BOUND_S, RedisRegistry
 from agent_reach.sdk.client import ReachClient
 from tests.support import Proc, gateway, http, start_agent, status_of, wait_until
@@ -507,3 +509,48 @@ async def test_close_ends_even_when_a_cancellation_is_lost(private_redis: Privat
         t0 = time.monotonic()
         await asyncio.wait_for(registry.close(), 10.0)
         assert time.monotonic() - t0 < 7.0  # CLOSE_WAIT_S per attempt, 3 attempts at most
+
+
+# --- the record cap while Redis is away ----------------------------------------------------------
+
+
+async def test_while_redis_is_away_the_cap_is_checked_on_the_view(
+    private_redis: PrivateRedis,
+) -> None:
+    net = prefix()
+    registry = RedisRegistry(private_redis.url, prefix=net, max_records=2, connect_timeout_s=0.5)
+    registry.bind(time.monotonic)
+
+    def rec(name: str, caps: tuple[str, ...] = ("t.a",)) -> EndpointRecord:
+        now = time.monotonic()
+        return EndpointRecord(f"agent://{name}", caps, f"http://127.0.0.1:9/{name}", "", now, 0.0)
+
+    await registry.start()
+    try:
+        await registry.upsert(rec("cap-a"))
+        await registry.upsert(rec("cap-b"))
+        private_redis.kill()
+        for _ in range(500):  # at most 5 s: the sync loop's next call fails
+            if not registry.state().available:
+                break
+            await asyncio.sleep(0.01)  # polling interval
+        assert not registry.state().available
+        t0 = time.monotonic()
+        with pytest.raises(RegistryFull):  # this view holds two: refused, nothing changed
+            await registry.upsert(rec("cap-c"))
+        assert registry.get("agent://cap-c") is None
+        await registry.upsert(rec("cap-a", ("t.again",)))  # a known id: allowed, buffered
+        assert await registry.remove("agent://cap-b") is not None  # buffered too
+        await registry.upsert(rec("cap-c"))  # room again
+        assert time.monotonic() - t0 < 0.5  # all answered from the view, none waited on Redis
+        private_redis.start()  # back, EMPTY: the view is re-published with what was buffered
+        wanted = {"agent://cap-a", "agent://cap-c"}
+        for _ in range(1000):  # at most 10 s
+            if registry.state().available and private_redis.ids(net) == wanted:
+                break
+            await asyncio.sleep(0.01)  # polling interval
+        assert private_redis.ids(net) == wanted
+        with pytest.raises(RegistryFull):  # and Redis checks again
+            await registry.upsert(rec("cap-d"))
+    finally:
+        await registry.close()

@@ -1,16 +1,24 @@
 """Two RedisRegistry views of one real Redis (127.0.0.1:6379, a unique prefix per test):
-what one gateway writes, the other sees, within the stated staleness bound."""
+what one gateway writes, the other sees, within the stated staleness bound; what Redis and
+the views hold stays bounded by the live ids; the record cap holds across gateways; errors
+are ours; the loops sleep on the injected clock."""
 
 from __future__ import annotations
 
 import asyncio
 import secrets
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
+import redis
 
+from agent_reach.clock import SystemClock
 from agent_reach.core.model import EndpointRecord
+from agent_reach.errors import BackendUnavailable, ConfigError, RegistryFull
+from agent_reach.registry import open_registry
 from agent_reach.registry.redis import STALENESS_BOUND_S, RedisRegistry
 from tests.support import REDIS_URL, drop_prefix
 
@@ -23,8 +31,8 @@ async def pair() -> AsyncIterator[Callable[..., RedisRegistry]]:
     prefix = f"test-{secrets.token_hex(6)}"
     made: list[RedisRegistry] = []
 
-    def make(skew: float = 0.0) -> RedisRegistry:
-        registry = RedisRegistry(REDIS_URL, prefix=prefix)
+    def make(skew: float = 0.0, **kwargs: Any) -> RedisRegistry:
+        registry = RedisRegistry(REDIS_URL, prefix=prefix, **kwargs)
         registry.bind(lambda: time.monotonic() + skew)
         made.append(registry)
         return registry
@@ -136,3 +144,213 @@ async def test_a_lost_notification_is_repaired_by_the_reconcile(
 
 
 SYNC_SLACK = 0.5
+
+
+def keys_of(prefix: str) -> dict[str, str]:
+    """Every key of the prefix in Redis now, with its type."""
+    with redis.Redis.from_url(REDIS_URL, decode_responses=True) as r:
+        return {k: r.type(k) for k in r.scan_iter("{" + prefix + "}:*", count=1000)}
+
+
+def ids_of(registry: RedisRegistry) -> set[str]:
+    return {r.endpoint_id for r in registry.records()}
+
+
+async def test_redis_and_the_views_hold_only_the_live_ids(
+    pair: Callable[..., RedisRegistry],
+) -> None:
+    """2,000 ids registered and deregistered (through either gateway) and 1,000 ids never
+    registered deregistered leave nothing behind: not in Redis, not in the views' maps."""
+    a, b = pair(), pair()
+    await a.start()
+    await b.start()
+    now = time.monotonic()
+    live = {f"agent://keep-{i}" for i in range(5)}
+    for endpoint_id in sorted(live):
+        await a.upsert(rec(endpoint_id.removeprefix("agent://"), now))
+    for i in range(2000):
+        await a.upsert(rec(f"churn-{i}", now))
+        assert await (a if i % 2 else b).remove(f"agent://churn-{i}") is not None
+    with redis.Redis.from_url(REDIS_URL, decode_responses=True) as r:
+        seq = r.get("{" + a.prefix + "}:seq")
+        for i in range(1000):  # answered 404 by a gateway: and nothing written
+            assert await (a if i % 2 else b).remove(f"agent://unknown-{i}") is None
+        assert r.get("{" + a.prefix + "}:seq") == seq
+        p = "{" + a.prefix + "}"
+        assert set(r.hkeys(p + ":ver")) == live
+        assert set(r.zrange(p + ":seen", 0, -1)) == live
+    assert set(keys_of(a.prefix)) == {
+        *(f"{p}:ep:{endpoint_id}" for endpoint_id in live),
+        f"{p}:seen",
+        f"{p}:ver",
+        f"{p}:seq",
+        f"{p}:epoch",
+    }
+    for view in (a, b):
+        await until(lambda: ids_of(view) == live, 2.0)  # noqa: B023
+        # the removals are remembered only until their notices came back through the channel
+        await until(lambda: view._versions.tombstones() == 0, 2.0)  # noqa: B023
+        assert set(view._versions.live) == live
+        assert set(view._buffer.writes) == set()
+    # a newcomer loads the same; a reconcile of either changes nothing
+    c = pair()
+    await c.start()
+    assert ids_of(c) == live and set(c._versions.live) == live
+    await b._sync.reconcile()
+    assert ids_of(b) == live and set(b._versions.live) == live
+
+
+async def test_a_removed_id_registered_again_elsewhere_is_seen_everywhere(
+    pair: Callable[..., RedisRegistry],
+) -> None:
+    """Versions keep growing over an id's whole history, though Redis forgets removed ids."""
+    a, b = pair(), pair()
+    await a.start()
+    await b.start()
+    for round_ in range(20):
+        caps = (f"t.round{round_}",)
+        writer, remover = (a, b) if round_ % 2 else (b, a)
+        await writer.upsert(rec("x", time.monotonic(), caps))
+        await until(lambda: remover.get("agent://x") is not None, 0.5)  # noqa: B023
+        assert remover.get("agent://x").capabilities == caps  # type: ignore[union-attr]
+        await remover.remove("agent://x")
+        await until(lambda: writer.get("agent://x") is None, 0.5)  # noqa: B023
+    await a.upsert(rec("x", time.monotonic(), ("t.last",)))
+    await until(lambda: b.get("agent://x") is not None, 0.5)
+    assert b.get("agent://x").capabilities == ("t.last",)  # type: ignore[union-attr]
+
+
+async def test_the_cap_holds_across_gateways(pair: Callable[..., RedisRegistry]) -> None:
+    """Checked in the write's own script: two gateways cannot both take the last place."""
+    a, b = pair(max_records=3), pair(max_records=3)
+    await a.start()
+    await b.start()
+    now = time.monotonic()
+    await a.upsert(rec("one", now))
+    await b.upsert(rec("two", now))
+    for _ in range(2):  # twice: the second time every view is already full
+        results = await asyncio.gather(
+            a.upsert(rec("from-a", now)), b.upsert(rec("from-b", now)), return_exceptions=True
+        )
+        refused = [r for r in results if isinstance(r, BaseException)]
+        assert all(isinstance(r, RegistryFull) for r in refused), refused
+        assert (
+            len(refused) == 1 or ids_of(a) >= {"agent://from-a"} or ids_of(b) >= {"agent://from-b"}
+        )
+        with redis.Redis.from_url(REDIS_URL, decode_responses=True) as r:
+            assert r.zcard("{" + a.prefix + "}:seen") == 3
+    for view in (a, b):
+        await until(lambda: len(view) == 3, 1.0)  # noqa: B023
+    assert ids_of(a) == ids_of(b)
+    # a registered id registers again through either gateway
+    await b.upsert(rec("one", time.monotonic(), ("t.again",)))
+    await until(lambda: a.get("agent://one").capabilities == ("t.again",), 0.5)  # type: ignore[union-attr]
+
+
+async def test_a_new_gateway_starts_versions_above_an_older_layout(
+    pair: Callable[..., RedisRegistry],
+) -> None:
+    """Data written by an older release (a version per id ever seen, no counter): the first
+    start drops the versions of removed ids and counts on from the highest."""
+    a = pair()
+    p = "{" + a.prefix + "}"
+    with redis.Redis.from_url(REDIS_URL, decode_responses=True) as r:
+        secs, micros = r.time()
+        r.zadd(p + ":seen", {"agent://old": secs + micros / 1e6})
+        r.hset(p + ":ep:agent://old", mapping={"caps": '["t.a"]', "url": "http://h:1/", "desc": ""})
+        r.hset(
+            p + ":ver", mapping={"agent://old": 7, **{f"agent://gone-{i}": 9 for i in range(300)}}
+        )
+    await a.start()
+    assert ids_of(a) == {"agent://old"}
+    with redis.Redis.from_url(REDIS_URL, decode_responses=True) as r:
+        assert r.hkeys(p + ":ver") == ["agent://old"]
+        assert int(r.get(p + ":seq") or 0) >= 9
+    b = pair()
+    await b.start()
+    await a.upsert(rec("old", time.monotonic(), ("t.new",)))  # a version above 7 and 9
+    await until(lambda: b.get("agent://old").capabilities == ("t.new",), 0.5)  # type: ignore[union-attr]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_start_on_an_unreachable_redis_raises_backend_unavailable() -> None:
+    url = f"redis://:secret@127.0.0.1:{free_port()}/0"
+    registry = RedisRegistry(url, prefix="test-unreachable", connect_timeout_s=0.5)
+    registry.bind(time.monotonic)
+    with pytest.raises(BackendUnavailable) as raised:
+        await registry.start()
+    assert raised.value.code == "backend_unavailable"
+    assert "cannot reach the registry at redis://***@127.0.0.1" in raised.value.detail
+    assert "secret" not in str(raised.value)
+    assert not isinstance(raised.value, redis.RedisError | ConnectionError)
+    await registry.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "prefix"),
+    [
+        ("http://127.0.0.1:6379/0", "ok"),  # not a registry URL
+        ("redis://127.0.0.1:port/0", "ok"),  # not a port
+        ("file:///tmp/x", "ok"),
+        (REDIS_URL, ""),  # prefixes: empty, braces (the hash tag), spaces
+        (REDIS_URL, "a{b}"),
+        (REDIS_URL, "two words"),
+    ],
+)
+def test_a_bad_registry_url_or_prefix_is_a_config_error(url: str, prefix: str) -> None:
+    with pytest.raises(ConfigError):
+        open_registry(url, prefix=prefix)
+
+
+class RecordingClock(SystemClock):
+    """The system clock, noting every sleep asked of it."""
+
+    def __init__(self) -> None:
+        self.slept: list[float] = []
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        await super().sleep(seconds)
+
+
+async def test_the_loops_sleep_on_the_injected_clock(pair: Callable[..., RedisRegistry]) -> None:
+    clock = RecordingClock()
+    a = pair(clock=clock, flush_s=0.011, sync_s=0.013)
+    await a.start()
+    await a.upsert(rec("x", time.monotonic()))
+    await a.touch("agent://x", time.monotonic(), time.time())  # wakes the flush loop
+    await until(lambda: {0.011, 0.013} <= set(clock.slept), 1.0)
+
+
+async def test_redis_gone_back_to_older_data_is_read_again(
+    pair: Callable[..., RedisRegistry],
+) -> None:
+    """A restore from a snapshot (or a failover to a replica that missed writes): the epoch
+    token is the same, but Redis's version counter went back. The views drop what the copy
+    lacks, and changes made since are not taken for old ones."""
+    a, b = pair(), pair()
+    a.reconcile_s = b.reconcile_s = 3600.0  # only the detection can bring a reconcile soon
+    await a.start()
+    await b.start()
+    await a.upsert(rec("kept", time.monotonic()))
+    await a.upsert(rec("lost", time.monotonic()))
+    await until(lambda: ids_of(b) == {"agent://kept", "agent://lost"}, 0.5)
+    p = "{" + a.prefix + "}"
+    with redis.Redis.from_url(REDIS_URL, decode_responses=True) as r:
+        # the copy was taken after "kept" was registered, before "lost" was
+        kept_version = r.hget(p + ":ver", "agent://kept")
+        r.zrem(p + ":seen", "agent://lost")
+        r.delete(p + ":ep:agent://lost")
+        r.hdel(p + ":ver", "agent://lost")
+        r.set(p + ":seq", kept_version)
+    for view in (a, b):
+        await until(lambda: ids_of(view) == {"agent://kept"}, 2.0)  # noqa: B023
+    # registered again through b: a version the views once had for it, taken as new
+    await b.upsert(rec("lost", time.monotonic(), ("t.again",)))
+    await until(lambda: a.get("agent://lost") is not None, 0.5)
+    assert a.get("agent://lost").capabilities == ("t.again",)  # type: ignore[union-attr]

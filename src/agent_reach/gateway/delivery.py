@@ -15,7 +15,6 @@ Invariants:
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,47 +35,21 @@ from agent_reach.errors import (
 from agent_reach.gateway.metrics import GatewayMetrics
 from agent_reach.gateway.router import RoutePlan, Router, RouteScope
 from agent_reach.gateway.traces import TraceStore
+from agent_reach.gateway.tracing import OpenTrace, open_trace, span_answer
 from agent_reach.observability.logs import log
 from agent_reach.observability.otel import gateway_tracer
-from agent_reach.observability.tracecontext import new_span_id, onward, parse_traceparent
 from agent_reach.transport.base import Delivery, Transport
 from agent_reach.wire.answers import Attempt
 from agent_reach.wire.bodies import DeliveryBody, SendBody, encode
-from agent_reach.wire.ids import new_id
+from agent_reach.wire.gateway import SendAnswer
 
 if TYPE_CHECKING:
     from agent_reach.auth.tokens import TokenService
-    from agent_reach.observability.spans import GatewayTracer, ReceiveSpan
+    from agent_reach.observability.spans import GatewayTracer
 
-__all__ = ["OpenTrace", "ReachResult", "Reacher"]
+__all__ = ["Reacher"]
 
 _TRACE_CANDIDATES = 16  # candidates listed by name in a trace's route event
-
-
-@dataclass(slots=True)
-class ReachResult:
-    """A successful answer of ``/v1/send``."""
-
-    msg_id: str
-    trace_id: str
-    intent: str
-    endpoint_id: str
-    result: msgspec.Raw
-    attempts: list[Attempt]
-    latency_ms: float
-
-    def to_body(self) -> dict[str, Any]:
-        """The contract's success body."""
-        return {
-            "ok": True,
-            "msg_id": self.msg_id,
-            "trace_id": self.trace_id,
-            "intent": self.intent,
-            "endpoint_id": self.endpoint_id,
-            "result": self.result,
-            "attempts": self.attempts,
-            "latency_ms": self.latency_ms,
-        }
 
 
 @dataclass(slots=True)
@@ -93,28 +66,6 @@ class _Run:
     assertion: Callable[[str, float], str] | None
     retries_allowed: int = 0
     same_count: int = 0  # retries of an endpoint already tried
-
-
-@dataclass(slots=True)
-class OpenTrace:
-    """A request's trace as opened at its start: its id (bound for the whole request), the
-    traceparent its deliveries carry while OpenTelemetry is off, and its server span (None
-    while off). ``done`` once the answer is recorded."""
-
-    trace_id: str
-    parent: str
-    span: ReceiveSpan | None
-    timeout_ms: int
-    done: bool = False
-
-    def refused(self, exc: AgentReachError) -> None:
-        """End the span of a request refused before delivery began (access, rate limits)."""
-        if self.done:
-            return
-        self.done = True
-        if self.span is not None:
-            self.span.answered(exc.code, _span_answer(self.trace_id, None, []), exc.detail)
-            self.span.end()
 
 
 class Reacher:
@@ -147,37 +98,10 @@ class Reacher:
         self.traces.add(trace_id, self._wall(), kind, **data)
 
     def open_trace(self, body: SendBody, msg_id: str, traceparent: str | None) -> OpenTrace:
-        """The request's trace, opened before anything else runs (the service binds its id).
-
-        The rules (observability.tracecontext): the body's trace_id wins, else the traceparent's
-        trace-id, else a new one; an invalid traceparent is ignored. With OpenTelemetry on and
-        no trace id given, the new server span's trace-id names the trace.
-        """
+        """The request's trace, opened before anything else runs (the service binds its id):
+        :func:`agent_reach.gateway.tracing.open_trace`."""
         timeout_ms = body.timeout_ms or self.settings.default_timeout_ms
-        received = parse_traceparent(traceparent)
-        trace_id = body.trace_id or (received.trace_id if received is not None else None)
-        if self.otel is None:
-            if trace_id is None:  # new_id's form, its random hex the trace-id sent on
-                trace_hex = os.urandom(16).hex()
-                parent = f"00-{trace_hex}-{new_span_id()}-01"
-                return OpenTrace(f"trace_{trace_hex}", parent, None, timeout_ms)
-            return OpenTrace(trace_id, onward(trace_id, received), None, timeout_ms)
-        span = self.otel.receive(
-            received,
-            trace_id,
-            {
-                "agent_reach.msg_id": msg_id,
-                "agent_reach.intent": body.intent,
-                "agent_reach.sender": body.sender,
-                "agent_reach.recipient_hint": body.recipient_hint,
-                "agent_reach.priority": body.priority,
-                "agent_reach.timeout_ms": timeout_ms,
-            },
-        )
-        if trace_id is None:  # the new trace's id, so that both names of the trace agree
-            new_hex = span.trace_hex
-            trace_id = f"trace_{new_hex}" if new_hex else new_id("trace")
-        return OpenTrace(trace_id, "", span, timeout_ms)
+        return open_trace(self.otel, body, msg_id, timeout_ms, traceparent)
 
     async def send(
         self,
@@ -185,7 +109,7 @@ class Reacher:
         opened: OpenTrace,
         received_at: float,
         scope: RouteScope | None = None,
-    ) -> ReachResult:
+    ) -> SendAnswer:
         """Deliver ``body`` (its msg_id and trace_id filled in); raise an AgentReachError
         carrying msg_id, trace_id and attempts. Every ending, a fault of ours included (an
         InternalError, logged with its traceback), is counted, traced and logged.
@@ -255,7 +179,7 @@ class Reacher:
             self._wall(), trace_id, msg_id, body.intent, "ok", attempts, elapsed
         )
         if span is not None:
-            span.answered("ok", _span_answer(trace_id, endpoint_id, attempts))
+            span.answered("ok", span_answer(trace_id, endpoint_id, attempts))
             span.end()
         log(
             logging.INFO,
@@ -266,7 +190,7 @@ class Reacher:
             attempts=len(attempts),
             latency_ms=elapsed,
         )
-        return ReachResult(msg_id, trace_id, body.intent, endpoint_id, answer, attempts, elapsed)
+        return SendAnswer(msg_id, trace_id, body.intent, endpoint_id, answer, attempts, elapsed)
 
     def _failed(
         self,
@@ -297,7 +221,7 @@ class Reacher:
         opened.done = True
         if span is not None:
             last = attempts[-1].endpoint_id if attempts else None
-            span.answered(exc.code, _span_answer(trace_id, last, attempts), exc.detail)
+            span.answered(exc.code, span_answer(trace_id, last, attempts), exc.detail)
             span.end()
         log(
             logging.INFO,
@@ -542,14 +466,6 @@ class Reacher:
         if plan.intent not in plan.confidence:
             out["fallback"] = {"tags": sorted(plan.confidence)[:4], "matched": len(plan.confidence)}
         return out
-
-
-def _span_answer(trace_id: str, endpoint_id: str | None, attempts: list[Attempt]) -> dict[str, Any]:
-    return {
-        "agent_reach.trace_id": trace_id,
-        "agent_reach.endpoint_id": endpoint_id,
-        "agent_reach.attempts": len(attempts),
-    }
 
 
 def _json_or_none(body: bytes | None) -> msgspec.Raw | None:

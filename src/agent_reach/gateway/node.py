@@ -60,7 +60,10 @@ class Node:
         self.settings = settings
         self.clock = clock = clock or SystemClock()
         self.registry = registry or open_registry(
-            settings.registry, prefix=settings.registry_prefix
+            settings.registry,
+            prefix=settings.registry_prefix,
+            max_records=settings.max_endpoints,
+            clock=clock,
         )
         self.transport = transport or HttpTransport(
             max_response_bytes=settings.max_body_bytes,

@@ -34,6 +34,7 @@ from agent_reach.errors import (
     RecipientIncapable,
     RecipientNotFound,
 )
+from agent_reach.gateway import explain
 from agent_reach.gateway.diagnostics import UnroutedIntents
 from agent_reach.intents import FallbackMatcher, MatchIndexHolder, SegmentPrefixMatcher
 from agent_reach.observability.logs import log
@@ -426,78 +427,12 @@ class Router:
         timeout_ms: int | None,
         scope: RouteScope | None = None,
     ) -> dict[str, Any]:
-        """The ``/v1/route`` answer: the route a send would take now, delivering nothing."""
-        plan = self.plan(intent, hint, dry_run=True, scope=scope)
-        chosen = self.choose(plan)
-        per_try = self.per_try_ms(chosen) if chosen else None
-        timeout = timeout_ms or self.settings.default_timeout_ms
-        return {
-            "ok": True,
-            "intent": intent,
-            "chosen": chosen,
-            "per_try_timeout_ms": per_try,
-            "max_retries": self.max_retries(timeout, per_try) if per_try else 0,
-            "candidates": self.explain(plan, chosen),
-        }
-
-    def explain(self, plan: RoutePlan, chosen: str | None) -> list[dict[str, Any]]:
-        """Every candidate of ``plan`` with its status and why it is (not) eligible."""
-        now = self.now()
-        if plan.hint is not None:
-            ids: Collection[str] = (plan.hint,)
-        elif plan.fallback_ids:
-            ids = plan.fallback_ids
-        else:
-            ids = self.registry.by_intent(plan.intent)
-        out = []
-        for endpoint_id in ids:
-            record = self.registry.get(endpoint_id)
-            if record is None:
-                continue
-            h = self.health(record, now)
-            stats = self.stats.get(endpoint_id)
-            avg, p95 = stats.latency_stats() if stats else (None, None)
-            tag = next((t for t in plan.confidence if t in record.capabilities), plan.intent)
-            if plan.hint is not None:
-                eligible = h.status is not Status.DOWN
-                reason = f"named by recipient_hint; {h.reason}" if eligible else f"down: {h.reason}"
-            else:
-                eligible = h.status in (Status.HEALTHY, Status.DEGRADED)
-                reason = h.reason if eligible else f"{h.status.value}: {h.reason}"
-                if h.status is Status.SUSPECT:
-                    reason += " (reachable only through recipient_hint)"
-            if tag != plan.intent:
-                reason += f"; fallback match on {tag!r}"
-            out.append(
-                {
-                    "endpoint_id": endpoint_id,
-                    "status": h.status.value,
-                    "confidence": plan.confidence.get(tag, 1.0),
-                    "avg_latency_ms": None if avg is None else round(avg, 3),
-                    "p95_latency_ms": None if p95 is None else round(p95, 3),
-                    "eligible": eligible,
-                    "reason": reason,
-                    "chosen": endpoint_id == chosen,
-                }
-            )
-        return out
+        """The ``/v1/route`` answer (:func:`agent_reach.gateway.explain.explain_route`)."""
+        return explain.explain_route(self, intent, hint, timeout_ms, scope)
 
     def diagnostics(self) -> dict[str, Any]:
-        """The ``/v1/diagnostics`` answer: the settings that decide health and retries, and the
-        intents callers asked that no agent declares (most recently refused first)."""
-        t = self.thresholds
-        s = self.settings
-        return {
-            "ok": True,
-            "heartbeat_interval_s": float(s.heartbeat_interval),
-            "degraded_after_s": float(t.degraded_after),
-            "suspect_after_s": float(t.suspect_after),
-            "down_after_s": float(t.down_after),
-            "slow_threshold_ms": float(t.slow_threshold_ms),
-            "overhead_reserve_ms": float(s.overhead_reserve_ms),
-            "confidence_threshold": float(s.confidence_threshold),
-            "unrouted_intents": self.unrouted.to_list(),
-        }
+        """The ``/v1/diagnostics`` answer (:func:`agent_reach.gateway.explain.diagnostics`)."""
+        return explain.diagnostics(self)
 
     # --- what deliveries teach -------------------------------------------------------------
 

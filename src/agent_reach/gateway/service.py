@@ -46,6 +46,7 @@ from agent_reach.wire.bodies import (
     convert,
     decode,
 )
+from agent_reach.wire.gateway import SendAnswer
 from agent_reach.wire.ids import new_id
 
 if TYPE_CHECKING:
@@ -187,7 +188,7 @@ class Service:
 
     # --- reaching ----------------------------------------------------------------------------
 
-    async def send(self, caller: Caller, body: SendBody) -> dict[str, Any]:
+    async def send(self, caller: Caller, body: SendBody) -> SendAnswer:
         """Deliver ``body`` by intent (or to its recipient_hint) within its deadline.
 
         The trace is opened and its id bound first; any error raised after that carries the
@@ -222,7 +223,7 @@ class Service:
             raise
         finally:
             TRACE_ID.reset(token)
-        return result.to_body()
+        return result
 
     def explain(self, caller: Caller, query: RouteQuery | Mapping[str, str]) -> dict[str, Any]:
         """The route a send would take now (``/v1/route``), delivering nothing. ``query`` may

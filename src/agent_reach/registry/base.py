@@ -17,8 +17,16 @@ from collections.abc import Callable, Collection, Iterable
 from typing import NamedTuple, Protocol
 
 from agent_reach.core.model import EndpointRecord
+from agent_reach.errors import ConfigError, RegistryFull
 
-__all__ = ["RegistryBackend", "RegistryChange", "RegistryListener", "RegistryState"]
+__all__ = [
+    "RegistryBackend",
+    "RegistryChange",
+    "RegistryListener",
+    "RegistryState",
+    "check_max_records",
+    "registry_full",
+]
 
 
 class RegistryChange(NamedTuple):
@@ -53,8 +61,11 @@ class RegistryBackend(Protocol):
         ...
 
     async def start(self) -> None:
-        """Connect and load the view; idempotent. Raises ``ConnectionError`` when the backing
-        store cannot be reached."""
+        """Connect and load the view; idempotent. Raises
+        :class:`~agent_reach.errors.BackendUnavailable` when the backing store cannot be
+        reached (nothing from the store's client library: adapters translate). An unusable
+        URL or prefix is a :class:`~agent_reach.errors.ConfigError`, raised when the backend
+        is made (:func:`~agent_reach.registry.open_registry`)."""
         ...
 
     def state(self) -> RegistryState:
@@ -79,7 +90,13 @@ class RegistryBackend(Protocol):
         refused with :class:`~agent_reach.errors.EndpointHeld`, nothing changed, when the
         stored record has another non-empty ``owner`` and was seen less than that many seconds
         ago: checked and written in one step in the store (a shared backend's buffered write,
-        made while its store is away, cannot be checked there and is not refused)."""
+        made while its store is away, cannot be checked there and is not refused).
+
+        A backend made with ``max_records`` refuses a NEW id with
+        :class:`~agent_reach.errors.RegistryFull`, nothing changed, while it holds that many
+        records (down ones count until purged); an id it holds may always be written again.
+        A shared backend checks it in the store, in the same step as the write (on its own
+        view while the store is away)."""
         ...
 
     async def touch(
@@ -89,7 +106,8 @@ class RegistryBackend(Protocol):
         ...
 
     async def remove(self, endpoint_id: str) -> EndpointRecord | None:
-        """Delete the record at once; return it, or None when the id is unknown."""
+        """Delete the record at once; return it, or None when the id is unknown (then nothing
+        is stored: removing unknown ids costs no space)."""
         ...
 
     async def purge(self, seen_before: float) -> int:
@@ -115,3 +133,21 @@ class RegistryBackend(Protocol):
     def __len__(self) -> int:
         """Number of records in the view."""
         ...
+
+
+def check_max_records(max_records: int | None) -> int | None:
+    """``max_records`` as given, or ConfigError when it is not None or a positive integer."""
+    if max_records is not None and (
+        isinstance(max_records, bool) or not isinstance(max_records, int) or max_records < 1
+    ):
+        raise ConfigError(f"max_records must be a positive integer or None, got {max_records!r}")
+    return max_records
+
+
+def registry_full(endpoint_id: str, count: int | str, limit: int) -> RegistryFull:
+    """The refusal of a new id by a registry that holds ``count`` records, its ``limit``."""
+    return RegistryFull(
+        f"the registry holds {count} records, its limit ({limit}), and {endpoint_id} is not "
+        "one of them: deregister or purge endpoints, or raise the limit (an id already "
+        "registered may always register again)"
+    )

@@ -6,7 +6,13 @@ from collections.abc import Callable, Collection, Iterable
 
 from agent_reach.core.model import EndpointRecord
 from agent_reach.errors import EndpointHeld
-from agent_reach.registry.base import RegistryChange, RegistryListener, RegistryState
+from agent_reach.registry.base import (
+    RegistryChange,
+    RegistryListener,
+    RegistryState,
+    check_max_records,
+    registry_full,
+)
 
 __all__ = ["MemoryRegistry"]
 
@@ -14,9 +20,15 @@ _EMPTY: dict[str, None] = {}
 
 
 class MemoryRegistry:
-    """Records in a dict, with an intent -> ordered set of ids index kept in step."""
+    """Records in a dict, with an intent -> ordered set of ids index kept in step.
 
-    def __init__(self) -> None:
+    ``max_records`` caps the records held: an upsert of a new id when that many are held
+    raises :class:`~agent_reach.errors.RegistryFull` and changes nothing; a held id may always
+    be upserted again. Down records count until they are purged.
+    """
+
+    def __init__(self, *, max_records: int | None = None) -> None:
+        self.max_records = check_max_records(max_records)
         self._now: Callable[[], float] | None = None
         self._records: dict[str, EndpointRecord] = {}
         self._index: dict[str, dict[str, None]] = {}
@@ -57,6 +69,9 @@ class MemoryRegistry:
             held_by_another = before.owner and before.owner != record.owner
             if held_by_another and self._now() - before.last_seen < held_within_s:
                 raise EndpointHeld(record.endpoint_id)
+        limit = self.max_records
+        if before is None and limit is not None and len(self._records) >= limit:
+            raise registry_full(record.endpoint_id, len(self._records), limit)
         if before is not None and before.capabilities != record.capabilities:
             self._unindex(before)
         self._records[record.endpoint_id] = record

@@ -1,0 +1,121 @@
+"""The Lua scripts of the Redis registry: every write is one of them, atomic in Redis.
+
+Invariants (the key layout is in :mod:`agent_reach.registry.redis.store`):
+
+- **One clock.** A script that writes a last-seen time takes it from Redis's own ``TIME``
+  (a time passed in is only ever lowered to it, never raised past it).
+- **Bounded by the live ids.** ``{P}:ep:ID``, a member of ``{P}:seen`` and a field of
+  ``{P}:ver`` exist together or not at all: an upsert adds all three, a removal deletes all
+  three, and the removal of an id that is not registered writes nothing (it only deletes).
+- **One ordered stream of versions.** Every registration and every removal takes the next
+  value of the counter ``{P}:seq`` as its version, and publishes it with the change, in the
+  same step: versions increase along the channel, and an id's versions increase over its
+  whole history (a removed id registered again gets a version above its removal's), so no
+  tombstone has to stay in Redis.
+- **Checks and writes are one step.** The hold of token mode and the record cap are checked
+  in the script that writes, so that two gateways cannot both pass a check that only one
+  write may pass.
+"""
+
+from __future__ import annotations
+
+__all__ = ["INIT", "REMOVE", "TOUCH", "UPSERT"]
+
+_TS = "local t = redis.call('TIME') local ts = tonumber(t[1]) + tonumber(t[2]) / 1000000 "
+
+# The next version: the counter, but never at or below what the id had (a counter lost
+# alone, or data written by an older release that counted per id).
+_NEXT_VERSION = """
+local ver = redis.call('INCR', KEYS[5])
+local had = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '0')
+if had >= ver then ver = had + 1 redis.call('SET', KEYS[5], ver) end
+"""
+
+# KEYS: ep, seen, ver, channel, seq
+# ARGV: id, caps, url, desc, ts ('' for now), 'GT' or '', owner,
+#       held seconds ('' for none: token mode's check that another live registration does not
+#       hold the id), max records ('' for no cap: a NEW id is refused when seen holds as many)
+# -> {seen, version}, or {'held', seen}, or {'full', count}
+UPSERT = (
+    _TS
+    + """
+local known = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if ARGV[8] ~= '' and known then
+  local owner = redis.call('HGET', KEYS[1], 'owner')
+  if owner and owner ~= '' and owner ~= ARGV[7] and ts - tonumber(known) < tonumber(ARGV[8]) then
+    return {'held', known}
+  end
+end
+if ARGV[9] ~= '' and not known then
+  local count = redis.call('ZCARD', KEYS[2])
+  if count >= tonumber(ARGV[9]) then return {'full', tostring(count)} end
+end
+if ARGV[5] ~= '' then ts = math.min(ts, tonumber(ARGV[5])) end
+"""
+    + _NEXT_VERSION
+    + """
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'caps', ARGV[2], 'url', ARGV[3], 'desc', ARGV[4], 'owner', ARGV[7])
+if ARGV[6] == 'GT' then redis.call('ZADD', KEYS[2], 'GT', ts, ARGV[1])
+else redis.call('ZADD', KEYS[2], ts, ARGV[1]) end
+local seen = redis.call('ZSCORE', KEYS[2], ARGV[1])
+redis.call('HSET', KEYS[3], ARGV[1], ver)
+redis.call('PUBLISH', KEYS[4], cjson.encode({'u', ARGV[1], ARGV[2], ARGV[3], ARGV[4], seen, ver,
+  ARGV[7]}))
+return {seen, ver}
+"""
+)
+
+# KEYS: ep, seen, ver, channel, seq; ARGV: id
+# -> {} when the id was not registered (nothing written, nothing published), else
+#    {version, seen, field, value, ...}: the removal's version and the record it removed
+REMOVE = (
+    """
+local seen = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if not seen then
+  redis.call('DEL', KEYS[1])
+  redis.call('HDEL', KEYS[3], ARGV[1])
+  return {}
+end
+local out = redis.call('HGETALL', KEYS[1])
+"""
+    + _NEXT_VERSION
+    + """
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('DEL', KEYS[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('PUBLISH', KEYS[4], cjson.encode({'r', ARGV[1], ver}))
+table.insert(out, 1, seen)
+table.insert(out, 1, ver)
+return out
+"""
+)
+
+# KEYS: seen; ARGV: ids. Only ids still registered are touched; returns the time written.
+TOUCH = (
+    _TS
+    + """
+for i = 1, #ARGV do
+  if redis.call('ZSCORE', KEYS[1], ARGV[i]) then redis.call('ZADD', KEYS[1], 'GT', ts, ARGV[i]) end
+end
+return string.format('%.6f', ts)
+"""
+)
+
+# KEYS: seen, ver, seq. Once per prefix (when there is no counter yet): start the counter above
+# every version written so far, and delete the versions of ids no longer registered (an older
+# release kept one per id ever registered, or deregistered). -> how many were deleted.
+INIT = """
+if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
+local top, dropped = 0, 0
+local fields = redis.call('HGETALL', KEYS[2])
+for i = 1, #fields, 2 do
+  top = math.max(top, tonumber(fields[i + 1]) or 0)
+  if not redis.call('ZSCORE', KEYS[1], fields[i]) then
+    redis.call('HDEL', KEYS[2], fields[i])
+    dropped = dropped + 1
+  end
+end
+redis.call('SET', KEYS[3], top)
+return dropped
+"""

@@ -1,0 +1,314 @@
+"""Redis I/O of the shared registry: the key layout, the scripts, and Redis's clock.
+
+Layout (every key under the hash tag ``{PREFIX}``, so one slot holds them all and the scripts
+also run on Redis Cluster)::
+
+    {P}:ep:ID     hash   caps (JSON list), url, desc, owner (token mode)
+    {P}:seen      zset   ID -> last heartbeat, in Redis server time (unix seconds)
+    {P}:ver       hash   ID -> version of its current registration (live ids only)
+    {P}:seq       string the last version given; registrations and removals share it
+    {P}:epoch     string a token set once: if it vanishes, Redis lost its data
+    {P}:events    pub/sub channel of registrations ('u') and removals ('r'), with versions
+
+Invariants:
+
+- **The only module that talks to Redis.** Every redis-py exception (and ``OSError``) raised
+  by a call here becomes :class:`~agent_reach.errors.BackendUnavailable` (``raise ... from``);
+  a bad URL is a :class:`~agent_reach.errors.ConfigError` when the store is made.
+- **Bounded by the live ids.** ``{P}:ep:*``, ``{P}:seen`` and ``{P}:ver`` hold one entry per
+  registered id and nothing else (the scripts keep them in step, see
+  :mod:`~agent_reach.registry.redis.scripts`); a full read (:meth:`RedisStore.snapshot`) costs
+  what is registered now, not what ever was.
+- **One time source.** Last-seen times in Redis are Redis's ``TIME``. Every read that measures
+  (:meth:`RedisStore.snapshot`, :meth:`RedisStore.heartbeats`) runs ``TIME`` in the same
+  transaction, bracketed by two reads of the liveness clock, and updates :attr:`offset`
+  (Redis time minus liveness time), through which every record read here is mapped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from redis import asyncio as aioredis
+from redis.exceptions import RedisError
+
+from agent_reach.core.model import EndpointRecord
+from agent_reach.errors import BackendUnavailable, ConfigError, EndpointHeld
+from agent_reach.registry.base import registry_full
+from agent_reach.registry.redis.scripts import INIT, REMOVE, TOUCH, UPSERT
+from agent_reach.settings import redacted
+
+__all__ = ["EventStream", "Fetched", "Heartbeats", "RedisStore", "Snapshot", "key_prefix"]
+
+
+def key_prefix(prefix: str) -> str:
+    """The hash-tagged key prefix of a network; ConfigError for an unusable ``prefix``."""
+    if not prefix or any(c in prefix for c in "{}\r\n \t"):
+        raise ConfigError(
+            f"registry prefix must be non-empty, without braces or spaces: {prefix!r}"
+        )
+    return "{" + prefix + "}"
+
+
+class Snapshot(NamedTuple):
+    """The whole registry as Redis held it at one instant (one transaction)."""
+
+    redis_now: float
+    seen: dict[str, float]  # id -> last heartbeat, Redis time
+    versions: dict[str, int]  # id -> version of its registration
+    epoch: str | None
+    seq: int  # the last version given: every change up to it is in this snapshot
+
+
+class Heartbeats(NamedTuple):
+    """The heartbeats written since a time, as Redis held them at one instant."""
+
+    redis_now: float
+    fresh: list[tuple[str, float]]  # (id, last heartbeat in Redis time)
+    epoch: str | None
+    seq: int  # the last version given
+
+
+class Fetched(NamedTuple):
+    """One record read from Redis, with the version of its registration."""
+
+    record: EndpointRecord
+    version: int
+
+
+class RedisStore:
+    """The keys of one network (``prefix``) on one Redis (``url``, a redis-py URL)."""
+
+    def __init__(self, url: str, prefix: str, *, connect_timeout_s: float) -> None:
+        p = key_prefix(prefix)
+        self.url, self.prefix = url, prefix
+        self.seen_key, self.ver_key, self.seq_key = f"{p}:seen", f"{p}:ver", f"{p}:seq"
+        self.epoch_key, self.channel = f"{p}:epoch", f"{p}:events"
+        self._ep = f"{p}:ep:"
+        try:
+            self._redis = aioredis.Redis.from_url(
+                url,
+                decode_responses=True,
+                socket_timeout=connect_timeout_s,
+                socket_connect_timeout=connect_timeout_s,
+                retry_on_timeout=False,
+            )
+        except ValueError as exc:
+            raise ConfigError(f"unusable registry URL {redacted(url)!r}: {exc}") from exc
+        self._upsert = self._redis.register_script(UPSERT)
+        self._remove = self._redis.register_script(REMOVE)
+        self._touch = self._redis.register_script(TOUCH)
+        self._init = self._redis.register_script(INIT)
+        self.now: Callable[[], float] = _unbound  # the liveness clock (set by the registry)
+        self.offset: float | None = None  # Redis time - liveness time, from the last measure
+        self.last_sync: float | None = None  # liveness time of the last measure
+
+    @contextlib.contextmanager
+    def _io(self) -> Iterator[None]:
+        try:
+            yield
+        except (RedisError, OSError) as exc:
+            raise BackendUnavailable(f"redis at {redacted(self.url)}: {exc}") from exc
+
+    def _keys(self, endpoint_id: str) -> list[str]:
+        return [self._ep + endpoint_id, self.seen_key, self.ver_key, self.channel, self.seq_key]
+
+    # --- writes ----------------------------------------------------------------------------
+
+    async def init(self) -> int:
+        """Set the epoch token if there is none, and start the version counter (once per
+        prefix: deletes the versions an older release kept of removed ids; returns how many)."""
+        with self._io():
+            await self._redis.set(self.epoch_key, secrets.token_hex(8), nx=True)
+            keys = [self.seen_key, self.ver_key, self.seq_key]
+            return int(await self._init(keys=keys, args=[]))
+
+    async def upsert(
+        self,
+        record: EndpointRecord,
+        *,
+        fresh: bool,
+        held_within_s: float | None = None,
+        max_records: int | None = None,
+    ) -> int:
+        """Write ``record`` with its last-seen time in Redis time (Redis's ``TIME`` before the
+        offset is known); return its version. ``fresh``: a registration, which sets the time;
+        else a re-published record, which never moves a newer time back. ``held_within_s``:
+        refuse (EndpointHeld) when another live registration holds the id. ``max_records``:
+        refuse a new id (RegistryFull) when that many are registered."""
+        ts = "" if self.offset is None else f"{record.last_seen + self.offset:.6f}"
+        args = [
+            record.endpoint_id,
+            json.dumps(list(record.capabilities)),
+            record.endpoint_url,
+            record.description,
+            ts,
+            "" if fresh else "GT",
+            record.owner,
+            "" if held_within_s is None else f"{held_within_s:.6f}",
+            "" if max_records is None else str(max_records),
+        ]
+        with self._io():
+            first, second = await self._upsert(keys=self._keys(record.endpoint_id), args=args)
+        if first == "held":
+            raise EndpointHeld(record.endpoint_id)
+        if first == "full":
+            raise registry_full(record.endpoint_id, second, max_records or 0)
+        return int(second)
+
+    async def remove(self, endpoint_id: str) -> tuple[int, EndpointRecord | None]:
+        """Delete the id; return the removal's version and the record removed, or
+        ``(0, None)`` when it was not registered (then nothing was written)."""
+        with self._io():
+            out = await self._remove(keys=self._keys(endpoint_id), args=[endpoint_id])
+        if not out:
+            return 0, None
+        version, seen, *flat = out
+        fields = dict(zip(flat[::2], flat[1::2], strict=True))
+        record = None if self.offset is None else self.record(endpoint_id, fields, float(seen))
+        return int(version), record
+
+    async def touch(self, endpoint_ids: Sequence[str]) -> None:
+        """A heartbeat, now in Redis time, for each id still registered."""
+        with self._io():
+            await self._touch(keys=[self.seen_key], args=list(endpoint_ids))
+
+    async def renew_epoch(self) -> str | None:
+        """Set a new epoch token unless one is there; return the token Redis holds."""
+        with self._io():
+            await self._redis.set(self.epoch_key, secrets.token_hex(8), nx=True)
+            token = await self._redis.get(self.epoch_key)
+        return None if token is None else str(token)
+
+    # --- reads -----------------------------------------------------------------------------
+
+    async def _measure(self, commands: Callable[[Any], object]) -> list[Any]:
+        """Run ``TIME`` and ``commands`` in one transaction; update the clock offset."""
+        t0 = self.now()
+        with self._io():
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.time()
+                commands(pipe)
+                results: list[Any] = await pipe.execute()
+        t1 = self.now()
+        secs, micros = results[0]
+        redis_now = secs + micros / 1e6
+        self.offset = redis_now - (t0 + t1) / 2
+        self.last_sync = t1
+        return [redis_now, *results[1:]]
+
+    async def heartbeats(self, since: float) -> Heartbeats:
+        """The heartbeats at or after ``since`` (Redis time), in one transaction."""
+        seen, epoch, seq = self.seen_key, self.epoch_key, self.seq_key
+        redis_now, fresh, token, last = await self._measure(
+            lambda p: (
+                p.zrangebyscore(seen, since, "+inf", withscores=True),
+                p.get(epoch),
+                p.get(seq),
+            )
+        )
+        return Heartbeats(
+            redis_now,
+            [(str(i), float(ts)) for i, ts in fresh],
+            None if token is None else str(token),
+            int(last or 0),
+        )
+
+    async def snapshot(self) -> Snapshot:
+        """Every registered id with its last heartbeat and version, in one transaction."""
+        redis_now, seen, versions, epoch, seq = await self._measure(
+            lambda p: (
+                p.zrange(self.seen_key, 0, -1, withscores=True),
+                p.hgetall(self.ver_key),
+                p.get(self.epoch_key),
+                p.get(self.seq_key),
+            )
+        )
+        return Snapshot(
+            redis_now,
+            {str(i): float(ts) for i, ts in seen},
+            {str(i): int(v) for i, v in versions.items()},
+            None if epoch is None else str(epoch),
+            int(seq or 0),
+        )
+
+    async def fetch(self, endpoint_ids: Sequence[str]) -> list[Fetched | None]:
+        """The records of ``endpoint_ids`` as Redis holds them now (None: not registered)."""
+        if not endpoint_ids:
+            return []
+        with self._io():
+            async with self._redis.pipeline(transaction=True) as pipe:
+                for endpoint_id in endpoint_ids:
+                    pipe.hgetall(self._ep + endpoint_id)
+                    pipe.zscore(self.seen_key, endpoint_id)
+                    pipe.hget(self.ver_key, endpoint_id)
+                results: list[Any] = await pipe.execute()
+        out: list[Fetched | None] = []
+        for i, endpoint_id in enumerate(endpoint_ids):
+            fields, score, version = results[3 * i : 3 * i + 3]
+            if not fields or score is None or self.offset is None:
+                out.append(None)
+            else:
+                record = self.record(endpoint_id, fields, float(score))
+                out.append(Fetched(record, int(version or 0)))
+        return out
+
+    def record(self, endpoint_id: str, fields: Mapping[str, Any], ts: float) -> EndpointRecord:
+        """The record of the fields of ``{P}:ep:ID`` (or of an event) seen at ``ts`` (Redis
+        time), on the liveness clock."""
+        assert self.offset is not None
+        return EndpointRecord(
+            endpoint_id,
+            tuple(json.loads(fields["caps"])),
+            fields["url"],
+            fields.get("desc", ""),
+            ts - self.offset,
+            ts,
+            fields.get("owner", ""),
+        )
+
+    def events(self) -> EventStream:
+        """The registry's channel: ``async with store.events() as events: await events.next()``."""
+        return EventStream(self)
+
+    async def close(self) -> None:
+        """Close the connections (never raises for a Redis already gone)."""
+        with contextlib.suppress(RedisError, OSError):
+            await self._redis.aclose()
+
+
+class EventStream:
+    """A subscription to the registry's channel, for one connection's lifetime."""
+
+    def __init__(self, store: RedisStore) -> None:
+        self._store = store
+        self._pubsub = store._redis.pubsub(ignore_subscribe_messages=True)
+
+    async def __aenter__(self) -> EventStream:
+        try:
+            with self._store._io():
+                await self._pubsub.subscribe(self._store.channel)
+        except BaseException:
+            await self.__aexit__()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        with contextlib.suppress(RedisError, OSError):
+            await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def next(self, wait_s: float) -> str | None:
+        """The next message's data, or None when none came within ``wait_s`` seconds."""
+        with self._store._io():
+            message = await self._pubsub.get_message(timeout=wait_s)
+        if message is None or message.get("type") != "message":
+            return None
+        return str(message["data"])
+
+
+def _unbound() -> float:
+    raise RuntimeError("RedisRegistry.bind(now) was not called: the gateway binds its clock")
