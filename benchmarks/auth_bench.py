@@ -49,7 +49,9 @@ from agent_reach.auth.tokens import Kind, TokenService, body_hash
 from agent_reach.core.netguard import AddressGuard
 from agent_reach.core.policy import parse_policy
 from agent_reach.core.ratelimit import RateLimiter
-from agent_reach.gateway.access import SENDERS, Access
+from agent_reach.gateway.access import Access
+from agent_reach.gateway.principal import SENDERS
+from agent_reach.gateway.service import Caller
 from agent_reach.sdk._assertions import ASSERTION_HEADER, DeliveryVerifier
 from agent_reach.settings import GatewaySettings
 from agent_reach.wire.bodies import SendBody, decode
@@ -239,9 +241,11 @@ def bench(args: argparse.Namespace, keydir: Path) -> list[Item]:
         access.load()
 
         def per_send(access: Access = access) -> object:
-            caller = access.caller(header, "127.0.0.1", SENDERS, "send", trace_id=None)
-            access.limit(caller, None)
-            return access.check_send(caller, None, INTENT, None, None)
+            principal = access.authenticate(
+                Caller(remote="127.0.0.1", authorization=header), SENDERS, "send"
+            )
+            access.limit(principal)
+            return access.check_send(principal, None, INTENT, None)
 
         calls(
             "gateway, per send",

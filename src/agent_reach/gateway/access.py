@@ -37,7 +37,6 @@ import math
 import os
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from agent_reach.auth.tokens import Claims, Kind, TokenService
@@ -57,6 +56,12 @@ from agent_reach.errors import (
 )
 from agent_reach.gateway.authfiles import AuthFiles
 from agent_reach.gateway.guards import BrowserGuard, endpoint_url_refusal
+from agent_reach.gateway.principal import (
+    BEARERS,
+    EndpointGrant,
+    Principal,
+    with_article,
+)
 from agent_reach.gateway.router import RouteScope
 from agent_reach.observability.logs import log
 from agent_reach.settings import GatewaySettings, is_loopback
@@ -65,47 +70,9 @@ from agent_reach.wire.bodies import TokenRequest
 if TYPE_CHECKING:
     from agent_reach.gateway.service import Caller
 
-__all__ = ["READERS", "REGISTRANTS", "SENDERS", "Access", "EndpointGrant", "Principal"]
+__all__ = ["Access"]
 
-SENDERS = frozenset({Kind.ENDPOINT, Kind.CLIENT})
-REGISTRANTS = frozenset({Kind.ENROLL, Kind.ENDPOINT})
-READERS = frozenset({Kind.OPERATOR, Kind.ENDPOINT, Kind.CLIENT})
-OPERATORS = frozenset({Kind.OPERATOR})
-ENDPOINTS = frozenset({Kind.ENDPOINT})
-BEARERS = frozenset(Kind) - {Kind.DELIVERY}  # every kind a bearer token may be
 _NO_POLICY = Policy.empty()
-
-
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """Who makes a request once authenticated: its verified token (None in open mode) and
-    address (the edge's :class:`~agent_reach.gateway.service.Principal` is what it claimed)."""
-
-    claims: Claims | None
-    remote: str
-
-    @property
-    def who(self) -> str:
-        """The caller for log lines: the token's subject, else its address."""
-        if self.claims is None:
-            return f"anonymous@{self.remote}"
-        return self.claims.subject
-
-
-@dataclass(frozen=True, slots=True)
-class EndpointGrant:
-    """What a registration gives its agent in token mode: the record's owner generation and the
-    endpoint token that proves it (renewed through heartbeat answers)."""
-
-    owner: str
-    token: str = ""
-    expires_at: float = 0.0
-
-    def fields(self) -> dict[str, Any]:
-        """The answer's extra fields (none in open mode)."""
-        if not self.token:
-            return {}
-        return {"token": self.token, "token_expires_at": round(self.expires_at, 3)}
 
 
 class Access:
@@ -244,7 +211,8 @@ class Access:
                 principal,
                 action,
                 "",
-                f"{_a(claims.kind)} token cannot {action}; it needs {_a(wanted)} token",
+                f"{with_article(claims.kind)} token cannot {action}; "
+                f"it needs {with_article(wanted)} token",
             )
         return principal
 
@@ -508,8 +476,3 @@ class Access:
             status=404,
         )
         return False
-
-
-def _a(word: str) -> str:
-    """``word`` with its indefinite article."""
-    return f"{'an' if word[:1] in 'aeiou' else 'a'} {word}"

@@ -28,7 +28,7 @@ from agent_reach.errors import (
     InvalidRequest,
     TraceNotFound,
 )
-from agent_reach.gateway.access import (
+from agent_reach.gateway.principal import (
     ENDPOINTS,
     OPERATORS,
     READERS,
