@@ -185,7 +185,7 @@ class ConfigError(AgentReachError):
     """A setting, the policy file, the key directory or the intent dictionary cannot be used.
 
     ``source`` names the file or flag, ``line`` the line at fault where there is one. The CLI
-    maps it to exit code 2 (:mod:`agent_reach.cli.main`); at reload the old configuration stays.
+    maps it to exit code 2 (:mod:`agent_reach.cli.common`); at reload the old configuration stays.
     """
 
     code = "config_error"

@@ -47,24 +47,39 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def refusal(result: subprocess.CompletedProcess[str]) -> str:
+    """The one line a refused start prints on stderr (besides JSON log lines), no traceback."""
+    assert result.stdout == ""  # never said it listens
+    assert "Traceback" not in result.stderr
+    [message] = [line for line in result.stderr.splitlines() if not line.startswith("{")]
+    assert message.startswith("Error: ")
+    return message
+
+
 def test_inconsistent_thresholds_are_refused_with_a_clear_message() -> None:
     result = run("--port", "0", "--degraded-after", "30", "--suspect-after", "10")
-    assert result.returncode == 2
-    assert "degraded-after <= suspect-after" in result.stderr
+    assert result.returncode == 2  # config_error
+    assert "degraded-after <= suspect-after" in refusal(result)
 
 
 def test_purge_before_down_is_refused() -> None:
     result = run("--port", "0", "--heartbeat-interval", "10", "--purge-after", "20")
     assert result.returncode == 2
-    assert "must be at least down-after (30.0)" in result.stderr
+    assert "must be at least down-after (30.0)" in refusal(result)
 
 
 def test_bad_values_and_unknown_registry_are_refused() -> None:
     assert run("--port", "70000").returncode == 2
     assert run("--confidence-threshold", "1.5").returncode == 2
     result = run("--port", "0", "--registry", "etcd://x")
-    assert result.returncode != 0
+    assert result.returncode == 2
     assert "unsupported registry URL" in result.stderr
+
+
+def test_an_unreachable_shared_registry_exits_1_with_one_line() -> None:
+    result = run("--port", "0", "--registry", "redis://127.0.0.1:1/0", "--log-level", "ERROR")
+    assert result.returncode == 1  # backend_unavailable
+    assert refusal(result).startswith("Error: cannot reach the registry at redis://127.0.0.1:1/0")
 
 
 def test_a_taken_port_is_a_clear_error() -> None:

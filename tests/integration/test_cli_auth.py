@@ -149,7 +149,7 @@ def test_token_mode_needs_keys_and_policy(keys: Path) -> None:
 def test_a_policy_with_a_syntax_error_stops_serve_with_its_line(keys: Path, tmp_path: Path) -> None:
     bad = write(tmp_path / "bad.toml", SYNTAX_ERROR_POLICY)
     run = cli("serve", "--port", "0", "--auth", "tokens", "--keys", str(keys), "--policy", str(bad))
-    assert run.code == 1
+    assert run.code == 2  # a configuration refused at start
     assert run.out == ""  # never said it listens
     [message] = [line for line in run.err.splitlines() if line.startswith("Error: ")]
     assert f"{bad} line 3" in message
@@ -161,8 +161,9 @@ def test_a_missing_key_directory_stops_serve(policy: Path, tmp_path: Path) -> No
         "serve", "--port", "0", "--auth", "tokens",
         "--keys", str(tmp_path / "nowhere"), "--policy", str(policy),
     )  # fmt: skip
-    assert run.code == 1
-    assert "does not exist" in run.err
+    assert run.code == 2
+    [message] = [line for line in run.err.splitlines() if line.startswith("Error: ")]
+    assert "does not exist" in message
     assert "Traceback" not in run.err
 
 
@@ -172,7 +173,7 @@ def test_workers_check_the_policy_once_before_starting_any(keys: Path, tmp_path:
         "serve", "--port", "0", "--workers", "2", "--registry", "redis://127.0.0.1:1/0",
         "--auth", "tokens", "--keys", str(keys), "--policy", str(bad),
     )  # fmt: skip
-    assert run.code == 1
+    assert run.code == 2
     [message] = run.err.splitlines()  # the supervisor's refusal, from no worker
     assert message.startswith(f"Error: {bad} line 5: ")
 

@@ -111,7 +111,7 @@ def gw() -> Iterator[Proc]:
 
 def row(output: str, endpoint_id: str) -> str:
     """The table row of ``endpoint_id``."""
-    return next(line for line in output.splitlines() if f"│ {endpoint_id} " in line)
+    return next(line for line in output.splitlines() if line.startswith(f"{endpoint_id} "))
 
 
 # a row of the route table: chosen, candidate, status, confidence, avg, p95, eligible, why
@@ -263,7 +263,32 @@ def test_route_explains_the_choice_the_timeout_the_retries_and_why_not(gw: Proc)
     assert (candidates[DEAD]["eligible"], candidates[ECHO]["eligible"]) == (False, True)
 
 
-def test_trace_prints_the_timeline_of_a_send(gw: Proc) -> None:
+def test_agents_at_80_columns_keep_every_tag_whole(gw: Proc) -> None:
+    tags = [f"cli.wide.{name}" for name in ("forecast.hourly", "forecast.daily", "alerts.severe",
+                                             "radar.precipitation", "query")]  # fmt: skip
+    code, _ = http(
+        "POST",
+        f"{gw.url}/v1/register",
+        {"endpoint_id": "agent://cli-wide-01", "capabilities": tags,
+         "endpoint_url": "http://127.0.0.1:9/"},
+    )  # fmt: skip
+    assert code == 200
+    narrow, wide = cli_many(
+        ["agents", "--gateway", gw.url], ["agents", "--gateway", gw.url],
+        envs=[{"COLUMNS": "80"}, {"COLUMNS": "120"}],
+    )  # fmt: skip
+    for run, width in ((narrow, 80), (wide, 120)):
+        assert (run.code, run.err) == (0, "")
+        lines = run.out.splitlines()
+        assert max(len(line.rstrip()) for line in lines) <= width
+        # each tag whole on one line (its comma aside): none cut, none folded
+        assert set(tags) <= {word.rstrip(",") for word in run.out.split()}, run.out
+        assert "…" not in run.out
+        wide_row = row(run.out, "agent://cli-wide-01").split()
+        assert {"healthy", "degraded"} & set(wide_row)  # its status is still shown
+
+
+def test_trace_prints_the_waterfall_of_a_send(gw: Proc) -> None:
     code, _ = http(
         "POST",
         f"{gw.url}/v1/send",
@@ -276,22 +301,25 @@ def test_trace_prints_the_timeline_of_a_send(gw: Proc) -> None:
         ["trace", "trace_cli_unknown", "--gateway", gw.url],
     )
     assert (run.code, run.err) == (0, "")
-    header, *events = run.out.splitlines()
-    assert header.startswith("trace trace_cli_timeline  5 events over ")
-    kinds = [line.split()[2] for line in events]
-    assert kinds == ["received", "route", "attempt", "agent", "answer"]
-    offsets = [float(line.split()[0].lstrip("+")) for line in events]
-    assert offsets[0] == 0.0
+    header, columns, request, route, attempt = run.out.splitlines()
+    assert header.startswith("trace trace_cli_timeline  1 request, 5 events over ")
+    assert columns.split()[:2] == ["at", "took"] and columns.split()[-1] == "hop"
+    assert request.startswith("+0.0 ms ")
+    assert request.endswith(" cli.echo  ok")
+    assert route.endswith("├ route  1 healthy")
+    assert f"└ {ECHO}  ok  handler " in attempt
+    offsets = [float(line.split()[0].lstrip("+")) for line in (request, route, attempt)]
     assert offsets == sorted(offsets)
-    assert "intent=cli.echo" in events[0]
-    assert f"chosen={ECHO}" in events[1]
-    assert "outcome=ok" in events[2]
-    assert f"endpoint_id={ECHO}" in events[3] and "answered_from=handler" in events[3]
-    assert "ok=true" in events[4]
     assert (machine.code, machine.err) == (0, "")
-    body = machine.json()
-    assert body["trace_id"] == "trace_cli_timeline"
-    assert [e["kind"] for e in body["events"]] == kinds
+    body = machine.json()  # --json: the gateway's answer as it is
+    assert body == http("GET", f"{gw.url}/v1/traces/trace_cli_timeline")[1]
+    assert [e["kind"] for e in body["events"]] == [
+        "received",
+        "route",
+        "attempt",
+        "agent",
+        "answer",
+    ]
     assert (unknown.code, unknown.out) == (1, "")
     assert unknown.err.startswith("error trace_not_found: ")
 

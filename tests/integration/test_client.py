@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 from aiohttp import web
@@ -132,10 +132,41 @@ async def test_register_heartbeat_deregister_for_agents_without_the_sdk(
     await client.deregister("agent://cl-manual")
     with pytest.raises(EndpointNotRegistered):
         await client.heartbeat("agent://cl-manual")
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidRequest) as refused:
         await client.register("agent://cl-manual", [], "http://127.0.0.1:9/reach")
+    assert refused.value.http_status == 422  # the gateway's answer
+    # a URL no HTTP client can dial: the wire type the gateway decodes with refuses it here
+    with pytest.raises(InvalidRequest) as undialable:
+        await client.register("agent://cl-manual", ["cl.manual"], "http://a..b/reach")
+    assert undialable.value.fields["field"] == "endpoint_url"
+    assert undialable.value.http_status is None  # nothing was sent
     with pytest.raises(EndpointNotRegistered):
-        await client.agent("cl-manual")  # the refused registration changed nothing
+        await client.agent("cl-manual")  # the refused registrations changed nothing
+
+
+async def test_register_heartbeat_and_deregister_take_a_bound_of_their_own() -> None:
+    release = asyncio.Event()
+
+    async def never(request: web.Request) -> web.Response:
+        await release.wait()
+        return web.Response()
+
+    runner, url = await _serve(never)
+    try:
+        async with ReachClient(url, timeout_s=30.0) as c:
+            calls: list[Callable[[], Awaitable[object]]] = [
+                lambda: c.register("agent://cl-b", ["cl.b"], "http://127.0.0.1:9/x", timeout_s=0.2),
+                lambda: c.heartbeat("agent://cl-b", timeout_s=0.2),
+                lambda: c.deregister("agent://cl-b", timeout_s=0.2),
+            ]
+            for call in calls:
+                start = time.monotonic()
+                with pytest.raises(GatewayUnavailable, match=r"within 0\.2 s"):
+                    await call()
+                assert time.monotonic() - start < 2.0  # not the client's 30 s
+    finally:
+        release.set()
+        await runner.cleanup()
 
 
 async def test_metrics_and_healthz(client: ReachClient) -> None:

@@ -9,17 +9,21 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent_reach.auth.keys import KeyDirectoryError, KeyRing, generate_key
+from agent_reach.auth.tokens import TokenService
 from agent_reach.core.model import Outcome
 from agent_reach.errors import (
     AgentError,
     AllAttemptsFailed,
     DeadlineExceeded,
+    InternalError,
     NoAvailableAgent,
     ReachError,
 )
@@ -111,7 +115,7 @@ async def reach(reacher: Reacher, clock: FakeClock, **body: object) -> tuple[obj
         opened = reacher.open_trace(send, send.msg_id, None)
         send.trace_id = opened.trace_id
         result: object = await reacher.send(send, opened, start)
-    except ReachError as exc:
+    except (ReachError, InternalError) as exc:
         result = exc
     return result, clock.now - start
 
@@ -309,3 +313,63 @@ async def test_tier_cache_sees_a_revived_endpoint_at_once() -> None:
     await reacher.router.heartbeat("agent://a")
     result, _ = await reach(reacher, clock)
     assert not isinstance(result, ReachError)
+
+
+# --- faults of ours: still answered with the ids, counted, traced and logged -----------------
+
+
+def retire_every_key(keys: KeyRing, directory: Path) -> None:
+    """Every key file deleted and a bad one put beside them: the reload is refused, and the
+    deleted keys are retired all the same (a leaked key must not stay in force)."""
+    for pem in directory.glob("*.pem"):
+        pem.unlink()
+    (directory / "new.pem").write_text("not a key")
+    with pytest.raises(KeyDirectoryError):
+        keys.load()
+    assert keys.keys == {}
+
+
+def _requests(reacher: Reacher, outcome: str) -> float:
+    text = reacher.metrics.render().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("agent_reach_requests_total{") and f'outcome="{outcome}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def test_a_signing_failure_is_an_internal_error_counted_and_traced(tmp_path: Path) -> None:
+    generate_key(tmp_path)
+    keys = KeyRing(tmp_path)
+    keys.load()
+    reacher, transport, clock = make({url("a"): [Behaviour(0.01)]})
+    reacher.signer = TokenService(keys)
+    await register(reacher, "a")
+    retire_every_key(keys, tmp_path)  # nothing may sign: nothing is delivered unsigned
+    result, _ = await reach(reacher, clock, msg_id="msg_sig", trace_id="trace_sig")
+    assert isinstance(result, InternalError)
+    assert "cannot sign the delivery" in result.detail
+    assert (result.fields["msg_id"], result.fields["trace_id"]) == ("msg_sig", "trace_sig")
+    assert result.fields["attempts"] == []
+    assert transport.calls == []
+    assert _requests(reacher, "internal_error") == 1
+    events = reacher.traces.get("trace_sig")
+    assert events is not None
+    assert events[-1]["kind"] == "answer" and events[-1]["error"] == "internal_error"
+
+
+async def test_an_unexpected_fault_in_delivery_is_answered_not_lost() -> None:
+    reacher, transport, clock = make({url("a"): [Behaviour(0.01)]})
+    await register(reacher, "a")
+
+    async def broken(*args: object) -> Delivery:
+        raise RuntimeError("a bug in a transport")
+
+    transport.deliver = broken  # type: ignore[method-assign]  # the fake external edge fails
+    result, _ = await reach(reacher, clock, trace_id="trace_bug")
+    assert isinstance(result, InternalError)
+    assert result.fields["trace_id"] == "trace_bug"
+    assert _requests(reacher, "internal_error") == 1
+    assert reacher.router.stats["agent://a"].inflight == 0  # the attempt's count released
+    summary = reacher.traces.recent(None, "internal_error", 10)
+    assert [s.trace_id for s in summary] == ["trace_bug"]

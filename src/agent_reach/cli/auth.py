@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import click
 
 from agent_reach.cli import render
-from agent_reach.cli.common import env_name, gateway_options, reach
+from agent_reach.cli.common import env_name, gateway_options, json_option, reach
 from agent_reach.core.names import is_endpoint_id
 from agent_reach.core.policy import PatternKind, PolicyFileError, compile_pattern, parse_policy
 from agent_reach.wire.bodies import (
@@ -56,12 +56,7 @@ def _ttl_option(default: float, shown: str) -> Callable[[Any], Any]:
     )
 
 
-_JSON = click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    help='print {"kind", "subject", "token", "expires_at"} instead of the token alone',
-)
+_JSON = json_option('print {"kind", "subject", "token", "expires_at"} instead of the token alone')
 
 
 def _ring(directory: Path) -> KeyRing:
@@ -149,12 +144,12 @@ def auth() -> None:
 )
 def keygen(keys: Path, activate_in: float) -> None:
     """Write a new Ed25519 signing key into --keys; print its path and key id (kid)."""
-    from agent_reach.auth.keys import KeyDirectoryError, generate_key
+    from agent_reach.auth.keys import generate_key
 
     try:
         path = generate_key(keys, activate_in_s=activate_in)
-    except (KeyDirectoryError, OSError) as exc:
-        raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"{keys}: cannot write a key there: {exc}") from None
     ring = _ring(keys)
     kid = next(key.kid for key in ring.keys.values() if Path(key.path) == path)
     click.echo(f"key {path}")
@@ -215,7 +210,6 @@ def _issue(
     issued = reach(
         gateway,
         operator_token,
-        as_json,
         lambda client: client.issue_token(
             kind,
             subject=subject,

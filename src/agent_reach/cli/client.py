@@ -52,12 +52,13 @@ def agents(
 
     One row per endpoint: its intents, status, last heartbeat and latencies.
     """
-    listing = reach(gateway, token, as_json, lambda client: client.agents())
+    listing = reach(gateway, token, lambda client: client.agents())
     listing = render.filter_agents(listing, intent=intent, statuses=statuses)
     if as_json:
         click.echo(render.to_json(render.agents_body(listing)))
     else:
-        stdout().print(render.agents_table(listing, now=time.time()))
+        out = stdout()
+        out.print(render.agents_table(listing, now=time.time(), width=out.width))
 
 
 @click.command()
@@ -109,7 +110,6 @@ def send(
     reply = reach(
         gateway,
         token,
-        as_json,
         lambda client: client.send(
             intent,
             payload,
@@ -160,7 +160,6 @@ def route(
     explanation = reach(
         gateway,
         token,
-        as_json,
         lambda client: client.explain(intent, recipient_hint=recipient_hint, timeout_ms=timeout_ms),
     )
     if as_json:
@@ -174,15 +173,19 @@ def route(
 @click.argument("trace_id", metavar="TRACE_ID")
 @client_options
 def trace(gateway: str, token: str | None, as_json: bool, trace_id: str) -> None:
-    """Show the hops of a recent request as a timeline.
+    """Show the hops of a recent request as a waterfall.
 
-    An unknown (or expired) trace id is trace_not_found, exit 1.
+    One row per request, route and attempt, with its offset, duration and a bar on the
+    trace's time line; the requests an agent made while handling one (same trace id) are
+    nested under the attempt that reached it. An unknown (or expired) trace id is
+    trace_not_found, exit 1.
     """
-    found = reach(gateway, token, as_json, lambda client: client.trace(trace_id))
+    found = reach(gateway, token, lambda client: client.trace(trace_id))
     if as_json:
         click.echo(render.to_json(render.trace_body(found)))
     else:
-        stdout().print(render.trace_view(found), soft_wrap=True)
+        out = stdout()
+        out.print(render.trace_view(found, width=out.width))
 
 
 # --- doctor ------------------------------------------------------------------------------------
@@ -243,7 +246,7 @@ def doctor(
             timeout_ms=timeout_ms,
         )
 
-    findings = diagnose(reach(gateway, token, as_json, read))
+    findings = diagnose(reach(gateway, token, read))
     if as_json:
         click.echo(render.to_json(render.findings_body(findings)))
     else:

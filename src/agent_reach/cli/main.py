@@ -22,7 +22,6 @@ from aiohttp import web
 from agent_reach.cli.auth import auth
 from agent_reach.cli.client import COMMANDS as CLIENT_COMMANDS
 from agent_reach.cli.common import ExitCode, Group, env_name, option, stdout
-from agent_reach.errors import ConfigError
 from agent_reach.observability import logs
 from agent_reach.settings import GatewaySettings, redacted
 
@@ -44,8 +43,11 @@ def main() -> None:
     \b
     Exit codes:
       0  success
-      1  the gateway answered with an error (no_capable_agent, deadline_exceeded, ...)
-      2  usage error (bad flag, argument or JSON payload): nothing was sent
+      1  the gateway answered with an error (no_capable_agent, deadline_exceeded, ...);
+         serve: the shared registry cannot be reached, the port is taken
+      2  usage error (bad flag, argument or JSON payload), or a configuration refused
+         (config_error: a setting, the policy file, the key directory): nothing was sent
+         or started
       3  the gateway could not be reached or gave no usable answer
       4  doctor found problems
       130  interrupted (Ctrl-C)
@@ -183,6 +185,28 @@ def main() -> None:
     metavar="SECONDS",
 )
 @option(
+    "max-endpoints",
+    click.IntRange(min=1),
+    100_000,
+    "records the registry holds at most (down ones count until purged); a new id past it "
+    "gets 503 registry_full",
+    metavar="N",
+)
+@option(
+    "register-rate-limit",
+    click.FloatRange(min=0),
+    50.0,
+    "registrations a second per address (open mode) or token subject; 0: no limit",
+    metavar="PER_S",
+)
+@option(
+    "register-rate-burst",
+    click.FloatRange(min=1),
+    500.0,
+    "the registration bucket's size",
+    metavar="N",
+)
+@option(
     "log-level",
     click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     "INFO",
@@ -190,11 +214,10 @@ def main() -> None:
 )
 def serve(reuse_port: bool, **flags: Any) -> None:
     """Start a gateway (on the embedded in-memory registry unless --registry says otherwise)."""
+    # a ConfigError (exit 2) or BackendUnavailable (exit 1) raised here, or from inside _serve,
+    # goes up to the Group of cli.common, which prints it in one line and maps its exit code
     settings = GatewaySettings(**flags)
-    try:
-        settings.check()
-    except (ValueError, ConfigError) as exc:
-        raise click.UsageError(str(exc)) from exc
+    settings.check()
     logs.configure(settings.log_level)
     if settings.workers > 1:
         from agent_reach.gateway.workers import supervise
@@ -204,10 +227,6 @@ def serve(reuse_port: bool, **flags: Any) -> None:
     _run(_serve(settings, reuse_port=reuse_port))
 
 
-def _one_line(exc: Exception) -> str:
-    return " ".join(str(exc).split())
-
-
 def _check_access_files(settings: GatewaySettings) -> None:
     """Token mode under --workers: refuse bad keys or policy once, in the supervisor, rather
     than in every worker (each would fail the same way)."""
@@ -215,10 +234,7 @@ def _check_access_files(settings: GatewaySettings) -> None:
         return
     from agent_reach.gateway.access import Access
 
-    try:
-        Access(settings).load()
-    except (ValueError, ConfigError) as exc:
-        raise click.ClickException(_one_line(exc)) from exc
+    Access(settings).load()  # PolicyFileError, KeyDirectoryError: exit 2
 
 
 def _run(main_coro: Any) -> None:
@@ -233,19 +249,15 @@ def _run(main_coro: Any) -> None:
 
 async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None:
     from agent_reach.edges.http.app import HttpEdge
+    from agent_reach.gateway.node import Node
 
+    node = Node(settings)  # a ConfigError here, or from start(), is mapped by the Group
+    http = HttpEdge(node)
     try:
-        http = HttpEdge(settings)
-    except (ValueError, ConfigError) as exc:
-        raise click.UsageError(str(exc)) from exc
-    try:
-        await http.start()
-    except ConnectionError as exc:  # the shared registry cannot be reached
-        await http.close()
-        raise click.ClickException(str(exc)) from exc
-    except (ValueError, ConfigError) as exc:  # token mode: unusable key directory or policy
-        await http.close()
-        raise click.ClickException(_one_line(exc)) from exc
+        await node.start()  # keys, policy, registry (BackendUnavailable), transports
+    except BaseException:
+        await node.close()
+        raise
     # on SIGTERM, requests in flight get SHUTDOWN_S to finish (their deadlines may be longer)
     runner = web.ServerRunner(
         web.Server(http.handle, access_log=None),
@@ -269,7 +281,7 @@ async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None
         await site.start()
     except OSError as exc:
         await runner.cleanup()
-        await http.close()
+        await node.close()
         raise click.ClickException(
             f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}"
         ) from exc
@@ -288,7 +300,7 @@ async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None
     finally:
         logs.log(logging.INFO, "gateway.stopping")
         await runner.cleanup()
-        await http.close()
+        await node.close()
         logs.log(logging.INFO, "gateway.stopped")
 
 
