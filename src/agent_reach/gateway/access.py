@@ -165,10 +165,18 @@ class Access:
 
     # --- browsers, in open mode -------------------------------------------------------------
 
-    def check_browser(self, host: str | None, origin: str | None) -> None:
-        """Open mode: refuse what a web page could send (:class:`~.guards.BrowserGuard`)."""
-        if self._browsers is not None:
+    def check_browser(
+        self, host: str | None, origin: str | None, *, remote: str = "?", action: str = "request"
+    ) -> None:
+        """Open mode: refuse what a web page could send (:class:`~.guards.BrowserGuard`),
+        with an audit line like every other denial."""
+        if self._browsers is None:
+            return
+        try:
             self._browsers.check(host, origin)
+        except Forbidden as exc:
+            self.denied(f"anonymous@{remote}", action, "", exc.detail)
+            raise
 
     # --- who is calling --------------------------------------------------------------------
 
@@ -178,7 +186,7 @@ class Access:
         check has passed)."""
         address = caller.remote or "?"
         if self.open:
-            self.check_browser(caller.host, caller.origin)
+            self.check_browser(caller.host, caller.origin, remote=address, action=action)
             return Principal(None, address)
         assert self.tokens is not None
         authorization = caller.authorization

@@ -95,7 +95,7 @@ class Service:
 
     def admit(self, caller: Caller) -> None:
         """Open mode: refuse what a web page could send (foreign Origin, rebinding Host)."""
-        self.access.check_browser(caller.host, caller.origin)
+        self.access.check_browser(caller.host, caller.origin, remote=caller.remote)
 
     # --- registration and the heartbeat line -----------------------------------------------
 
