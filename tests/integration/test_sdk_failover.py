@@ -22,6 +22,7 @@ import pytest
 
 from agent_reach import AllAttemptsFailed, DeadlineExceeded, GatewayUnavailable, NoCapableAgent
 from agent_reach.sdk import ReachClient
+from agent_reach.sdk.client import Failover
 from tests.agents.sdk_support import events
 from tests.support import ROOT, Proc, _start, gateway, http, start_agent, status_of, wait_until
 
@@ -228,6 +229,7 @@ async def test_a_send_that_may_have_reached_a_silent_gateway_is_not_sent_again(
         took = time.monotonic() - start
         assert 1.3 <= took < 1.3 + 0.7  # the deadline and the allowance, once
         assert late.value.msg_id == "msg_fo_silent" and hung in late.value.detail
+        assert late.value.fields["gateways"] == [hung]  # tried, and the others not
         assert b"msg_fo_silent" in server.seen  # it did reach the silent one
         assert failovers(caplog, "client.gateway_failover") == []
         code, answer = await trace_on(gw2, "trace_fo_silent")  # never sent through gw2
@@ -276,6 +278,23 @@ async def test_no_gateway_reachable_is_gateway_unavailable_naming_them_all(
         assert sending.value.fields["msg_id"] == "msg_fo_nowhere"
     moves = failovers(caplog, "client.gateway_failover")
     assert [(m["from"], m["to"]) for m in moves] == [(dead[0], dead[1])] * 2
+
+
+async def test_each_move_is_handed_to_on_failover_instead_of_the_log_line(
+    gw2: Proc, dead_url: Callable[[], str], caplog: pytest.LogCaptureFixture
+) -> None:
+    dead = dead_url()
+    moves: list[Failover] = []
+    caplog.set_level(logging.WARNING, logger="agent_reach")
+    async with ReachClient([dead, gw2.url], on_failover=moves.append) as client:
+        await client.send("fo.echo", msg_id="msg_fo_hook", trace_id="trace_fo_hook")
+        await client.agents()  # sticky: no second move
+    assert [(m.source, m.target, m.method, m.path) for m in moves] == [
+        (dead, gw2.url, "POST", "/v1/send")
+    ]
+    assert "ClientConnectorError" in moves[0].error
+    assert moves[0].fields == {"msg_id": "msg_fo_hook", "trace_id": "trace_fo_hook"}
+    assert failovers(caplog, "client.gateway_failover") == []
 
 
 # --- the agent SDK ------------------------------------------------------------------------------

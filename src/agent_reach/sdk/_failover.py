@@ -16,12 +16,17 @@ Which failures allow trying the next gateway (:func:`never_sent`): only those wh
 request cannot have reached the gateway, because the connection could not be made (refused,
 DNS, no route, TLS handshake, connect timeout). A connection lost after the request was written
 (reset, closed, read timeout) is ambiguous: the gateway may have acted on it.
+
+Each move to the next gateway is a :class:`Failover`, handed to the pool's ``on_failover``
+(by default, :func:`log_failover` logs it as ``client.gateway_failover``; the agent's heartbeat
+line logs its own as ``agent.gateway_failover``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -31,7 +36,17 @@ from agent_reach.clock import Clock, SystemClock
 from agent_reach.errors import AgentReachError, GatewayUnavailable
 from agent_reach.observability.logs import log
 
-__all__ = ["CONNECT_TIMEOUT_S", "COOLOFF_S", "GatewayPool", "GatewayRing", "describe", "never_sent"]
+__all__ = [
+    "CONNECT_TIMEOUT_S",
+    "COOLOFF_S",
+    "Failover",
+    "GatewayPool",
+    "GatewayRing",
+    "describe",
+    "log_failover",
+    "never_sent",
+    "unusable",
+]
 
 # how long a failed gateway is tried last
 COOLOFF_S = 5.0
@@ -89,9 +104,47 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
+def unusable(detail: str, status: int) -> GatewayUnavailable:
+    """GatewayUnavailable for an answer that is not the contract's (a proxy's HTML page, a body
+    of the wrong shape): it has the answer's ``http_status``, as field and attribute, so that a
+    caller can tell "answered, unusably" from "could not be reached"."""
+    err = GatewayUnavailable(detail, http_status=status)
+    err.http_status = status
+    return err
+
+
+@dataclass(frozen=True, slots=True)
+class Failover:
+    """One move of a call from a gateway that could not be reached to the next one."""
+
+    source: str  # the gateway that failed
+    target: str  # the gateway tried next
+    error: str  # why ``source`` failed (:func:`describe` of the exception)
+    method: str
+    path: str
+    fields: Mapping[str, Any] = field(default_factory=dict)  # a send's msg_id and trace_id
+
+
+def log_failover(move: Failover) -> None:
+    """The default ``on_failover``: a ``client.gateway_failover`` warning."""
+    moved: dict[str, Any] = {"from": move.source, "to": move.target}
+    log(
+        logging.WARNING,
+        "client.gateway_failover",
+        **moved,
+        error=move.error,
+        call=f"{move.method} {move.path}",
+        **move.fields,
+    )
+
+
 class GatewayPool:
     """The HTTP side of a client of several gateways: one pooled aiohttp session, and
-    :meth:`call`, one exchange through the first gateway of the ring that answers."""
+    :meth:`call`, one exchange through the first gateway of the ring that answers.
+
+    ``connect_timeout_s`` (read at each request, so it may be changed between calls) bounds
+    making a connection when there is another gateway to go to; ``on_failover`` is told of each
+    move to the next gateway (default :func:`log_failover`)."""
 
     def __init__(
         self,
@@ -102,8 +155,10 @@ class GatewayPool:
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         clock: Clock | None = None,
         token: Callable[[], str | None] | None = None,
+        on_failover: Callable[[Failover], None] = log_failover,
     ) -> None:
         self.ring = ring
+        self.on_failover = on_failover
         self._token = token  # the bearer token of each call (token mode), read when it is made
         self.connect_timeout_s = connect_timeout_s
         self._clock = clock or SystemClock()
@@ -149,8 +204,10 @@ class GatewayPool:
         (None: no time left for it); after a connection lost mid-call, only when ``resend``.
         Any answer ends the call, error statuses included. Connected but no answer in time (or
         no time left for the next gateway): ``late(what happened)`` is raised. No gateway left:
-        GatewayUnavailable, with ``fields`` (which failover log lines carry too). ``headers`` go
-        on this call's requests besides the client's own (a ``traceparent``).
+        GatewayUnavailable, with ``fields`` (which each :class:`Failover` carries too). With
+        several gateways, both errors list the gateways tried in ``fields["gateways"]``.
+        ``headers`` go on this call's requests besides the client's own (a ``traceparent``).
+        An answer whose body is not JSON: :func:`unusable`.
         """
         clock = self._clock
         start = clock.monotonic()
@@ -162,7 +219,8 @@ class GatewayPool:
             payload = retry_body(spent) if index and retry_body is not None else body
             if index and (spent >= timeout_s or (retry_body is not None and payload is None)):
                 # the gateways tried so far took the whole time
-                raise late(f"no gateway could be reached ({_listing(tried)})") from failure
+                what = f"no gateway could be reached ({_listing(tried)})"
+                raise self._late(late, what, [u for u, _ in tried]) from failure
             try:
                 status, raw, answer_headers = await self._once(
                     url, method, path, payload, params, timeout_s - spent, headers
@@ -172,20 +230,16 @@ class GatewayPool:
                 unsent = never_sent(exc)
                 if not unsent and isinstance(exc, TimeoutError):
                     # connected, no answer: the time is spent
-                    raise late(f"no answer from the gateway at {url}") from exc
+                    what = f"no answer from the gateway at {url}"
+                    raise self._late(late, what, [*(u for u, _ in tried), url]) from exc
                 tried.append((url, describe(exc)))
                 failure = exc
                 if not (unsent or resend):
                     raise self._unavailable(tried, fields, delivered=True) from exc
                 if index + 1 < len(order):
-                    moved: dict[str, Any] = {"from": url, "to": order[index + 1]}
-                    log(
-                        logging.WARNING,
-                        "client.gateway_failover",
-                        **moved,
-                        error=describe(exc),
-                        call=f"{method} {path}",
-                        **(fields or {}),
+                    target = order[index + 1]
+                    self.on_failover(
+                        Failover(url, target, describe(exc), method, path, dict(fields or {}))
                     )
                 continue
             self.ring.worked(url)
@@ -194,11 +248,19 @@ class GatewayPool:
             try:
                 return status, msgspec.json.decode(raw), answer_headers, url
             except msgspec.DecodeError:
-                raise GatewayUnavailable(
+                raise unusable(
                     f"the gateway at {url} answered HTTP {status} with a body that is not JSON",
-                    http_status=status,
+                    status,
                 ) from None
         raise self._unavailable(tried, fields, delivered=False) from failure
+
+    def _late(
+        self, late: Callable[[str], AgentReachError], what: str, tried: list[str]
+    ) -> AgentReachError:
+        err = late(what)
+        if len(self.ring.urls) > 1:
+            err.fields.setdefault("gateways", tried)
+        return err
 
     async def _once(
         self,

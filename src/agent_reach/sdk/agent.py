@@ -11,8 +11,9 @@
     agent.run()                              # serve, register, heartbeat; SIGTERM deregisters
 
 The pieces, one module each: :mod:`._delivery` turns a delivery into an answer (context, dedup
-by ``msg_id``, error table) whatever the transport; :mod:`._beat` registers and heartbeats on a
-thread of its own; :mod:`.asgi` mounts the delivery endpoint into an existing ASGI app. This
+by ``msg_id``, error table) whatever the transport; :mod:`._lifeline` registers and heartbeats
+on a thread of its own (the line itself in :mod:`._beat`, through the client SDK's calls);
+:mod:`.asgi` mounts the delivery endpoint into an existing ASGI app. This
 module wires them: its own aiohttp server (``run``/``start``/``stop``), or an existing app's
 lifespan (``asgi``/``lifespan``). Details and reasons: docs/agent-sdk.md.
 """
@@ -31,7 +32,6 @@ from aiohttp import StreamReader, web
 
 from agent_reach.core.names import is_endpoint_id, is_intent
 from agent_reach.sdk._assertions import DeliveryVerifier
-from agent_reach.sdk._beat import Lifeline
 from agent_reach.sdk._delivery import (
     DEFAULT_WORKERS,
     Dispatcher,
@@ -39,8 +39,10 @@ from agent_reach.sdk._delivery import (
     not_allowed,
     too_large,
 )
+from agent_reach.sdk._lifeline import Lifeline
+from agent_reach.sdk._wire import EMPTY, register_body
 from agent_reach.sdk.asgi import AsgiDelivery
-from agent_reach.sdk.client import EMPTY, ReachClient, Reply
+from agent_reach.sdk.client import ReachClient, Reply
 from agent_reach.sdk.context import ReachContext, Reject
 from agent_reach.settings import gateway_token, gateway_urls
 
@@ -172,7 +174,7 @@ class Agent:
     def heartbeat_interval(self) -> float | None:
         """The interval the gateway asked for at registration (None before it answered)."""
         line = self._lifeline
-        return line.interval if line is not None and line.registered else None
+        return line.interval if line is not None else None
 
     # -- serving on the agent's own aiohttp server ------------------------------------------
 
@@ -319,16 +321,13 @@ class Agent:
             raise RuntimeError(f"{self.endpoint_id} is already started")
 
     async def _begin(self, url: str) -> None:
+        # InvalidRequest here for an endpoint_url the gateway would refuse as well
+        registration = register_body(self.endpoint_id, list(self.handlers), url, self.description)
         self.url = url
         self._loop = asyncio.get_running_loop()
         line = Lifeline(
             self.gateways,
-            {
-                "endpoint_id": self.endpoint_id,
-                "capabilities": list(self.handlers),
-                "endpoint_url": url,
-                "description": self.description,
-            },
+            registration,
             request_timeout_s=self.request_timeout_s,
             retry_max_s=self.retry_max_s,
             token=self._token,

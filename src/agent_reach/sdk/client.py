@@ -14,17 +14,15 @@ the next, within the same timeout (:mod:`._failover` says in which order). The o
 "no client retries": a send whose connection could not even be made, so that no gateway has seen
 it; it goes to the next gateway with the same ``msg_id`` and what is left of its deadline.
 
-``SyncReachClient`` runs one ``ReachClient`` on a private event loop in a daemon thread, so that
-scripts, notebooks and worker threads can call it; its methods block. There is one implementation
-of every call, the async one.
+Bodies and answers are the structs of :mod:`agent_reach.wire` (built and parsed in
+:mod:`._wire`). ``SyncReachClient`` (:mod:`.sync`, re-exported here) is the blocking facade:
+there is one implementation of every call, the async one.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
-import threading
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar
 from urllib.parse import quote
@@ -32,32 +30,57 @@ from urllib.parse import quote
 import msgspec
 
 from agent_reach.clock import Clock
-from agent_reach.errors import (
-    AgentReachError,
-    DeadlineExceeded,
-    GatewayUnavailable,
-    error_from_answer,
+from agent_reach.errors import DeadlineExceeded, GatewayUnavailable
+from agent_reach.sdk._credentials import Credentials
+from agent_reach.sdk._failover import (
+    CONNECT_TIMEOUT_S,
+    COOLOFF_S,
+    Failover,
+    GatewayPool,
+    GatewayRing,
+    log_failover,
 )
-from agent_reach.observability.tracecontext import TRACEPARENT
-from agent_reach.sdk._failover import CONNECT_TIMEOUT_S, COOLOFF_S, GatewayPool, GatewayRing
-from agent_reach.settings import gateway_token, gateway_urls
+from agent_reach.sdk._wire import (
+    DEFAULT_TIMEOUT_MS,
+    EMPTY,
+    NETWORK_ALLOWANCE_S,
+    Priority,
+    error_of,
+    parse,
+    register_body,
+    send_body,
+    token_request,
+    traceparent_header,
+)
+from agent_reach.sdk.sync import SyncReachClient
+from agent_reach.settings import gateway_urls
 from agent_reach.wire.answers import (
     AgentInfo,
+    AgentList,
     Attempt,
     Candidate,
+    HeartbeatAnswer,
     IssuedToken,
+    Ok,
     Registration,
     Reply,
     RouteExplanation,
     Trace,
 )
+from agent_reach.wire.bodies import EndpointIdBody, SendBody
 from agent_reach.wire.ids import new_id
 
 __all__ = [
+    "DEFAULT_TIMEOUT_MS",
+    "EMPTY",
+    "NETWORK_ALLOWANCE_S",
     "AgentInfo",
     "Attempt",
     "Candidate",
+    "Failover",
+    "HeartbeatAnswer",
     "IssuedToken",
+    "Priority",
     "ReachClient",
     "Registration",
     "Reply",
@@ -66,33 +89,29 @@ __all__ = [
     "Trace",
 ]
 
-Priority = Literal["low", "normal", "high"]
 T = TypeVar("T")
-
-DEFAULT_TIMEOUT_MS = 8000
-# what a send may take beyond the caller's deadline: the gateway's answer on the wire
-NETWORK_ALLOWANCE_S = 1.0
-EMPTY: Any = msgspec.UNSET  # "no payload given": sent as {} (an explicit None is sent as null)
 
 
 class ReachClient:
     """Async client of one gateway, or of several that share a registry.
     Use as ``async with ReachClient() as client: ...``.
 
-    ``gateway`` is one URL, a comma-separated list or a sequence of URLs; it defaults to
-    ``$AGENT_REACH_GATEWAY`` (same forms) or ``http://127.0.0.1:7700``. With several, a call
-    that cannot reach the current gateway goes to the next (see the module docstring), and a
-    gateway that failed is tried last for ``cooloff_s`` seconds. ``sender`` is put on every send
-    that does not name one (an agent reaching others passes its own id); ``timeout_s`` bounds
-    the calls that are not sends, across all the gateways tried; with several gateways, making
-    a connection may take ``connect_timeout_s`` at most before the next is tried; ``headers`` go
-    on every request. ``token`` is the bearer token of a gateway in token mode
-    (docs/security.md): a string, or a function giving the current one (an agent's endpoint
-    token, renewed by its heartbeats); it defaults to ``$AGENT_REACH_TOKEN``, if set. A client
-    given a string (an agent not written with the agent SDK, holding its enrollment token)
-    keeps the endpoint token of each registration it makes, and the renewals its heartbeats
-    bring: its heartbeats and deregistration of that id, and its sends with that id as
-    ``sender``, present it; everything else presents the client's own token.
+    ``gateway``: one URL, a comma-separated list or a sequence of URLs (default
+    ``$AGENT_REACH_GATEWAY``, same forms, or ``http://127.0.0.1:7700``). With several, a call
+    that cannot reach the current one goes to the next (module docstring), a gateway that
+    failed is tried last for ``cooloff_s`` seconds, making a connection may take at most
+    ``connect_timeout_s``, and each move is handed to ``on_failover`` (default: a
+    ``client.gateway_failover`` log line). ``sender`` goes on every send that names none;
+    ``timeout_s`` bounds each call that is not a send, across the gateways tried (register,
+    heartbeat and deregister take a bound of their own too); ``headers`` go on every request.
+
+    ``token`` (token mode, docs/security.md): a string, or a function giving the current one;
+    default ``$AGENT_REACH_TOKEN``, if set. Given a string (an agent without the agent SDK,
+    holding its enrollment token), the client keeps the endpoint token of each registration it
+    makes and the renewals its heartbeats bring (:meth:`endpoint_token`): the registrations,
+    heartbeats and deregistration of that id, and sends with that id as ``sender``, present it.
+    One found refused (401/403) is dropped: the next registration presents the client's own
+    token again (:mod:`._credentials`).
     """
 
     def __init__(
@@ -108,24 +127,17 @@ class ReachClient:
         cooloff_s: float = COOLOFF_S,
         clock: Clock | None = None,
         token: str | Callable[[], str | None] | None = None,
+        on_failover: Callable[[Failover], None] | None = None,
     ) -> None:
-        # a token given as a string (or from the environment) is held here, and replaced by the
-        # endpoint token of a registration made through this client, and by its renewals
-        self._held: str | None = None
-        self._adopts = token is None or isinstance(token, str)
-        self._endpoint_tokens: dict[str, str] = {}  # endpoint id -> its endpoint token
-        if token is None or isinstance(token, str):
-            self._held = gateway_token(token)
-            current: Callable[[], str | None] = lambda: self._held  # noqa: E731
-        else:
-            current = token
+        self._tokens = Credentials(token)
         self._gateways = GatewayPool(
             GatewayRing(gateway_urls(gateway), cooloff_s=cooloff_s),
             headers=headers,
             max_connections=max_connections,
             connect_timeout_s=connect_timeout_s,
             clock=clock,
-            token=current,
+            token=self._tokens.own,
+            on_failover=on_failover or log_failover,
         )
         self.sender = sender
         self.timeout_ms = timeout_ms
@@ -140,6 +152,21 @@ class ReachClient:
     def gateways(self) -> tuple[str, ...]:
         """Every gateway this client may use, in the order given."""
         return self._gateways.ring.urls
+
+    @property
+    def connect_timeout_s(self) -> float:
+        """With several gateways: how long making a connection may take before the next
+        gateway is tried (may be changed between calls)."""
+        return self._gateways.connect_timeout_s
+
+    @connect_timeout_s.setter
+    def connect_timeout_s(self, seconds: float) -> None:
+        self._gateways.connect_timeout_s = seconds
+
+    def endpoint_token(self, endpoint_id: str) -> str | None:
+        """Token mode: the endpoint token this client holds for ``endpoint_id`` (from its
+        registration through this client, or the last renewal), else None."""
+        return self._tokens.endpoint_token(endpoint_id)
 
     async def __aenter__(self) -> Self:
         return self
@@ -163,29 +190,30 @@ class ReachClient:
         params: Mapping[str, str] | None = None,
         resend: bool = True,
         as_endpoint: str | None = None,
+        timeout_s: float | None = None,
     ) -> T:
+        bound = self.timeout_s if timeout_s is None else timeout_s
+        presented = self._tokens.as_endpoint(as_endpoint)
         status, answer, headers, url = await self._gateways.call(
             method,
             path,
-            late=self._late,
+            late=self._late(bound),
             body=body,
             params=params,
-            timeout_s=self.timeout_s,
+            timeout_s=bound,
             resend=resend,
-            headers=self._as(as_endpoint),
+            headers=presented,
         )
         if status != 200:
-            raise _error(status, answer, headers)
-        try:
-            return msgspec.convert(answer, kind)
-        except msgspec.ValidationError as exc:
-            raise GatewayUnavailable(
-                f"the answer of the gateway at {url} to {method} {path} is not the contract's:"
-                f" {exc}"
-            ) from exc
+            if status in (401, 403) and as_endpoint is not None and presented is not None:
+                self._tokens.refused(as_endpoint, presented)
+            raise error_of(status, answer, headers)
+        return parse(answer, kind, status, f"the answer of the gateway at {url} to {method} {path}")
 
-    def _late(self, what: str) -> GatewayUnavailable:
-        return GatewayUnavailable(f"{what} within {self.timeout_s} s")
+    @staticmethod
+    def _late(bound_s: float) -> Callable[[str], GatewayUnavailable]:
+        """The error of a call that ran out of its ``bound_s`` seconds."""
+        return lambda what: GatewayUnavailable(f"{what} within {bound_s} s")
 
     async def send(
         self,
@@ -217,15 +245,16 @@ class ReachClient:
         """
         deadline_ms = self.timeout_ms if timeout_ms is None else timeout_ms
         ids = {"msg_id": msg_id or new_id("msg"), "trace_id": trace_id or new_id("trace")}
-        body = {
-            **ids,
-            "intent": intent,
-            "payload": {} if payload is EMPTY else payload,
-            "priority": priority,
-            "timeout_ms": deadline_ms,
-            "sender": sender or self.sender,
-            "recipient_hint": recipient_hint,
-        }
+        body = send_body(
+            intent,
+            payload,
+            msg_id=ids["msg_id"],
+            trace_id=ids["trace_id"],
+            sender=sender or self.sender,
+            recipient_hint=recipient_hint,
+            priority=priority,
+            timeout_ms=deadline_ms,
+        )
 
         def late(what: str) -> DeadlineExceeded:
             return DeadlineExceeded(
@@ -235,10 +264,10 @@ class ReachClient:
                 attempts=[],
             )
 
-        def retry_body(spent_s: float) -> dict[str, Any] | None:
+        def retry_body(spent_s: float) -> SendBody | None:
             # one deadline across gateways: the next one gets what is left of it
             left_ms = deadline_ms - math.ceil(spent_s * 1000)
-            return {**body, "timeout_ms": left_ms} if left_ms >= 1 else None
+            return msgspec.structs.replace(body, timeout_ms=left_ms) if left_ms >= 1 else None
 
         status, answer, headers, _ = await self._gateways.call(
             "POST",
@@ -250,23 +279,21 @@ class ReachClient:
             timeout_s=max(deadline_ms, 0) / 1000 + NETWORK_ALLOWANCE_S,
             resend=False,
             fields=ids,
-            headers={**(_traceparent(traceparent) or {}), **(self._as(body["sender"]) or {})},
+            headers={
+                **traceparent_header(traceparent),
+                **(self._tokens.as_endpoint(body.sender) or {}),
+            },
         )
         if status != 200:
-            err = _error(status, answer, headers)
+            err = error_of(status, answer, headers)
             for key, value in ids.items():
                 err.fields.setdefault(key, value)
             raise err
-        try:
-            return msgspec.convert(answer, Reply)
-        except msgspec.ValidationError as exc:
-            raise GatewayUnavailable(
-                f"the gateway's send answer is not the contract's: {exc}"
-            ) from exc
+        return parse(answer, Reply, status, "the gateway's send answer")
 
     async def agents(self) -> list[AgentInfo]:
         """Every registered endpoint, with its derived status and latencies."""
-        listing = await self._json("GET", "/v1/agents", _Agents)
+        listing = await self._json("GET", "/v1/agents", AgentList)
         return listing.agents
 
     async def agent(self, endpoint_id: str) -> AgentInfo:
@@ -298,56 +325,53 @@ class ReachClient:
         capabilities: list[str],
         endpoint_url: str,
         description: str = "",
+        *,
+        timeout_s: float | None = None,
     ) -> Registration:
         """Register (or replace) an endpoint: for agents not written with the agent SDK. In
-        token mode the answer's endpoint token becomes this client's token (see the class)."""
-        body = {
-            "endpoint_id": endpoint_id,
-            "capabilities": capabilities,
-            "endpoint_url": endpoint_url,
-            "description": description,
-        }
+        token mode the answer's endpoint token becomes this client's token for that id (see the
+        class). ``timeout_s``: this call's bound instead of the client's. An ``endpoint_url``
+        that no HTTP client could dial raises InvalidRequest before anything is sent."""
+        body = register_body(endpoint_id, capabilities, endpoint_url, description)
         answer = await self._json(
-            "POST", "/v1/register", Registration, body=body, as_endpoint=endpoint_id
+            "POST",
+            "/v1/register",
+            Registration,
+            body=body,
+            as_endpoint=endpoint_id,
+            timeout_s=timeout_s,
         )
-        self._adopt(endpoint_id, answer.token)
+        self._tokens.adopt(endpoint_id, answer.token)
         return answer
 
-    def _adopt(self, endpoint_id: str, token: str | None) -> None:
-        if token and self._adopts:
-            self._endpoint_tokens[endpoint_id] = token
-
-    def _as(self, endpoint_id: str | None) -> dict[str, str] | None:
-        """The Authorization of a call made as ``endpoint_id``, when this client holds its
-        endpoint token (None: the client's own token)."""
-        token = self._endpoint_tokens.get(endpoint_id) if endpoint_id else None
-        return {"Authorization": f"Bearer {token}"} if token else None
-
-    async def heartbeat(self, endpoint_id: str) -> str:
+    async def heartbeat(self, endpoint_id: str, *, timeout_s: float | None = None) -> str:
         """Send one heartbeat; returns the endpoint's status (``EndpointNotRegistered``: register
-        again)."""
+        again). ``timeout_s``: this call's bound instead of the client's."""
         answer = await self._json(
             "POST",
             "/v1/heartbeat",
-            _Heartbeat,
-            body={"endpoint_id": endpoint_id},
+            HeartbeatAnswer,
+            body=EndpointIdBody(endpoint_id),
             as_endpoint=endpoint_id,
+            timeout_s=timeout_s,
         )
-        self._adopt(endpoint_id, answer.token)  # a renewed endpoint token (token mode)
+        self._tokens.adopt(endpoint_id, answer.token)  # a renewed endpoint token (token mode)
         return answer.status
 
-    async def deregister(self, endpoint_id: str) -> None:
-        """Remove an endpoint's record (``EndpointNotRegistered`` if unknown)."""
+    async def deregister(self, endpoint_id: str, *, timeout_s: float | None = None) -> None:
+        """Remove an endpoint's record (``EndpointNotRegistered`` if unknown). ``timeout_s``:
+        this call's bound instead of the client's."""
         # not sent again after a connection lost mid-call: a second gateway would answer 404
         await self._json(
             "POST",
             "/v1/deregister",
-            _Ok,
-            body={"endpoint_id": endpoint_id},
+            Ok,
+            body=EndpointIdBody(endpoint_id),
             resend=False,
             as_endpoint=endpoint_id,
+            timeout_s=timeout_s,
         )
-        self._endpoint_tokens.pop(endpoint_id, None)
+        self._tokens.forget(endpoint_id)
 
     async def issue_token(
         self,
@@ -364,20 +388,14 @@ class ReachClient:
         may register with which intents (``intents``, e.g. ``weather.*``). ``client``:
         ``subject`` is the ``agent://NAME`` id its holder sends as.
         """
-        body: dict[str, Any] = {
-            "kind": kind,
-            "endpoints": list(endpoints),
-            "intents": list(intents),
-        }
-        if subject is not None:
-            body["subject"] = subject
-        if ttl_s is not None:
-            body["ttl_s"] = ttl_s
+        body = token_request(
+            kind, subject=subject, endpoints=endpoints, intents=intents, ttl_s=ttl_s
+        )
         return await self._json("POST", "/v1/tokens", IssuedToken, body=body, resend=False)
 
     async def healthz(self) -> bool:
         """True when the gateway answers ``/healthz``; GatewayUnavailable when it cannot."""
-        answer = await self._json("GET", "/healthz", _Ok)
+        answer = await self._json("GET", "/healthz", Ok)
         return answer.ok
 
     async def get(self, path: str) -> Any:
@@ -389,129 +407,8 @@ class ReachClient:
     async def metrics(self) -> str:
         """The gateway's Prometheus text exposition."""
         status, text, _, url = await self._gateways.call(
-            "GET", "/metrics", late=self._late, timeout_s=self.timeout_s, text=True
+            "GET", "/metrics", late=self._late(self.timeout_s), timeout_s=self.timeout_s, text=True
         )
         if status != 200:
             raise GatewayUnavailable(f"{url}/metrics answered HTTP {status}")
         return str(text)
-
-
-class _Agents(msgspec.Struct):
-    agents: list[AgentInfo]
-
-
-class _Heartbeat(msgspec.Struct):
-    status: str
-    token: str | None = None
-
-
-class _Ok(msgspec.Struct):
-    ok: bool = True
-
-
-def _traceparent(given: str | None) -> dict[str, str] | None:
-    value = given or TRACEPARENT.get()
-    return {"traceparent": value} if value else None
-
-
-def _error(status: int, answer: Any, headers: Mapping[str, str]) -> AgentReachError:
-    err = error_from_answer(status, answer)
-    retry_after = headers.get("Retry-After", "")
-    if retry_after.replace(".", "", 1).isdigit():
-        err.fields.setdefault("retry_after_s", float(retry_after))
-    return err
-
-
-class SyncReachClient:
-    """The blocking facade of :class:`ReachClient`, for scripts and threads.
-
-    It owns a private event loop in a daemon thread; every method submits the async call there and
-    waits for it. Safe to share between threads. ``close()`` (or ``with``) stops the loop.
-    """
-
-    def __init__(self, gateway: str | Sequence[str] | None = None, **options: Any) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="agent-reach-client", daemon=True
-        )
-        self._thread.start()
-        self.client = ReachClient(gateway, **options)
-
-    @property
-    def gateway(self) -> str:
-        """:attr:`ReachClient.gateway`: the current gateway."""
-        return self.client.gateway
-
-    @property
-    def gateways(self) -> tuple[str, ...]:
-        """:attr:`ReachClient.gateways`: every gateway, in the order given."""
-        return self.client.gateways
-
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        if not self._thread.is_alive():
-            coro.close()
-            raise RuntimeError("this SyncReachClient is closed")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Close the pool and stop the private loop (idempotent)."""
-        if not self._thread.is_alive():
-            return
-        self._run(self.client.close())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
-        self._loop.close()
-
-    def send(self, intent: str, payload: Any = EMPTY, **options: Any) -> Reply:
-        """:meth:`ReachClient.send`, blocking."""
-        return self._run(self.client.send(intent, payload, **options))
-
-    def agents(self) -> list[AgentInfo]:
-        """:meth:`ReachClient.agents`, blocking."""
-        return self._run(self.client.agents())
-
-    def agent(self, endpoint_id: str) -> AgentInfo:
-        """:meth:`ReachClient.agent`, blocking."""
-        return self._run(self.client.agent(endpoint_id))
-
-    def explain(self, intent: str, **options: Any) -> RouteExplanation:
-        """:meth:`ReachClient.explain`, blocking."""
-        return self._run(self.client.explain(intent, **options))
-
-    def trace(self, trace_id: str) -> Trace:
-        """:meth:`ReachClient.trace`, blocking."""
-        return self._run(self.client.trace(trace_id))
-
-    def register(
-        self, endpoint_id: str, capabilities: list[str], endpoint_url: str, description: str = ""
-    ) -> Registration:
-        """:meth:`ReachClient.register`, blocking."""
-        return self._run(self.client.register(endpoint_id, capabilities, endpoint_url, description))
-
-    def heartbeat(self, endpoint_id: str) -> str:
-        """:meth:`ReachClient.heartbeat`, blocking."""
-        return self._run(self.client.heartbeat(endpoint_id))
-
-    def deregister(self, endpoint_id: str) -> None:
-        """:meth:`ReachClient.deregister`, blocking."""
-        self._run(self.client.deregister(endpoint_id))
-
-    def issue_token(self, kind: Literal["enroll", "client"], **options: Any) -> IssuedToken:
-        """:meth:`ReachClient.issue_token`, blocking."""
-        return self._run(self.client.issue_token(kind, **options))
-
-    def healthz(self) -> bool:
-        """:meth:`ReachClient.healthz`, blocking."""
-        return self._run(self.client.healthz())
-
-    def metrics(self) -> str:
-        """:meth:`ReachClient.metrics`, blocking."""
-        return self._run(self.client.metrics())

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agent_reach.errors import AgentReachError, DeadlineExceeded
-from agent_reach.sdk.client import EMPTY
+from agent_reach.sdk._wire import EMPTY
 
 if TYPE_CHECKING:
     from agent_reach.observability.spans import HandleSpan
     from agent_reach.sdk.agent import Agent
-    from agent_reach.sdk.client import Reply
+    from agent_reach.wire.answers import Reply
 
 # kept back from an onward reach's deadline: time to build this agent's own answer and send it
 ONWARD_MARGIN_MS = 50.0

@@ -1,5 +1,7 @@
 """The answers of the gateway's HTTP API as the client SDK returns them (parsed from the
-contract's JSON by msgspec). Public through :mod:`agent_reach.sdk.client`."""
+contract's JSON by msgspec). Public through :mod:`agent_reach.sdk.client`.
+
+Fields a later gateway adds are ignored when parsing; fields with defaults may be absent."""
 
 from __future__ import annotations
 
@@ -9,8 +11,12 @@ import msgspec
 
 __all__ = [
     "AgentInfo",
+    "AgentList",
     "Attempt",
     "Candidate",
+    "HeartbeatAnswer",
+    "IssuedToken",
+    "Ok",
     "Registration",
     "Reply",
     "RouteExplanation",
@@ -51,6 +57,12 @@ class AgentInfo(msgspec.Struct, frozen=True):
     p95_latency_ms: float | None = None
 
 
+class AgentList(msgspec.Struct, frozen=True):
+    """``GET /v1/agents``: every registered endpoint."""
+
+    agents: list[AgentInfo]
+
+
 class Candidate(msgspec.Struct, frozen=True):
     """One candidate of a route explanation, and why it is (not) eligible."""
 
@@ -89,6 +101,22 @@ class Registration(msgspec.Struct, frozen=True):
     heartbeat_interval_s: float
     token: str | None = None
     token_expires_at: float | None = None
+
+
+class HeartbeatAnswer(msgspec.Struct, frozen=True):
+    """The gateway's answer to a heartbeat: the endpoint's status now and, in token mode once
+    half the endpoint token's life is gone, a renewed endpoint token that replaces it."""
+
+    endpoint_id: str
+    status: str
+    token: str | None = None
+    token_expires_at: float | None = None
+
+
+class Ok(msgspec.Struct, frozen=True):
+    """``{"ok": true}``: the answer of ``POST /v1/deregister`` and of ``GET /healthz``."""
+
+    ok: bool = True
 
 
 class IssuedToken(msgspec.Struct, frozen=True):

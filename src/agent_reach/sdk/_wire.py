@@ -1,0 +1,129 @@
+"""The client SDK's side of the wire: the bodies it sends and the answers it reads.
+
+Every body is built as the struct the gateway decodes it with (:mod:`agent_reach.wire.bodies`),
+every answer parsed into the struct of :mod:`agent_reach.wire.answers`: one definition of each,
+shared by the gateway, the service and both SDKs. The client does not validate what the gateway
+validates (patterns, lengths: the gateway's 422 names the field), with one exception: a
+registration whose ``endpoint_url`` :class:`~agent_reach.wire.bodies.RegisterBody` itself
+refuses (a URL no HTTP client could dial) is refused here, as the gateway would refuse it, before
+anything is sent.
+
+An error answer becomes the typed error of its contract code (:func:`error_of`); an answer that
+is not the contract's becomes :class:`~agent_reach.errors.GatewayUnavailable` with the answer's
+``http_status`` (:func:`parse`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+from agent_reach.errors import AgentReachError, InvalidRequest, error_from_answer
+from agent_reach.observability.tracecontext import TRACEPARENT
+from agent_reach.sdk._failover import unusable
+from agent_reach.wire.bodies import RegisterBody, SendBody, TokenRequest
+
+__all__ = [
+    "DEFAULT_TIMEOUT_MS",
+    "EMPTY",
+    "NETWORK_ALLOWANCE_S",
+    "Priority",
+    "error_of",
+    "parse",
+    "register_body",
+    "send_body",
+    "token_request",
+    "traceparent_header",
+]
+
+Priority = Literal["low", "normal", "high"]
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT_MS = 8000
+# what a send may take beyond the caller's deadline: the gateway's answer on the wire
+NETWORK_ALLOWANCE_S = 1.0
+EMPTY: Any = msgspec.UNSET  # "no payload given": sent as {} (an explicit None is sent as null)
+
+
+def send_body(
+    intent: str,
+    payload: Any,
+    *,
+    msg_id: str,
+    trace_id: str,
+    sender: str | None,
+    recipient_hint: str | None,
+    priority: Priority,
+    timeout_ms: int,
+) -> SendBody:
+    """The ``POST /v1/send`` body; ``payload`` is any JSON (:data:`EMPTY`: ``{}``)."""
+    raw = msgspec.Raw(b"{}" if payload is EMPTY else msgspec.json.encode(payload))
+    return SendBody(
+        intent=intent,
+        msg_id=msg_id,
+        trace_id=trace_id,
+        sender=sender,
+        recipient_hint=recipient_hint,
+        payload=raw,
+        priority=priority,
+        timeout_ms=timeout_ms,
+    )
+
+
+def register_body(
+    endpoint_id: str, capabilities: Sequence[str], endpoint_url: str, description: str = ""
+) -> RegisterBody:
+    """The ``POST /v1/register`` body. InvalidRequest (naming the field) for an
+    ``endpoint_url`` the wire type refuses, as the gateway would."""
+    try:
+        return RegisterBody(
+            endpoint_id=endpoint_id,
+            capabilities=list(capabilities),
+            endpoint_url=endpoint_url,
+            description=description,
+        )
+    except ValueError as exc:
+        text = str(exc)
+        named = text.rsplit(" - at `$.", 1)[1].rstrip("`") if " - at `$." in text else None
+        raise InvalidRequest(text, field=named or "endpoint_url") from None
+
+
+def token_request(
+    kind: Literal["enroll", "client"],
+    *,
+    subject: str | None,
+    endpoints: Sequence[str],
+    intents: Sequence[str],
+    ttl_s: float | None,
+) -> TokenRequest:
+    """The ``POST /v1/tokens`` body."""
+    return TokenRequest(
+        kind=kind, subject=subject, endpoints=list(endpoints), intents=list(intents), ttl_s=ttl_s
+    )
+
+
+def parse(answer: Any, kind: type[T], status: int, what: str) -> T:
+    """``answer`` (the JSON of a 200) as ``kind``; :func:`~._failover.unusable` when it is not
+    the contract's. ``what`` names the call in the error (``the answer of ... to POST ...``)."""
+    try:
+        return msgspec.convert(answer, kind)
+    except msgspec.ValidationError as exc:
+        raise unusable(f"{what} is not the contract's: {exc}", status) from exc
+
+
+def error_of(status: int, answer: Any, headers: Mapping[str, str]) -> AgentReachError:
+    """The typed error of an error answer, with ``retry_after_s`` from ``Retry-After``."""
+    err = error_from_answer(status, answer)
+    retry_after = headers.get("Retry-After", "")
+    if retry_after.replace(".", "", 1).isdigit():
+        err.fields.setdefault("retry_after_s", float(retry_after))
+    return err
+
+
+def traceparent_header(given: str | None) -> dict[str, str]:
+    """The ``traceparent`` header of a send: ``given``, else the one of the traced request this
+    send is made in (an agent's handler), if any."""
+    value = given or TRACEPARENT.get()
+    return {"traceparent": value} if value else {}

@@ -1,0 +1,146 @@
+"""The blocking facade of the client SDK: :class:`SyncReachClient`.
+
+It holds one :class:`~agent_reach.sdk.client.ReachClient` on a private event loop in a daemon
+thread and submits every call there: no logic of its own, so there is one implementation of
+every call, the async one. Also importable from :mod:`agent_reach.sdk.client` and
+:mod:`agent_reach`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
+
+from agent_reach.sdk._wire import EMPTY
+from agent_reach.wire.answers import (
+    AgentInfo,
+    IssuedToken,
+    Registration,
+    Reply,
+    RouteExplanation,
+    Trace,
+)
+
+if TYPE_CHECKING:
+    from agent_reach.sdk.client import ReachClient
+
+__all__ = ["SyncReachClient"]
+
+T = TypeVar("T")
+
+
+class SyncReachClient:
+    """The blocking facade of :class:`~agent_reach.sdk.client.ReachClient`, for scripts and
+    threads; it takes the same arguments.
+
+    It owns a private event loop in a daemon thread; every method submits the async call there and
+    waits for it. Safe to share between threads. ``close()`` (or ``with``) stops the loop.
+    """
+
+    def __init__(self, gateway: str | Sequence[str] | None = None, **options: Any) -> None:
+        # imported here, not at the top: client.py imports this module to re-export the class
+        from agent_reach.sdk.client import ReachClient
+
+        # made first: a bad gateway URL raises before any thread is started
+        self.client: ReachClient = ReachClient(gateway, **options)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="agent-reach-client", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def gateway(self) -> str:
+        """:attr:`ReachClient.gateway`: the current gateway."""
+        return self.client.gateway
+
+    @property
+    def gateways(self) -> tuple[str, ...]:
+        """:attr:`ReachClient.gateways`: every gateway, in the order given."""
+        return self.client.gateways
+
+    def endpoint_token(self, endpoint_id: str) -> str | None:
+        """:meth:`ReachClient.endpoint_token`."""
+        return self.client.endpoint_token(endpoint_id)
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if not self._thread.is_alive():
+            coro.close()
+            raise RuntimeError("this SyncReachClient is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the pool and stop the private loop (idempotent)."""
+        if not self._thread.is_alive():
+            return
+        self._run(self.client.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._loop.close()
+
+    def send(self, intent: str, payload: Any = EMPTY, **options: Any) -> Reply:
+        """:meth:`ReachClient.send`, blocking."""
+        return self._run(self.client.send(intent, payload, **options))
+
+    def agents(self) -> list[AgentInfo]:
+        """:meth:`ReachClient.agents`, blocking."""
+        return self._run(self.client.agents())
+
+    def agent(self, endpoint_id: str) -> AgentInfo:
+        """:meth:`ReachClient.agent`, blocking."""
+        return self._run(self.client.agent(endpoint_id))
+
+    def explain(self, intent: str, **options: Any) -> RouteExplanation:
+        """:meth:`ReachClient.explain`, blocking."""
+        return self._run(self.client.explain(intent, **options))
+
+    def trace(self, trace_id: str) -> Trace:
+        """:meth:`ReachClient.trace`, blocking."""
+        return self._run(self.client.trace(trace_id))
+
+    def register(
+        self,
+        endpoint_id: str,
+        capabilities: list[str],
+        endpoint_url: str,
+        description: str = "",
+        *,
+        timeout_s: float | None = None,
+    ) -> Registration:
+        """:meth:`ReachClient.register`, blocking."""
+        return self._run(
+            self.client.register(
+                endpoint_id, capabilities, endpoint_url, description, timeout_s=timeout_s
+            )
+        )
+
+    def heartbeat(self, endpoint_id: str, *, timeout_s: float | None = None) -> str:
+        """:meth:`ReachClient.heartbeat`, blocking."""
+        return self._run(self.client.heartbeat(endpoint_id, timeout_s=timeout_s))
+
+    def deregister(self, endpoint_id: str, *, timeout_s: float | None = None) -> None:
+        """:meth:`ReachClient.deregister`, blocking."""
+        self._run(self.client.deregister(endpoint_id, timeout_s=timeout_s))
+
+    def issue_token(self, kind: Literal["enroll", "client"], **options: Any) -> IssuedToken:
+        """:meth:`ReachClient.issue_token`, blocking."""
+        return self._run(self.client.issue_token(kind, **options))
+
+    def healthz(self) -> bool:
+        """:meth:`ReachClient.healthz`, blocking."""
+        return self._run(self.client.healthz())
+
+    def metrics(self) -> str:
+        """:meth:`ReachClient.metrics`, blocking."""
+        return self._run(self.client.metrics())
