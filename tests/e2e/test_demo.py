@@ -36,11 +36,26 @@ def test_demo_plays_the_scenarios_and_leaves_nothing_running(tmp_path: Path) -> 
     assert "4/4 scenarios as expected" in out
     assert "answered by agent://weather-cn-01" in out
     assert "refused: no_capable_agent" in out and "as expected" in out
-    # the scheduler's onward reaches, under its trace id, in the gateway's trace
+    # the scheduler's onward reaches, in its result
     assert "'agent://weather-cn-01', 'agent://note-01'" in out or (
         '"hops": ["agent://weather-cn-01", "agent://note-01"]' in out
     )
-    assert out.count("received") >= 3  # the scheduler's request and its two hops
+    # ... and the gateway's trace of it as `agent-reach trace` draws it: the two onward
+    # requests nested under the scheduler's own hop, each over the attempt that answered it
+    assert "3 requests, " in out, out
+    waterfall = out[out.index("3 requests, ") :].splitlines()
+
+    def place(hop: str) -> tuple[int, int]:  # (row, column) of a hop's label
+        return next((i, line.index(hop)) for i, line in enumerate(waterfall) if hop in line)
+
+    outer_row, outer_column = place("agent://scheduler-01  ok")
+    for onward, answered in [
+        ("weather.query  ok", "agent://weather-cn-01  ok"),
+        ("note.create  ok", "agent://note-01  ok"),
+    ]:
+        (row, column), (attempt_row, attempt_column) = place(onward), place(answered)
+        assert outer_row < row < attempt_row, out
+        assert outer_column < column < attempt_column, out
     match = _GATEWAY.search(out)
     assert match, out
     assert _refused(int(match.group(2)))  # the gateway is gone

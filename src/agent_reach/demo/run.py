@@ -18,12 +18,16 @@ from typing import Any, NamedTuple
 
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 
+from agent_reach.cli.trace_view import trace_view
 from agent_reach.demo.stack import AGENTS, Stack, StackError, start
 from agent_reach.errors import ReachError
 from agent_reach.sdk.client import SyncReachClient
 
 __all__ = ["SCENARIOS", "Scenario", "run"]
+
+_INDENT = 3  # a scenario's lines, under its title
 
 
 class Scenario(NamedTuple):
@@ -63,25 +67,27 @@ def _play(client: SyncReachClient, n: int, sc: Scenario, out: Console) -> bool:
     out.print(f"   answered by [green]{reply.endpoint_id}[/] in {reply.latency_ms:.1f} ms ({hops})")
     result = escape(json.dumps(reply.result, ensure_ascii=False))
     out.print(f"   result {result}", soft_wrap=True)
-    out.print(f"   trace {reply.trace_id}")
     if sc.intent == "schedule.plan":
-        _timeline(client, reply.trace_id, out)
+        _waterfall(client, reply.trace_id, out)
+    else:
+        out.print(f"   trace {reply.trace_id}")
     good = sc.expect == "ok"
     if not good:
         out.print(f"   [red]expected {sc.expect}[/]")
     return good
 
 
-def _timeline(client: SyncReachClient, trace_id: str, out: Console) -> None:
-    """The gateway's events of one trace: the scheduler's request and its two onward hops."""
-    events = client.trace(trace_id).events
-    t0 = events[0]["ts"] if events else 0.0
-    for e in events:
-        what = e.get("intent") or e.get("endpoint_id") or ""
-        if e["kind"] == "route":
-            what = f"chose {e.get('chosen')}"
-        extra = f" {e['outcome']}" if e.get("outcome") else ""
-        out.print(f"     +{(e['ts'] - t0) * 1000:7.1f} ms  {e['kind']:<10} {what}{extra}")
+def _waterfall(client: SyncReachClient, trace_id: str, out: Console) -> None:
+    """The trace as ``agent-reach trace`` shows it (its first line names the trace): the
+    scheduler's request, and its two onward hops nested under the attempt that reached it."""
+    width = max(1, out.width - _INDENT)
+    view = trace_view(client.trace(trace_id), width=width)
+    # indented line by line rather than padded: nothing is written after a line's text
+    for segments in out.render_lines(view, out.options.update(width=width), pad=False):
+        line = Text(" " * _INDENT)
+        for segment in segments:
+            line.append(segment.text, segment.style)
+        out.print(line)
 
 
 def _serve_until_stopped(stack: Stack, out: Console) -> None:
