@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Callable
 
 from agent_reach.clock import Clock, SystemClock
 from agent_reach.core.netguard import AddressGuard
@@ -35,7 +36,7 @@ from agent_reach.gateway.traces import TraceStore
 from agent_reach.observability.logs import log
 from agent_reach.registry import RegistryBackend, open_registry
 from agent_reach.settings import GatewaySettings
-from agent_reach.transport import HttpTransport, Transport
+from agent_reach.transport import Transport, TransportMux, http_mux
 
 __all__ = ["Node"]
 
@@ -65,10 +66,14 @@ class Node:
             max_records=settings.max_endpoints,
             clock=clock,
         )
-        self.transport = transport or HttpTransport(
+        # every transport behind one mux, by the endpoint URL's scheme (http, https; nats next)
+        self.transport: Transport = transport or http_mux(
             max_response_bytes=settings.max_body_bytes,
             address_guard=AddressGuard.from_csv(settings.endpoint_networks),
         )
+        mux = self.transport if isinstance(self.transport, TransportMux) else None
+        # whether a transport serves an endpoint URL (registration refuses one none serves)
+        self.serves: Callable[[str], bool] = mux.supports if mux is not None else _any_url
         self.router = Router(settings, self.registry, clock, rng=rng)
         self.metrics = GatewayMetrics(self.router.status_counts, self.registry.state)
         self.metrics.follow(self.registry)  # drops the series of tags no longer declared
@@ -131,3 +136,7 @@ class Node:
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.transport.close()  # both idempotent, and safe on a part never started
         await self.registry.close()
+
+
+def _any_url(url: str) -> bool:
+    return True  # an injected transport (tests, benchmarks) takes whatever it is given

@@ -105,6 +105,11 @@ class Service:
         principal = self.access.authenticate(caller, REGISTRANTS, "register")
         if isinstance(body, bytes):
             body = decode(body, RegisterBody)
+        if not self.node.serves(body.endpoint_url):
+            raise InvalidRequest(
+                f"no transport of this gateway serves {body.endpoint_url!r}",
+                field="endpoint_url",
+            )
         access = self.access
         grant = access.check_register(principal, body.endpoint_id, body.capabilities)
         access.limit_registration(principal, body.endpoint_id)

@@ -1,25 +1,53 @@
-"""HTTP transport on one shared aiohttp session: pooled keep-alive connections, TCP_NODELAY."""
+"""HTTP transport on one shared aiohttp session: pooled keep-alive connections, TCP_NODELAY.
+
+Invariants:
+- Every answer, good or bad, is a :class:`Delivery`; no aiohttp exception leaves
+  :meth:`HttpTransport.deliver`, and the whole attempt (a resend included) fits in its timeout.
+- A request that fails on a connection taken from the pool, before any of the answer came back,
+  is sent once more on a fresh connection, inside the same attempt: the agent closed that idle
+  connection just as the request went out on it (the keep-alive race), which says nothing about
+  the agent's health. The same failure on a fresh connection is a reset (``eject``).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import errno
+import logging
 import socket
+import weakref
 from collections.abc import Mapping
+from typing import Any
 
 import aiohttp
 import msgspec
 from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.client_proto import ResponseHandler
+from aiohttp.client_reqrep import ClientRequest
+from aiohttp.connector import Connection
 from aiohttp.resolver import DefaultResolver
+from aiohttp.tracing import Trace
 from yarl import URL
 
 from agent_reach.core.model import Outcome
 from agent_reach.core.netguard import AddressGuard, is_ip
+from agent_reach.errors import InternalError
+from agent_reach.observability.logs import log
 from agent_reach.transport.base import Delivery
 
 __all__ = ["GuardedResolver", "HttpTransport"]
 
 _JSON = {"Content-Type": "application/json"}
+
+# The ways a connection dies under a request: the agent closed it (EOF), reset it, or it was
+# closing when the request was written. A refused connection (ClientConnectorError, a
+# ClientOSError too) never happens on a pooled connection, so it is never resent.
+_DROPPED = (
+    aiohttp.ServerDisconnectedError,
+    aiohttp.ClientOSError,
+    aiohttp.ClientConnectionResetError,
+)
 
 
 class GuardedResolver(AbstractResolver):
@@ -46,11 +74,62 @@ class GuardedResolver(AbstractResolver):
         await self._inner.close()
 
 
+class _Pick:
+    """Whether the connection of the request in progress came from the pool."""
+
+    __slots__ = ("reused",)
+
+    def __init__(self) -> None:
+        self.reused = False
+
+
+# set around each request, so that the connector can say what it handed out (a task each
+# request: concurrent deliveries never see each other's)
+_PICK: contextvars.ContextVar[_Pick | None] = contextvars.ContextVar("reach_pick", default=None)
+
+
+class _PoolConnector(aiohttp.TCPConnector):
+    """aiohttp's connector, noting in :data:`_PICK` whether a connection was used before."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._used: weakref.WeakSet[ResponseHandler] = weakref.WeakSet()
+
+    async def connect(  # aiohttp's signature
+        self,
+        req: ClientRequest,
+        traces: list[Trace],
+        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109
+    ) -> Connection:
+        conn = await super().connect(req, traces, timeout)
+        proto = conn.protocol
+        if proto is not None:
+            pick = _PICK.get()
+            if pick is not None:
+                pick.reused = proto in self._used
+            self._used.add(proto)
+        return conn
+
+
+def _nothing_came_back(exc: BaseException) -> bool:
+    """For a failure raised before the answer's head was parsed: was none of it received?
+
+    A clean close after part of the head carries that part (aiohttp's partial message); a reset
+    cannot tell, and is taken as nothing (an agent that reset a connection half-way through its
+    status line is far rarer than the keep-alive race)."""
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return isinstance(exc.message, str)  # "Server disconnected": no message parsed
+    return True
+
+
 class HttpTransport:
     """Delivers over HTTP/1.1 with a pool per agent host.
 
     ``keepalive_s`` is kept below the 5 s idle timeout common in agent servers (uvicorn), so the
-    gateway rarely writes on a connection the agent is closing.
+    gateway rarely writes on a connection the agent is closing; servers with shorter idle
+    timeouts (gunicorn: 2 s) still race it, and such a request is sent again on a fresh
+    connection (module docstring). Idempotence is the contract's: an agent treats a second
+    delivery of a ``msg_id`` as the same request (``X-Reach-Msg-Id``).
     """
 
     def __init__(
@@ -69,24 +148,44 @@ class HttpTransport:
         self._guard = address_guard
         self._literal: dict[str, str | None] = {}  # url -> refusal of its literal address
         self._session: aiohttp.ClientSession | None = None
+        # for the resend after the keep-alive race: a connection of its own each time
+        self._fresh: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
+        """Open the pools; idempotent."""
         if self._session is None:
-            connector = aiohttp.TCPConnector(
-                limit=self._pool_size,
-                limit_per_host=self._pool_per_host,
-                keepalive_timeout=self._keepalive_s,
-                ttl_dns_cache=60,
-                resolver=None if self._guard is None else GuardedResolver(self._guard),
+            self._session = self._open(
+                _PoolConnector(
+                    limit=self._pool_size,
+                    limit_per_host=self._pool_per_host,
+                    keepalive_timeout=self._keepalive_s,
+                    ttl_dns_cache=60,
+                    resolver=self._resolver(),
+                )
             )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=aiohttp.ClientTimeout(total=None),
-                # no compression: the answer-size limit counts the bytes that are really held
-                auto_decompress=False,
-                skip_auto_headers=("User-Agent", "Accept-Encoding"),
-                cookie_jar=aiohttp.DummyCookieJar(),  # agents' cookies are not the gateway's
+            self._fresh = self._open(
+                aiohttp.TCPConnector(
+                    limit=self._pool_size,
+                    limit_per_host=self._pool_per_host,
+                    force_close=True,
+                    ttl_dns_cache=60,
+                    resolver=self._resolver(),
+                )
             )
+
+    def _resolver(self) -> AbstractResolver | None:
+        return None if self._guard is None else GuardedResolver(self._guard)
+
+    @staticmethod
+    def _open(connector: aiohttp.TCPConnector) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None),
+            # no compression: the answer-size limit counts the bytes that are really held
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            cookie_jar=aiohttp.DummyCookieJar(),  # agents' cookies are not the gateway's
+        )
 
     def _literal_refusal(self, url: str) -> str | None:
         """The guard's refusal of a URL whose host is an address (names are checked by the
@@ -105,16 +204,20 @@ class HttpTransport:
         return refusal
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        """Close the pools; idempotent."""
+        session, fresh = self._session, self._fresh
+        self._session = self._fresh = None
+        if session is not None:
+            await session.close()
+        if fresh is not None:
+            await fresh.close()
 
     async def deliver(
         self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float
     ) -> Delivery:
-        session = self._session
-        if session is None:
-            raise RuntimeError("HttpTransport.start() was not called")
+        """POST ``body`` to ``url``: :meth:`agent_reach.transport.base.Transport.deliver`."""
+        if self._session is None:
+            raise InternalError("HttpTransport.deliver() before start()")
         if self._guard is not None:
             refusal = self._literal_refusal(url)
             if refusal is not None:
@@ -124,12 +227,10 @@ class HttpTransport:
                     reached=False,
                     eject=True,
                 )
-        timing: str | None = None
         try:
             async with asyncio.timeout(timeout_s):
-                async with session.post(
-                    url, data=body, headers={**_JSON, **headers}, allow_redirects=False
-                ) as resp:
+                resp = await self._post(url, body, {**_JSON, **headers})
+                async with resp:
                     status = resp.status
                     encoding = resp.headers.get("Content-Encoding", "identity").lower()
                     timing = resp.headers.get("Server-Timing")
@@ -144,9 +245,11 @@ class HttpTransport:
                 eject=True,
             )
         except aiohttp.ServerDisconnectedError:
-            # the agent dropped a request in flight (process died): a reset for the passive
-            # check. Idle pooled connections are retired before common servers' 5 s idle close.
+            # the agent dropped a request in flight on a fresh connection (or on a pooled one
+            # after part of its answer): its process died, a reset for the passive check
             return Delivery(Outcome.CONNECT_ERROR, detail="agent closed the connection", eject=True)
+        except aiohttp.ClientConnectionResetError as exc:
+            return Delivery(Outcome.CONNECT_ERROR, detail=f"connection reset: {exc}", eject=True)
         except aiohttp.ClientOSError as exc:
             reset = exc.errno in (errno.ECONNRESET, errno.EPIPE)
             return Delivery(Outcome.CONNECT_ERROR, detail=f"connection error: {exc}", eject=reset)
@@ -207,6 +310,23 @@ class HttpTransport:
                 f"agent answered {status} with a body that is not JSON",
             )
         return Delivery(Outcome.OK, status, data, "", True, False, agent_ms, agent_note)
+
+    async def _post(
+        self, url: str, body: bytes, headers: Mapping[str, str]
+    ) -> aiohttp.ClientResponse:
+        """The answer's head, the keep-alive race taken care of (module docstring)."""
+        assert self._session is not None and self._fresh is not None
+        pick = _Pick()
+        token = _PICK.set(pick)
+        try:
+            return await self._session.post(url, data=body, headers=headers, allow_redirects=False)
+        except _DROPPED as exc:
+            if not pick.reused or not _nothing_came_back(exc):
+                raise
+            log(logging.INFO, "transport.stale_connection", url=url, error=repr(exc))
+        finally:
+            _PICK.reset(token)
+        return await self._fresh.post(url, data=body, headers=headers, allow_redirects=False)
 
     async def _read_capped(self, resp: aiohttp.ClientResponse) -> bytes:
         limit = self.max_response_bytes
