@@ -91,7 +91,11 @@ class MatchIndexHolder:
         :meth:`wait` instead."""
         self._scheduled = False
         version = self._version
-        result = self.matcher.build(tuple(self._known()), self._texts)
+        try:
+            result = self.matcher.build(tuple(self._known()), self._texts)
+        except Exception:  # the old index stays; the next change tries again
+            log(logging.ERROR, "intents.index_failed", exc_info=True)
+            return
         if inspect.isawaitable(result):
             self._task = asyncio.ensure_future(self._finish(version, result))
             return
