@@ -39,9 +39,8 @@ from agent_reach.gateway.tracing import OpenTrace, open_trace, span_answer
 from agent_reach.observability.logs import log
 from agent_reach.observability.otel import gateway_tracer
 from agent_reach.transport.base import Delivery, Transport
-from agent_reach.wire.answers import Attempt
+from agent_reach.wire.answers import Attempt, Reply
 from agent_reach.wire.bodies import DeliveryBody, SendBody, encode
-from agent_reach.wire.gateway import SendAnswer
 
 if TYPE_CHECKING:
     from agent_reach.auth.tokens import TokenService
@@ -109,7 +108,7 @@ class Reacher:
         opened: OpenTrace,
         received_at: float,
         scope: RouteScope | None = None,
-    ) -> SendAnswer:
+    ) -> Reply:
         """Deliver ``body`` (its msg_id and trace_id filled in); raise an AgentReachError
         carrying msg_id, trace_id and attempts. Every ending, a fault of ours included (an
         InternalError, logged with its traceback), is counted, traced and logged.
@@ -190,7 +189,7 @@ class Reacher:
             attempts=len(attempts),
             latency_ms=elapsed,
         )
-        return SendAnswer(msg_id, trace_id, body.intent, endpoint_id, answer, attempts, elapsed)
+        return Reply(msg_id, trace_id, body.intent, endpoint_id, answer, attempts, elapsed)
 
     def _failed(
         self,

@@ -36,6 +36,7 @@ from agent_reach.gateway.principal import (
     SENDERS,
 )
 from agent_reach.observability.logs import TRACE_ID
+from agent_reach.wire.answers import Reply
 from agent_reach.wire.bodies import (
     EndpointIdBody,
     RegisterBody,
@@ -46,7 +47,6 @@ from agent_reach.wire.bodies import (
     convert,
     decode,
 )
-from agent_reach.wire.gateway import SendAnswer
 from agent_reach.wire.ids import new_id
 
 if TYPE_CHECKING:
@@ -193,7 +193,7 @@ class Service:
 
     # --- reaching ----------------------------------------------------------------------------
 
-    async def send(self, caller: Caller, body: SendBody) -> SendAnswer:
+    async def send(self, caller: Caller, body: SendBody) -> Reply:
         """Deliver ``body`` by intent (or to its recipient_hint) within its deadline.
 
         The trace is opened and its id bound first; any error raised after that carries the

@@ -42,6 +42,7 @@ class Reply(msgspec.Struct, frozen=True):
     result: Any
     attempts: list[Attempt]
     latency_ms: float
+    ok: bool = True  # the gateway's success answers say so; last, so it may be left out
 
 
 class AgentInfo(msgspec.Struct, frozen=True):
@@ -101,6 +102,7 @@ class Registration(msgspec.Struct, frozen=True):
     heartbeat_interval_s: float
     token: str | None = None
     token_expires_at: float | None = None
+    ok: bool = True
 
 
 class HeartbeatAnswer(msgspec.Struct, frozen=True):
@@ -111,6 +113,7 @@ class HeartbeatAnswer(msgspec.Struct, frozen=True):
     status: str
     token: str | None = None
     token_expires_at: float | None = None
+    ok: bool = True
 
 
 class Ok(msgspec.Struct, frozen=True):

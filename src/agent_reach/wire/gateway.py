@@ -1,5 +1,5 @@
 """Answers of the gateway's HTTP API that the client SDK does not parse into a type of its
-own: the error body, plain acknowledgements, operations. With :mod:`.bodies` (requests) and
+own: the error body and ``/healthz``. With :mod:`.bodies` (requests) and
 :mod:`.answers` (what the SDK returns) they describe every body of the API, and the OpenAPI
 document (``GET /openapi.json``) is generated from them, so it cannot drift from the code."""
 
@@ -9,17 +9,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from agent_reach.wire.answers import AgentInfo, Attempt
+from agent_reach.wire.answers import Attempt
 
-__all__ = [
-    "AgentsAnswer",
-    "ErrorAnswer",
-    "HealthAnswer",
-    "HeartbeatAnswer",
-    "OkAnswer",
-    "RegisterAnswer",
-    "SendAnswer",
-]
+__all__ = ["ErrorAnswer", "HealthAnswer"]
 
 
 class ErrorAnswer(msgspec.Struct):
@@ -34,52 +26,6 @@ class ErrorAnswer(msgspec.Struct):
     trace_id: str | None = None
     attempts: list[Attempt] | None = None
     field: str | None = None
-
-
-class OkAnswer(msgspec.Struct):
-    """A plain acknowledgement."""
-
-    ok: Literal[True] = True
-
-
-class RegisterAnswer(msgspec.Struct):
-    """``POST /v1/register``: the heartbeat interval to keep; in token mode the endpoint
-    token that heartbeats, deregisters and sends as this id."""
-
-    endpoint_id: str
-    heartbeat_interval_s: float
-    ok: Literal[True] = True
-    token: str | None = None
-    token_expires_at: float | None = None
-
-
-class HeartbeatAnswer(msgspec.Struct):
-    """``POST /v1/heartbeat``: the endpoint's status now (and a renewed token, token mode)."""
-
-    endpoint_id: str
-    status: Literal["healthy", "degraded", "suspect", "down"]
-    ok: Literal[True] = True
-    token: str | None = None
-    token_expires_at: float | None = None
-
-
-class AgentsAnswer(msgspec.Struct):
-    """``GET /v1/agents``."""
-
-    agents: list[AgentInfo]
-
-
-class SendAnswer(msgspec.Struct):
-    """``POST /v1/send`` answered by an agent: its JSON answer is ``result``."""
-
-    msg_id: str
-    trace_id: str
-    intent: str
-    endpoint_id: str
-    result: Any
-    attempts: list[Attempt]
-    latency_ms: float
-    ok: Literal[True] = True
 
 
 class HealthAnswer(msgspec.Struct):

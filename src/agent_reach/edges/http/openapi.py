@@ -15,7 +15,16 @@ from typing import Any
 import msgspec
 
 from agent_reach.edges.http.status import STATUS
-from agent_reach.wire.answers import AgentInfo, RouteExplanation, Trace
+from agent_reach.wire.answers import (
+    AgentInfo,
+    AgentList,
+    HeartbeatAnswer,
+    Ok,
+    Registration,
+    Reply,
+    RouteExplanation,
+    Trace,
+)
 from agent_reach.wire.bodies import (
     EndpointIdBody,
     RegisterBody,
@@ -24,15 +33,7 @@ from agent_reach.wire.bodies import (
     TokenRequest,
     TraceQuery,
 )
-from agent_reach.wire.gateway import (
-    AgentsAnswer,
-    ErrorAnswer,
-    HealthAnswer,
-    HeartbeatAnswer,
-    OkAnswer,
-    RegisterAnswer,
-    SendAnswer,
-)
+from agent_reach.wire.gateway import ErrorAnswer, HealthAnswer
 
 __all__ = ["ROUTES", "openapi_document"]
 
@@ -46,7 +47,7 @@ ROUTES: list[tuple[str, str, str, type[Any] | None, type[Any] | None, tuple[str,
         "/v1/register",
         "Register (or replace) an endpoint",
         RegisterBody,
-        RegisterAnswer,
+        Registration,
         (
             "invalid_request",
             "payload_too_large",
@@ -75,7 +76,7 @@ ROUTES: list[tuple[str, str, str, type[Any] | None, type[Any] | None, tuple[str,
         "/v1/deregister",
         "Remove an endpoint at once",
         EndpointIdBody,
-        OkAnswer,
+        Ok,
         (
             "invalid_request",
             "payload_too_large",
@@ -89,7 +90,7 @@ ROUTES: list[tuple[str, str, str, type[Any] | None, type[Any] | None, tuple[str,
         "/v1/agents",
         "Every registered endpoint",
         None,
-        AgentsAnswer,
+        AgentList,
         ("unauthorized", "forbidden"),
     ),
     (
@@ -105,7 +106,7 @@ ROUTES: list[tuple[str, str, str, type[Any] | None, type[Any] | None, tuple[str,
         "/v1/send",
         "Reach an agent by intent within the caller's deadline",
         SendBody,
-        SendAnswer,
+        Reply,
         (
             "invalid_request",
             "payload_too_large",
