@@ -4,28 +4,36 @@ stand-in agents on 127.0.0.1 port 0.
 Each fixture param is a :class:`Rig`: a started transport, and a stand-in agent that answers
 by behaviour (``ok``, ``status/404``, ``slow``, ``big``, ...), reached at ``rig.url(name)``. The
 HTTP rig serves them from an aiohttp web server, once through :class:`HttpTransport` and once
-through the :class:`TransportMux` the gateway uses. Another transport (``nats:``) is one more
-rig: its stand-in answers the same behaviours on subjects of its own.
+through the :class:`TransportMux` the gateway uses. The NATS rig serves them from a nats-py
+subscriber on a real NATS server (``AGENT_REACH_TEST_NATS``, default 127.0.0.1:4222), one
+subject per behaviour under a prefix of its own, through :class:`NatsTransport` and through a
+mux holding both transports.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import secrets
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 
+import nats
 import pytest
 from aiohttp import web
+from nats.aio.msg import Msg
 
 from agent_reach.core.model import Outcome
 from agent_reach.errors import ConfigError, InternalError
 from agent_reach.transport import HttpTransport, Transport, TransportMux, http_mux, scheme_of
+from agent_reach.transport.nats import NatsTransport
 
 MAX_BYTES = 4096  # every rig's transport caps answers at this
+NATS_URL = os.environ.get("AGENT_REACH_TEST_NATS", "nats://127.0.0.1:4222")
 TIMING = 'app;dur=1, handle;dur=12.5;desc="cached"'
 HEADERS = {
     "X-Reach-Trace-Id": "trace_contract",
@@ -74,6 +82,8 @@ async def http_agent(seen: list[Seen]) -> AsyncIterator[tuple[Callable[[str], st
             return web.json_response({"late": True})
         if name == "big":
             return web.json_response({"blob": "x" * MAX_BYTES})
+        if name == "at-cap":
+            return web.Response(body=at_cap(), content_type="application/json")
         if name == "big-streamed":  # chunked: no Content-Length to refuse it by
             resp = web.StreamResponse(headers={"Content-Type": "application/json"})
             resp.enable_chunked_encoding()
@@ -110,12 +120,87 @@ async def http_agent(seen: list[Seen]) -> AsyncIterator[tuple[Callable[[str], st
         await runner.cleanup()
 
 
+def at_cap() -> bytes:
+    """A JSON answer of exactly ``MAX_BYTES`` bytes: the largest one a transport takes."""
+    frame = b'{"blob": ""}'
+    return frame[:-2] + b"x" * (MAX_BYTES - len(frame)) + frame[-2:]
+
+
+@asynccontextmanager
+async def nats_agent(seen: list[Seen]) -> AsyncIterator[tuple[Callable[[str], str], str]]:
+    """The NATS stand-in: a nats-py subscriber answering on ``PREFIX.BEHAVIOUR`` with the status
+    in ``Reach-Status``; and a subject nobody listens on (no responders: the refused URL).
+
+    An answer is one NATS message, so there is no streamed answer to cut short: ``big-streamed``
+    is the answer one byte over the cap."""
+    release = asyncio.Event()  # ends the slow handler at teardown
+    prefix = f"reach-contract.{secrets.token_hex(6)}"
+    nc = await nats.connect(NATS_URL, connect_timeout=2, allow_reconnect=False)
+    running: set[asyncio.Task[None]] = set()
+
+    async def answer(msg: Msg) -> None:
+        name = msg.subject.rsplit(".", 1)[1]
+        if name != "ready":
+            seen.append(Seen(dict(msg.headers or {}), msg.data))
+        headers: dict[str, str] = {}
+        if name == "ready":
+            data = b"{}"
+        elif name == "ok":
+            data = json.dumps({"got": json.loads(msg.data or b"null")}).encode()
+        elif name.startswith("status-"):
+            data, headers = b'{"error": "scripted"}', {"Reach-Status": name.removeprefix("status-")}
+        elif name == "slow":
+            async with asyncio.timeout(30):
+                await release.wait()
+            data = b'{"late": true}'
+        elif name == "big":
+            data = json.dumps({"blob": "x" * MAX_BYTES}).encode()
+        elif name == "big-streamed":
+            data = at_cap()[:-2] + b'x"}'
+        elif name == "at-cap":
+            data = at_cap()
+        elif name == "not-json":
+            data = b"hello, not JSON"
+        elif name == "timing":
+            data, headers = b'{"timed": true}', {"Server-Timing": TIMING}
+        else:
+            raise AssertionError(f"no behaviour {name}")
+        await nc.publish(msg.reply, data, headers=headers or None)
+
+    async def handle(msg: Msg) -> None:  # a task each: a slow answer holds up no other
+        task = asyncio.create_task(answer(msg))
+        running.add(task)
+        task.add_done_callback(running.discard)
+
+    await nc.subscribe(f"{prefix}.*", cb=handle)
+    # served once a request comes back (nats-py's flush() may overtake the SUB it buffers)
+    await nc.request(f"{prefix}.ready", b"{}", timeout=5)
+    try:
+        yield (
+            lambda name: f"nats:{prefix}.{name.replace('/', '-')}",
+            f"nats:{prefix}-nobody.reach",
+        )
+    finally:
+        release.set()
+        await asyncio.wait_for(asyncio.gather(*running), 5)
+        await nc.close()
+
+
+def nats_mux() -> Transport:
+    """The gateway's mux with the NATS transport added, as the node builds it."""
+    mux = http_mux(max_response_bytes=MAX_BYTES)
+    mux.add("nats", NatsTransport([NATS_URL], max_response_bytes=MAX_BYTES))
+    return mux
+
+
 StandIn = Callable[[list[Seen]], AbstractAsyncContextManager[tuple[Callable[[str], str], str]]]
 
 # param -> (its stand-in agent, a factory of the transport under test)
 RIGS: dict[str, tuple[StandIn, Callable[[], Transport]]] = {
     "http": (http_agent, lambda: HttpTransport(max_response_bytes=MAX_BYTES)),
     "mux": (http_agent, lambda: http_mux(max_response_bytes=MAX_BYTES)),
+    "nats": (nats_agent, lambda: NatsTransport([NATS_URL], max_response_bytes=MAX_BYTES)),
+    "nats-mux": (nats_agent, nats_mux),
 }
 
 
@@ -188,6 +273,12 @@ async def test_an_answer_over_the_size_cap_is_an_agent_error(rig: Rig, behaviour
     assert got.outcome is Outcome.AGENT_ERROR, got
     assert f"larger than {MAX_BYTES} bytes" in got.detail
     assert got.reached
+
+
+async def test_an_answer_of_exactly_the_size_cap_is_ok(rig: Rig) -> None:
+    got = await rig.transport.deliver(rig.url("at-cap"), b"{}", HEADERS, 2.0)
+    assert got.outcome is Outcome.OK, got
+    assert got.body is not None and len(got.body) == MAX_BYTES
 
 
 async def test_a_2xx_answer_that_is_not_json_is_an_agent_error(rig: Rig) -> None:
