@@ -136,6 +136,9 @@ class GatewaySettings:
     endpoint_networks: str | None = None  # CIDRs endpoint URLs may point into [any but denied]
     endpoint_token_ttl: float = 900.0  # seconds an endpoint token lives (renewed by heartbeats)
     reload_interval: float = 2.0  # seconds between checks of the key directory and policy file
+    # NATS (docs/nats.md): servers, comma-separated nats://HOST:PORT (None: no NATS)
+    nats: str | None = None
+    nats_prefix: str = "agent-reach"  # subjects of the gateway's own API over NATS
     # bounds on what callers can make the gateway hold (docs/operations.md)
     max_endpoints: int = 100_000  # records the registry holds at most (down ones count too)
     register_rate_limit: float = 50.0  # registrations a second per address/subject (0: none)
@@ -217,6 +220,18 @@ class GatewaySettings:
             )
         if self.reload_interval <= 0:
             raise ConfigError("reload-interval must be > 0")
+        for url in self.nats_servers:
+            if not url.startswith(("nats://", "tls://")):
+                raise ConfigError(f"nats: {url!r} is not a nats:// URL", source="nats")
+        if (
+            not self.nats_prefix
+            or any(c in self.nats_prefix for c in " *>")
+            or (self.nats_prefix.startswith("$"))
+        ):
+            raise ConfigError(
+                f"nats-prefix {self.nats_prefix!r} must be a subject without wildcards",
+                source="nats-prefix",
+            )
         if self.max_endpoints < 1:
             raise ConfigError("max-endpoints must be at least 1")
         if self.register_rate_limit < 0:
@@ -227,6 +242,11 @@ class GatewaySettings:
             AddressGuard.from_csv(self.endpoint_networks)
         except ValueError as exc:  # names the bad network
             raise ConfigError(f"endpoint-networks: {exc}", source="endpoint-networks") from None
+
+    @property
+    def nats_servers(self) -> list[str]:
+        """The NATS servers of ``--nats`` (empty: no NATS)."""
+        return [u.strip() for u in (self.nats or "").split(",") if u.strip()]
 
     @property
     def open_mode(self) -> bool:

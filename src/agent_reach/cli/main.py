@@ -185,6 +185,21 @@ def main() -> None:
     metavar="SECONDS",
 )
 @option(
+    "nats",
+    str,
+    None,
+    "NATS servers (nats://HOST:PORT, comma-separated): agents may then register nats:SUBJECT "
+    "endpoints (docs/nats.md)",
+    metavar="URLS",
+)
+@option(
+    "nats-prefix",
+    str,
+    "agent-reach",
+    "subject prefix reserved for the gateway's own API over NATS",
+    metavar="SUBJECT",
+)
+@option(
     "max-endpoints",
     click.IntRange(min=1),
     100_000,

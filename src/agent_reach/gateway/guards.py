@@ -66,7 +66,10 @@ class BrowserGuard:
 
 async def endpoint_url_refusal(guard: AddressGuard, url: str, endpoint_id: str) -> str | None:
     """Why ``url`` may not be an endpoint (None: it may): its host is a refused address or
-    name, or resolves (within :data:`RESOLVE_TIMEOUT_S`) to a refused address."""
+    name, or resolves (within :data:`RESOLVE_TIMEOUT_S`) to a refused address. A ``nats:``
+    subject has no address: the NATS transport judges its subjects."""
+    if url.startswith("nats:"):
+        return None
     host = urlsplit(url).hostname or ""
     refusal = guard.refusal_for_host(host)
     if refusal is not None or is_ip(host):

@@ -22,10 +22,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from agent_reach.clock import Clock, SystemClock
 from agent_reach.core.netguard import AddressGuard
+from agent_reach.errors import ConfigError
 from agent_reach.gateway.access import Access
 from agent_reach.gateway.delivery import Reacher
 from agent_reach.gateway.metrics import GatewayMetrics
@@ -36,7 +37,10 @@ from agent_reach.gateway.traces import TraceStore
 from agent_reach.observability.logs import log
 from agent_reach.registry import RegistryBackend, open_registry
 from agent_reach.settings import GatewaySettings
-from agent_reach.transport import Transport, TransportMux, http_mux
+from agent_reach.transport import Transport, TransportMux, http_mux, scheme_of
+
+if TYPE_CHECKING:
+    from agent_reach.transport.nats import NatsTransport
 
 __all__ = ["Node"]
 
@@ -71,9 +75,11 @@ class Node:
             max_response_bytes=settings.max_body_bytes,
             address_guard=AddressGuard.from_csv(settings.endpoint_networks),
         )
-        mux = self.transport if isinstance(self.transport, TransportMux) else None
-        # whether a transport serves an endpoint URL (registration refuses one none serves)
-        self.serves: Callable[[str], bool] = mux.supports if mux is not None else _any_url
+        self._mux = mux = self.transport if isinstance(self.transport, TransportMux) else None
+        self.nats: NatsTransport | None = None
+        if settings.nats_servers and mux is not None:
+            self.nats = _nats_transport(settings, clock)
+            mux.add("nats", self.nats)
         self.router = Router(settings, self.registry, clock, rng=rng)
         self.metrics = GatewayMetrics(self.router.status_counts, self.registry.state)
         self.metrics.follow(self.registry)  # drops the series of tags no longer declared
@@ -100,6 +106,20 @@ class Node:
         )
         self.service = Service(self)
         self._tasks: list[asyncio.Task[None]] = []
+
+    def endpoint_refusal(self, url: str) -> str | None:
+        """Why no transport of this node delivers to ``url`` (None: one does); registration
+        refuses such a URL with 422."""
+        mux = self._mux
+        if mux is None:
+            return None  # an injected transport (tests, benchmarks) takes what it is given
+        if not mux.supports(url):
+            scheme = scheme_of(url)
+            hint = " (start the gateway with --nats)" if scheme == "nats" else ""
+            return f"no transport of this gateway delivers to {scheme}: URLs{hint}"
+        if self.nats is not None and scheme_of(url) == "nats":
+            return self.nats.refusal(url)
+        return None
 
     async def start(self) -> None:
         """Load keys and policy, open the registry and the transports, start the loops."""
@@ -138,5 +158,16 @@ class Node:
         await self.registry.close()
 
 
-def _any_url(url: str) -> bool:
-    return True  # an injected transport (tests, benchmarks) takes whatever it is given
+def _nats_transport(settings: GatewaySettings, clock: Clock) -> NatsTransport:
+    try:
+        from agent_reach.transport.nats import NatsTransport
+    except ImportError as exc:  # the nats extra is not installed
+        raise ConfigError(
+            "--nats needs nats-py: pip install 'agent-reach-gateway[nats]'", source="nats"
+        ) from exc
+    return NatsTransport(
+        settings.nats_servers,
+        max_response_bytes=settings.max_body_bytes,
+        reserved=[settings.nats_prefix],
+        clock=clock,
+    )

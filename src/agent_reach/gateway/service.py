@@ -105,11 +105,9 @@ class Service:
         principal = self.access.authenticate(caller, REGISTRANTS, "register")
         if isinstance(body, bytes):
             body = decode(body, RegisterBody)
-        if not self.node.serves(body.endpoint_url):
-            raise InvalidRequest(
-                f"no transport of this gateway serves {body.endpoint_url!r}",
-                field="endpoint_url",
-            )
+        refusal = self.node.endpoint_refusal(body.endpoint_url)
+        if refusal is not None:
+            raise InvalidRequest(f"{refusal} - at `$.endpoint_url`", field="endpoint_url")
         access = self.access
         grant = access.check_register(principal, body.endpoint_id, body.capabilities)
         access.limit_registration(principal, body.endpoint_id)
@@ -317,7 +315,17 @@ class Service:
         }
         if state.last_sync_age_s is not None:
             registry["last_sync_age_s"] = round(state.last_sync_age_s, 3)
-        return {"ok": True, "registry": registry}
+        answer: dict[str, Any] = {"ok": True, "registry": registry}
+        nats = self.node.nats
+        if nats is not None:  # a gateway that lost NATS still serves its HTTP endpoints
+            link = nats.state()
+            answer["nats"] = {
+                "connected": link.connected,
+                "server": link.server,
+                "reconnects": link.reconnects,
+                "last_error": link.last_error,
+            }
+        return answer
 
 
 def _with_ids(exc: AgentReachError) -> AgentReachError:

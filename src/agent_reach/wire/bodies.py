@@ -55,9 +55,16 @@ class RegisterBody(msgspec.Struct, forbid_unknown_fields=True):
                 "must be ASCII: percent-encode the path and write an international host name"
                 " in its punycode (xn--) form - at `$.endpoint_url`"
             )
+        if self.endpoint_url.startswith("nats:"):
+            # a NATS subject (CONTRACT v1.1): whether this gateway has NATS, and whether the
+            # subject may be used, is the node's to say at registration (422 otherwise)
+            self.capabilities = list(dict.fromkeys(self.capabilities))
+            return
         parts = urlsplit(self.endpoint_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("must be an http or https URL with a host - at `$.endpoint_url`")
+            raise ValueError(
+                "must be an http or https URL with a host, or nats:SUBJECT - at `$.endpoint_url`"
+            )
         try:
             parts.port  # noqa: B018 - raises on a bad port
             parts.hostname.encode("idna")  # raises on a host no resolver takes ("a..b")

@@ -33,3 +33,4 @@ class HealthAnswer(msgspec.Struct):
 
     ok: bool
     registry: dict[str, Any]
+    nats: dict[str, Any] | None = None  # with --nats: the link's state
