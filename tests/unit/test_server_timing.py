@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agent_reach.sdk._delivery import Answer
-from agent_reach.transport.http import server_timing
+from agent_reach.transport.base import server_timing
 
 
 @pytest.mark.parametrize(

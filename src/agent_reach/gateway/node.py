@@ -70,7 +70,8 @@ class Node:
             max_records=settings.max_endpoints,
             clock=clock,
         )
-        # every transport behind one mux, by the endpoint URL's scheme (http, https; nats next)
+        # every transport behind one mux, by the endpoint URL's scheme (http, https; nats: too
+        # with --nats)
         self.transport: Transport = transport or http_mux(
             max_response_bytes=settings.max_body_bytes,
             address_guard=AddressGuard.from_csv(settings.endpoint_networks),

@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple, Protocol
 
+import msgspec
+
 from agent_reach.core.model import Outcome
 
-__all__ = ["Delivery", "Transport"]
+__all__ = ["Delivery", "Transport", "agent_answer", "server_timing"]
 
 
 class Delivery(NamedTuple):
@@ -53,3 +55,70 @@ class Transport(Protocol):
         ``server_error`` (5xx); ``timeout``; ``connect_error``.
         """
         ...
+
+
+def agent_answer(status: int, data: bytes, encoding: str, timing: str | None) -> Delivery:
+    """What an agent's answer means, whatever carried it (HTTP, or NATS's ``Reach-Status``):
+    ``data`` is the whole body (within the size cap), ``encoding`` its Content-Encoding,
+    ``timing`` the agent's Server-Timing header."""
+    agent_ms, agent_note = server_timing(timing)
+    if status >= 500:
+        return Delivery(
+            Outcome.SERVER_ERROR, status, data, f"agent answered {status}", True, False,
+            agent_ms, agent_note,
+        )  # fmt: skip
+    if status >= 400:
+        return Delivery(
+            Outcome.AGENT_ERROR, status, data, f"agent answered {status}", True, False,
+            agent_ms, agent_note,
+        )  # fmt: skip
+    # Past here the agent took the request: an unusable answer is not retried, so that a
+    # side effect is not repeated (only timeouts, connection errors and 5xx are retryable).
+    if status < 200 or status >= 300:
+        note = " (redirects are not followed)" if 300 <= status < 400 else ""
+        return Delivery(Outcome.AGENT_ERROR, status, None, f"agent answered {status}{note}")
+    encoding = encoding.lower()
+    if encoding != "identity":
+        return Delivery(
+            Outcome.AGENT_ERROR, status, None, f"agent answered with Content-Encoding {encoding}"
+        )
+    try:
+        msgspec.json.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return Delivery(
+            Outcome.AGENT_ERROR,
+            status,
+            None,
+            f"agent answered {status} with a body that is not JSON",
+        )
+    return Delivery(Outcome.OK, status, data, "", True, False, agent_ms, agent_note)
+
+
+def server_timing(value: str | None) -> tuple[float | None, str]:
+    """The ``handle`` metric of a ``Server-Timing`` header: (duration in ms, its description).
+
+    ``handle;dur=12.3;desc="cached"`` -> (12.3, "cached"); anything else -> (None, "").
+    Agents that do not send the header (or send other metrics) simply give nothing.
+    """
+    if not value:
+        return None, ""
+    for metric in value.split(","):
+        name, _, params = metric.strip().partition(";")
+        if name.strip() != "handle":
+            continue
+        dur: float | None = None
+        desc = ""
+        for param in params.split(";"):
+            key, _, raw = param.strip().partition("=")
+            raw = raw.strip().strip('"')
+            if key == "dur":
+                try:
+                    dur = float(raw)
+                except ValueError:
+                    return None, ""
+                if not 0 <= dur < 1e9:  # NaN and nonsense from an agent: ignored
+                    return None, ""
+            elif key == "desc":
+                desc = raw[:32]
+        return (dur, desc) if dur is not None else (None, "")
+    return None, ""

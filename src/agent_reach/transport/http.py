@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
-import msgspec
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.client_proto import ResponseHandler
 from aiohttp.client_reqrep import ClientRequest
@@ -34,7 +33,7 @@ from agent_reach.core.model import Outcome
 from agent_reach.core.netguard import AddressGuard, is_ip
 from agent_reach.errors import InternalError
 from agent_reach.observability.logs import log
-from agent_reach.transport.base import Delivery
+from agent_reach.transport.base import Delivery, agent_answer
 
 __all__ = ["GuardedResolver", "HttpTransport"]
 
@@ -265,51 +264,7 @@ class HttpTransport:
             )
         except aiohttp.ClientError as exc:
             return Delivery(Outcome.SERVER_ERROR, detail=f"bad HTTP answer: {exc}")
-        agent_ms, agent_note = server_timing(timing)
-        if status >= 500:
-            return Delivery(
-                Outcome.SERVER_ERROR,
-                status,
-                data,
-                f"agent answered {status}",
-                True,
-                False,
-                agent_ms,
-                agent_note,
-            )
-        if status >= 400:
-            return Delivery(
-                Outcome.AGENT_ERROR,
-                status,
-                data,
-                f"agent answered {status}",
-                True,
-                False,
-                agent_ms,
-                agent_note,
-            )
-        # Past here the agent took the request: an unusable answer is not retried, so that a
-        # side effect is not repeated (only timeouts, connection errors and 5xx are retryable).
-        if status < 200 or status >= 300:
-            note = " (redirects are not followed)" if 300 <= status < 400 else ""
-            return Delivery(Outcome.AGENT_ERROR, status, None, f"agent answered {status}{note}")
-        if encoding != "identity":
-            return Delivery(
-                Outcome.AGENT_ERROR,
-                status,
-                None,
-                f"agent answered with Content-Encoding {encoding}",
-            )
-        try:
-            msgspec.json.decode(data)
-        except (msgspec.DecodeError, RecursionError):
-            return Delivery(
-                Outcome.AGENT_ERROR,
-                status,
-                None,
-                f"agent answered {status} with a body that is not JSON",
-            )
-        return Delivery(Outcome.OK, status, data, "", True, False, agent_ms, agent_note)
+        return agent_answer(status, data, encoding, timing)
 
     async def _post(
         self, url: str, body: bytes, headers: Mapping[str, str]
@@ -346,33 +301,3 @@ class HttpTransport:
 
 class _TooLarge(Exception):
     """The answer is over ``max_response_bytes`` (internal to this adapter)."""
-
-
-def server_timing(value: str | None) -> tuple[float | None, str]:
-    """The ``handle`` metric of a ``Server-Timing`` header: (duration in ms, its description).
-
-    ``handle;dur=12.3;desc="cached"`` -> (12.3, "cached"); anything else -> (None, "").
-    Agents that do not send the header (or send other metrics) simply give nothing.
-    """
-    if not value:
-        return None, ""
-    for metric in value.split(","):
-        name, _, params = metric.strip().partition(";")
-        if name.strip() != "handle":
-            continue
-        dur: float | None = None
-        desc = ""
-        for param in params.split(";"):
-            key, _, raw = param.strip().partition("=")
-            raw = raw.strip().strip('"')
-            if key == "dur":
-                try:
-                    dur = float(raw)
-                except ValueError:
-                    return None, ""
-                if not 0 <= dur < 1e9:  # NaN and nonsense from an agent: ignored
-                    return None, ""
-            elif key == "desc":
-                desc = raw[:32]
-        return (dur, desc) if dur is not None else (None, "")
-    return None, ""

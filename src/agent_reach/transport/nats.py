@@ -32,7 +32,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
-import msgspec
 from nats import errors as nats_errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -42,8 +41,7 @@ from agent_reach.core.model import Outcome
 from agent_reach.errors import BackendUnavailable, ConfigError, InternalError
 from agent_reach.observability.logs import log
 from agent_reach.settings import redacted
-from agent_reach.transport.base import Delivery
-from agent_reach.transport.http import server_timing
+from agent_reach.transport.base import Delivery, agent_answer
 
 __all__ = ["NatsState", "NatsTransport", "subject_refusal"]
 
@@ -389,51 +387,8 @@ class NatsTransport:
                 Outcome.AGENT_ERROR,
                 detail=f"agent answered with {STATUS_HEADER} {raw!r}, not an HTTP status",
             )
-        agent_ms, agent_note = server_timing(got.get("server-timing"))
-        if status >= 500:
-            return Delivery(
-                Outcome.SERVER_ERROR,
-                status,
-                data,
-                f"agent answered {status}",
-                True,
-                False,
-                agent_ms,
-                agent_note,
-            )
-        if status >= 400:
-            return Delivery(
-                Outcome.AGENT_ERROR,
-                status,
-                data,
-                f"agent answered {status}",
-                True,
-                False,
-                agent_ms,
-                agent_note,
-            )
-        # Past here the agent took the request: an unusable answer is not retried, so that a
-        # side effect is not repeated (only timeouts, connection errors and 5xx are retryable).
-        if status < 200 or status >= 300:
-            return Delivery(Outcome.AGENT_ERROR, status, None, f"agent answered {status}")
-        encoding = got.get("content-encoding", "identity").lower()
-        if encoding != "identity":
-            return Delivery(
-                Outcome.AGENT_ERROR,
-                status,
-                None,
-                f"agent answered with Content-Encoding {encoding}",
-            )
-        try:
-            msgspec.json.decode(data)
-        except (msgspec.DecodeError, RecursionError):
-            return Delivery(
-                Outcome.AGENT_ERROR,
-                status,
-                None,
-                f"agent answered {status} with a body that is not JSON",
-            )
-        return Delivery(Outcome.OK, status, data, "", True, False, agent_ms, agent_note)
+        encoding = got.get("content-encoding", "identity")
+        return agent_answer(status, data, encoding, got.get("server-timing"))
 
 
 def _unlinked(detail: str) -> Delivery:
