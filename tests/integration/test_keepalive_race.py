@@ -164,13 +164,13 @@ def agent(gw: Proc) -> Iterator[Proc]:
     proc.stop()
 
 
-def retries_total(gw: Proc) -> float:
+def counter(gw: Proc, name: str) -> float:
     text = http("GET", f"{gw.url}/metrics")[1]
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("agent_reach_retries_total")
-    )
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+def retries_total(gw: Proc) -> float:
+    return counter(gw, "agent_reach_retries_total")
 
 
 def run_streams(gw: Proc, requests: int, seed: int) -> list[dict[str, Any]]:
@@ -209,6 +209,7 @@ def run_streams(gw: Proc, requests: int, seed: int) -> list[dict[str, Any]]:
 
 def check(gw: Proc, requests: int, seed: int) -> None:
     before = retries_total(gw)
+    resends_before = counter(gw, "agent_reach_transport_resends_total")
     answers = run_streams(gw, requests, seed)
     assert len(answers) == STREAMS * requests
     lines = gw.log_lines()
@@ -225,6 +226,8 @@ def check(gw: Proc, requests: int, seed: int) -> None:
     assert retried == [], summary
     assert ejected == [], summary
     assert retries_total(gw) == before, summary
+    # every resend is counted (a metric, beside its log line)
+    assert counter(gw, "agent_reach_transport_resends_total") - resends_before == len(resent)
     for n in range(1, STREAMS + 1):
         assert status_of(gw.url, f"{ENDPOINT}-{n:02d}") == "healthy"
 

@@ -373,3 +373,21 @@ async def test_an_unexpected_fault_in_delivery_is_answered_not_lost() -> None:
     assert reacher.router.stats["agent://a"].inflight == 0  # the attempt's count released
     summary = reacher.traces.recent(None, "internal_error", 10)
     assert [s.trace_id for s in summary] == ["trace_bug"]
+
+
+async def test_a_resend_inside_an_attempt_is_counted_not_retried() -> None:
+    reacher, transport, clock = make({url("a"): [Behaviour(0.01)]})
+    await register(reacher, "a")
+    scripted = transport.deliver
+
+    async def resent(
+        url: str, body: bytes, headers: Mapping[str, str], timeout_s: float
+    ) -> Delivery:
+        return (await scripted(url, body, headers, timeout_s))._replace(resent=True)
+
+    transport.deliver = resent  # type: ignore[method-assign]  # the fake network resent once
+    result, _ = await reach(reacher, clock)
+    assert not isinstance(result, InternalError)
+    text = reacher.metrics.render().decode()
+    assert "agent_reach_transport_resends_total 1.0" in text
+    assert 'agent_reach_retries_total{kind="same_endpoint"}' not in text

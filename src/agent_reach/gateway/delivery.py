@@ -366,6 +366,8 @@ class Reacher:
             eject=delivery.eject,
         )
         attempts.append(Attempt(target, outcome, round(latency_ms, 3)))
+        if delivery.resent:
+            self.metrics.resends.inc()
         self.metrics.attempt_done(next(iter(run.plan.confidence)), outcome, latency_ms / 1000.0)
         self._trace(
             run.trace_id,

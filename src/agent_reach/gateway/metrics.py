@@ -217,6 +217,12 @@ class GatewayMetrics:
             ["kind"],
             registry=r,
         )
+        self.resends = Counter(
+            "agent_reach_transport_resends",
+            "Requests sent again on a fresh connection inside their attempt: the agent closed "
+            "the idle pooled connection they went out on (the keep-alive race; not a retry)",
+            registry=r,
+        )
         self.retry_budget_exhausted = Counter(
             "agent_reach_retry_budget_exhausted", "Retries refused by the retry budget", registry=r
         )

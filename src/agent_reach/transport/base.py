@@ -32,6 +32,8 @@ class Delivery(NamedTuple):
     # the agent's own account of the attempt (its Server-Timing header), when it gave one
     agent_ms: float | None = None
     agent_note: str = ""
+    # the request was sent again on a fresh connection inside this attempt (the keep-alive race)
+    resent: bool = False
 
 
 class Transport(Protocol):

@@ -74,12 +74,14 @@ class GuardedResolver(AbstractResolver):
 
 
 class _Pick:
-    """Whether the connection of the request in progress came from the pool."""
+    """Whether the connection of the request in progress came from the pool, and whether the
+    request was sent again on a fresh one."""
 
-    __slots__ = ("reused",)
+    __slots__ = ("resent", "reused")
 
     def __init__(self) -> None:
         self.reused = False
+        self.resent = False
 
 
 # set around each request, so that the connector can say what it handed out (a task each
@@ -215,6 +217,13 @@ class HttpTransport:
         self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float
     ) -> Delivery:
         """POST ``body`` to ``url``: :meth:`agent_reach.transport.base.Transport.deliver`."""
+        pick = _Pick()
+        delivery = await self._deliver(url, body, headers, timeout_s, pick)
+        return delivery._replace(resent=True) if pick.resent else delivery
+
+    async def _deliver(
+        self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float, pick: _Pick
+    ) -> Delivery:
         if self._session is None:
             raise InternalError("HttpTransport.deliver() before start()")
         if self._guard is not None:
@@ -228,7 +237,7 @@ class HttpTransport:
                 )
         try:
             async with asyncio.timeout(timeout_s):
-                resp = await self._post(url, body, {**_JSON, **headers})
+                resp = await self._post(url, body, {**_JSON, **headers}, pick)
                 async with resp:
                     status = resp.status
                     encoding = resp.headers.get("Content-Encoding", "identity").lower()
@@ -267,11 +276,10 @@ class HttpTransport:
         return agent_answer(status, data, encoding, timing)
 
     async def _post(
-        self, url: str, body: bytes, headers: Mapping[str, str]
+        self, url: str, body: bytes, headers: Mapping[str, str], pick: _Pick
     ) -> aiohttp.ClientResponse:
         """The answer's head, the keep-alive race taken care of (module docstring)."""
         assert self._session is not None and self._fresh is not None
-        pick = _Pick()
         token = _PICK.set(pick)
         try:
             return await self._session.post(url, data=body, headers=headers, allow_redirects=False)
@@ -279,6 +287,7 @@ class HttpTransport:
             if not pick.reused or not _nothing_came_back(exc):
                 raise
             log(logging.INFO, "transport.stale_connection", url=url, error=repr(exc))
+            pick.resent = True
         finally:
             _PICK.reset(token)
         return await self._fresh.post(url, data=body, headers=headers, allow_redirects=False)
