@@ -52,7 +52,7 @@ from agent_reach.wire.ids import new_id
 if TYPE_CHECKING:
     from agent_reach.gateway.node import Node
 
-__all__ = ["Caller", "Service"]
+__all__ = ["Caller", "Service", "with_ids"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +60,7 @@ class Caller:
     """Who calls, from where, with which credentials: what an edge saw, not yet checked.
 
     ``remote`` is the peer's address; ``authorization`` the credentials as presented
-    (``Bearer TOKEN``); ``edge`` names the edge (for audit lines). ``host`` and ``origin`` are
+    (``Bearer TOKEN``). ``host`` and ``origin`` are
     what a browser would send (open mode refuses cross-site and rebinding requests; edges
     without browsers leave them None). ``traceparent`` is the W3C header, ``received_at`` the
     monotonic time the request arrived (a deadline counts from it), and ``delivery`` says that
@@ -70,7 +70,6 @@ class Caller:
 
     remote: str = "?"
     authorization: str | None = None
-    edge: str = "http"
     host: str | None = None
     origin: str | None = None
     traceparent: str | None = None
@@ -242,7 +241,7 @@ class Service:
                 query.intent, query.recipient_hint, query.timeout_ms, scope
             )
         except AgentReachError as exc:
-            _with_ids(exc)
+            with_ids(exc)
             raise
 
     # --- traces and operations -----------------------------------------------------------------
@@ -328,8 +327,9 @@ class Service:
         return answer
 
 
-def _with_ids(exc: AgentReachError) -> AgentReachError:
-    """A dry run's error answer carries msg_id, trace_id and attempts, as a send's does."""
+def with_ids(exc: AgentReachError) -> AgentReachError:
+    """An error answer of a send or a dry run refused before the request named its ids (a body
+    that does not decode, a bad query): new ones, and no attempts."""
     exc.fields.setdefault("msg_id", new_id("msg"))
     exc.fields.setdefault("trace_id", new_id("trace"))
     exc.fields.setdefault("attempts", [])

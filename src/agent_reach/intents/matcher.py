@@ -113,14 +113,14 @@ class MatchIndexHolder:
             self.build_now()
 
     async def wait(self) -> None:
-        """Until the index of the latest change is in force (for start-up and tests)."""
-        while self._built != self._version:
-            if self._task is not None and not self._task.done():
-                await self._task
-            else:
-                self.build_now()
-                if self._task is None or self._task.done():
-                    break
+        """Until a build of the latest change has ended (for start-up and tests); when it
+        failed, the previous index stays in force (logged)."""
+        if self._built == self._version:
+            return
+        if self._task is None or self._task.done():
+            self.build_now()
+        if self._task is not None and not self._task.done():
+            await self._task
 
     async def _finish(self, version: int, pending: Awaitable[MatchIndex]) -> None:
         try:

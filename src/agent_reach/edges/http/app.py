@@ -35,10 +35,9 @@ from agent_reach.errors import (
     PayloadTooLarge,
 )
 from agent_reach.gateway.node import Node
-from agent_reach.gateway.service import Caller
+from agent_reach.gateway.service import Caller, with_ids
 from agent_reach.observability.logs import log
 from agent_reach.wire.bodies import SendBody, decode, encode
-from agent_reach.wire.ids import new_id
 
 __all__ = ["HttpEdge"]
 
@@ -188,8 +187,16 @@ class HttpEdge:
         return b"".join(chunks)
 
     def _caller(self, request: web.BaseRequest, received_at: float | None = None) -> Caller:
-        """Who calls, as this request says (checked by the service)."""
+        """Who calls, as this request says (checked by the service); with ``received_at`` (a
+        send), also the headers only a send reads."""
         headers = request.headers
+        if received_at is None:
+            return Caller(
+                request.remote or "?",
+                headers.get("Authorization"),
+                headers.get("Host"),
+                headers.get("Origin"),
+            )
         return Caller(
             remote=request.remote or "?",
             authorization=headers.get("Authorization"),
@@ -227,7 +234,7 @@ class HttpEdge:
             # and trace_id, and so does its audit line
             body = decode(await self._body(request), SendBody)
         except AgentReachError as exc:
-            raise _with_new_ids(exc) from None
+            raise with_ids(exc) from None
         return _json(await self.service.send(caller, body))
 
     async def route(self, request: web.BaseRequest, _: str) -> web.Response:
@@ -288,11 +295,3 @@ class HttpEdge:
         self.service.admit(self._caller(request))
         # generated off the event loop: a big scrape does not hold up requests
         return web.Response(body=await self.node.metrics.scrape(), headers=_METRICS_TYPE)
-
-
-def _with_new_ids(exc: AgentReachError) -> AgentReachError:
-    """An error answer of /v1/send or /v1/route before the body named its ids: new ones."""
-    exc.fields.setdefault("msg_id", new_id("msg"))
-    exc.fields.setdefault("trace_id", new_id("trace"))
-    exc.fields.setdefault("attempts", [])
-    return exc
