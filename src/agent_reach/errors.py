@@ -2,7 +2,7 @@
 
 Protocol-neutral: every error carries the wire contract's error ``code``, a ``detail`` for a
 person and its ``fields``; nothing here knows HTTP. Each edge renders them from one table of its
-own (:mod:`agent_reach.edges.http.status` for HTTP: status and headers; a JSON-RPC or NATS edge
+own (:mod:`agent_reach.wire.status` for HTTP: status and headers; a JSON-RPC or NATS edge
 brings its own), as ``{"ok": false, "error": code, "detail": str(exc), ...}``.
 
 ::

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from agent_reach import errors
-from agent_reach.edges.http.status import STATUS, headers_for, status_for
 from agent_reach.errors import AgentReachError, error_from_answer
 from agent_reach.settings import gateway_url
+from agent_reach.wire.status import STATUS, headers_for, status_for
 
 CODES = {
     "invalid_request": errors.InvalidRequest,

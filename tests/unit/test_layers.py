@@ -51,7 +51,7 @@ def test_the_tree_keeps_every_contract(copy: Path) -> None:
         ("core/model.py", "import agent_reach.gateway.router", "core is pure"),
         ("registry/memory.py", "import agent_reach.gateway.node", "never import the gateway"),
         ("sdk/context.py", "import agent_reach.edges.http.app", "never import the gateway"),
-        ("edges/http/status.py", "import agent_reach.gateway.router", "edges import the node"),
+        ("edges/http/openapi.py", "import agent_reach.gateway.router", "edges import the node"),
         ("gateway/router.py", "import agent_reach.cli.main", "the gateway never imports"),
     ],
 )

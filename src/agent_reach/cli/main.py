@@ -268,8 +268,14 @@ async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None
 
     node = Node(settings)  # a ConfigError here, or from start(), is mapped by the Group
     http = HttpEdge(node)
+    bus = None
     try:
         await node.start()  # keys, policy, registry (BackendUnavailable), transports
+        if node.nats is not None:  # the API over NATS too, in the prefix's queue group
+            from agent_reach.edges.nats.edge import NatsEdge
+
+            bus = NatsEdge(node)
+            await bus.start()
     except BaseException:
         await node.close()
         raise
@@ -296,6 +302,8 @@ async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None
         await site.start()
     except OSError as exc:
         await runner.cleanup()
+        if bus is not None:
+            await bus.close()
         await node.close()
         raise click.ClickException(
             f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}"
@@ -314,7 +322,8 @@ async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None
         await stop.wait()
     finally:
         logs.log(logging.INFO, "gateway.stopping")
-        await runner.cleanup()
+        # both edges stop taking requests, and give those in hand SHUTDOWN_S, side by side
+        await asyncio.gather(runner.cleanup(), bus.close(SHUTDOWN_S) if bus else asyncio.sleep(0))
         await node.close()
         logs.log(logging.INFO, "gateway.stopped")
 

@@ -25,10 +25,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeHistogramMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -85,6 +90,19 @@ class _State(NamedTuple):
     last_seen: list[float] | None  # None: not watched
     interval_s: float
     trace_count: int
+    nats: NatsLinkState | None = None  # None: no NATS link
+
+
+class NatsLinkState(Protocol):
+    """What ``/metrics`` reads of a NATS link (:class:`~agent_reach.transport.natslink.NatsState`
+    has it)."""
+
+    @property
+    def connected(self) -> bool: ...
+    @property
+    def reconnects(self) -> int: ...
+    @property
+    def slow_consumers(self) -> int: ...
 
 
 class _Exposition(Collector):
@@ -120,6 +138,8 @@ class _Exposition(Collector):
                     "Age of the local view's last successful sync with the shared registry",
                     value=state.registry.last_sync_age_s,
                 )
+        if state.nats is not None:
+            yield from _nats_families(state.nats)
         if state.last_seen is not None:
             yield from _heartbeat_families(state.now, state.last_seen, state.interval_s)
             yield GaugeMetricFamily(
@@ -127,6 +147,25 @@ class _Exposition(Collector):
                 "Trace ids held by the trace store (GET /v1/traces/ID)",
                 value=state.trace_count,
             )
+
+
+def _nats_families(link: NatsLinkState) -> Iterator[Metric]:
+    yield GaugeMetricFamily(
+        "agent_reach_nats_connected",
+        "1 while the gateway's link to NATS is up (0: NATS endpoints and the NATS API are "
+        "unreachable; HTTP is still served)",
+        value=1.0 if link.connected else 0.0,
+    )
+    yield CounterMetricFamily(
+        "agent_reach_nats_reconnects",
+        "Times the link to NATS was made again since start",
+        value=link.reconnects,
+    )
+    yield CounterMetricFamily(
+        "agent_reach_nats_slow_consumer_drops",
+        "Messages dropped because a responder of the gateway's NATS API fell behind",
+        value=link.slow_consumers,
+    )
 
 
 def _heartbeat_families(now: float, last_seen: list[float], interval_s: float) -> Iterator[Metric]:
@@ -238,6 +277,13 @@ class GatewayMetrics:
             ["action", "status"],
             registry=r,
         )
+        self.nats_api = Counter(
+            "agent_reach_nats_api_requests",
+            "Requests to the gateway's API over NATS (PREFIX.v1.*), by operation and the HTTP "
+            "status of the answer (its Reach-Status)",
+            ["op", "status"],
+            registry=r,
+        )
         self.loop_lag = Gauge(
             "agent_reach_event_loop_lag_seconds", "Last measured event-loop lag", registry=r
         )
@@ -251,6 +297,7 @@ class GatewayMetrics:
         self._status_counts = status_counts
         self._registry_state = registry_state
         self._watched: _Watched | None = None
+        self._nats_state: Callable[[], NatsLinkState] | None = None
         self._followed: RegistryBackend | None = None
         # tag (or own label) -> its series; the tags past the cap share the _other series
         self._series: dict[str, _Series] = {}
@@ -281,6 +328,11 @@ class GatewayMetrics:
         """Export the heartbeat ages of ``records`` (``last_seen`` against ``now``, the liveness
         clock) and the trace store's size; read at each scrape. Call once."""
         self._watched = _Watched(records, now, heartbeat_interval_s, trace_count)
+
+    def watch_nats(self, state: Callable[[], NatsLinkState]) -> None:
+        """Export the NATS link's state (connected, reconnects, slow-consumer drops), read at
+        each scrape. Call once, when the gateway has a link."""
+        self._nats_state = state
 
     # --- the hot paths ---------------------------------------------------------------------
 
@@ -397,9 +449,10 @@ class GatewayMetrics:
     def _state(self) -> _State:
         """The gateway state a scrape exports, read now (on the loop: O(endpoints))."""
         registry = self._registry_state() if self._registry_state is not None else None
+        nats = self._nats_state() if self._nats_state is not None else None
         watched = self._watched
         if watched is None:
-            return _State(self._status_counts(), registry, 0.0, None, 0.0, 0)
+            return _State(self._status_counts(), registry, 0.0, None, 0.0, 0, nats)
         return _State(
             self._status_counts(),
             registry,
@@ -407,4 +460,5 @@ class GatewayMetrics:
             [record.last_seen for record in watched.records()],
             watched.interval_s,
             watched.trace_count(),
+            nats,
         )

@@ -91,6 +91,8 @@ class Node:
             heartbeat_interval_s=float(settings.heartbeat_interval),
             trace_count=self.traces.__len__,
         )
+        if self.nats is not None:
+            self.metrics.watch_nats(self.nats.state)
         self.access = Access(
             settings,
             wall=clock.wall,

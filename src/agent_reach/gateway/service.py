@@ -323,6 +323,7 @@ class Service:
                 "server": link.server,
                 "reconnects": link.reconnects,
                 "last_error": link.last_error,
+                "slow_consumers": link.slow_consumers,
             }
         return answer
 

@@ -41,7 +41,6 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from agent_reach.edges.http.status import status_for
 from agent_reach.errors import (
     AgentReachError,
     Forbidden,
@@ -56,6 +55,7 @@ from agent_reach.observability.tracecontext import TRACEPARENT, TraceParent, par
 from agent_reach.sdk._dedup import RecentResults, RunOnce
 from agent_reach.sdk.context import ReachContext, Reject
 from agent_reach.wire.ids import new_id
+from agent_reach.wire.status import status_for
 
 if TYPE_CHECKING:
     from agent_reach.observability.spans import AgentTracer, HandleSpan
@@ -113,7 +113,7 @@ def error_answer(status: int, code: str, detail: str, **fields: Any) -> Answer:
 
 def from_error(exc: AgentReachError) -> Answer:
     """The error answer of one of our errors (its code and fields; the status from the one
-    table of :mod:`agent_reach.edges.http.status`)."""
+    table of :mod:`agent_reach.wire.status`)."""
     return Answer(status_for(exc), _encode(exc.to_body()))
 
 

@@ -9,12 +9,8 @@ Invariants:
 - Every answer, good or bad, is a :class:`Delivery`; no nats-py exception leaves
   :meth:`NatsTransport.deliver`, which waits at most the attempt's timeout (never nats-py's
   0.5 s default).
-- :meth:`NatsTransport.start` is bounded by ``connect_timeout_s`` (nats-py's own first connect,
-  set to reconnect forever, would never return while no server answers) and raises
-  :class:`~agent_reach.errors.BackendUnavailable` past it. Once connected, the link is kept
-  for good: nats-py reconnects with a wait between tries, without limit; a connection nats-py
-  gives up on (it closes for good on some server errors, e.g. an authorization violation after
-  a configuration reload) is replaced by a new one, tried with a growing wait.
+- The connection is a :class:`~agent_reach.transport.natslink.NatsLink` (a bounded first
+  connect, then kept for good), shared with the gateway's NATS edge (``link``).
 - While the link is down a delivery is ``connect_error``, not reached, not ejected: the
   gateway's link is at fault, not the agent. A request is never queued for a link to come.
 - Only subjects an agent may own are delivered to: no wildcards, nothing under ``$`` (the
@@ -25,29 +21,22 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import logging
-import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
-from urllib.parse import urlsplit
 
 from nats import errors as nats_errors
-from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from agent_reach.clock import Clock, SystemClock
+from agent_reach.clock import Clock
 from agent_reach.core.model import Outcome
-from agent_reach.errors import BackendUnavailable, ConfigError, InternalError
-from agent_reach.observability.logs import log
-from agent_reach.settings import redacted
+from agent_reach.errors import InternalError
 from agent_reach.transport.base import Delivery, agent_answer
+from agent_reach.transport.natslink import NatsLink, NatsState
 
 __all__ = ["NatsState", "NatsTransport", "subject_refusal"]
 
 STATUS_HEADER = "Reach-Status"
 MAX_SUBJECT = 256
-REVIVE_MAX_S = 30.0  # the longest wait between tries of a new connection
 _TOKEN = re.compile(r"[!-~]+")  # printable ASCII, no space: what every NATS client can use
 _WILDCARD = re.compile(r"[*>]")
 
@@ -87,32 +76,6 @@ def subject_refusal(url: str, reserved: Sequence[str] = ()) -> str | None:
     return None
 
 
-def _check_server(url: str) -> str:
-    """``url`` if it is a usable ``nats://`` or ``tls://`` server address, else ConfigError."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise ConfigError(f"unusable NATS server {redacted(url)!r}: {exc}", source="nats") from exc
-    if parts.scheme not in ("nats", "tls") or not parts.hostname:
-        raise ConfigError(
-            f"unusable NATS server {redacted(url)!r}: use nats://HOST:PORT or tls://HOST:PORT",
-            source="nats",
-        )
-    if parts.path not in ("", "/") or parts.query or parts.fragment or port == 0:
-        raise ConfigError(f"unusable NATS server {redacted(url)!r}", source="nats")
-    return url
-
-
-class NatsState(NamedTuple):
-    """The link to NATS, for ``/healthz`` and ``/metrics``."""
-
-    connected: bool
-    server: str | None  # the server connected to (password hidden), None when not connected
-    reconnects: int  # links made again since start(): nats-py's reconnects and new connections
-    last_error: str  # the last error the link saw, "" when none
-
-
 class NatsTransport:
     """Delivers to ``nats:SUBJECT`` endpoints over one NATS connection.
 
@@ -138,180 +101,34 @@ class NatsTransport:
         reserved: Sequence[str] = (),
         clock: Clock | None = None,
     ) -> None:
-        if isinstance(servers, str):
-            servers = [servers]
-        if not servers:
-            raise ConfigError("no NATS server given", source="nats")
-        self.servers = [_check_server(url) for url in servers]
-        for value, what in (
-            (connect_timeout_s, "connect_timeout_s"),
-            (reconnect_wait_s, "reconnect_wait_s"),
-            (ping_interval_s, "ping_interval_s"),
-        ):
-            if not (math.isfinite(value) and value > 0):
-                raise ConfigError(f"NATS {what} must be a positive number: {value}", source="nats")
+        self.link = NatsLink(
+            servers,
+            connect_timeout_s=connect_timeout_s,
+            reconnect_wait_s=reconnect_wait_s,
+            ping_interval_s=ping_interval_s,
+            name=name,
+            clock=clock,
+        )
+        self.servers = self.link.servers
         self.max_response_bytes = max_response_bytes
-        self.connect_timeout_s = connect_timeout_s
-        self.reconnect_wait_s = reconnect_wait_s
-        self.ping_interval_s = ping_interval_s
-        self.name = name
         self.reserved = tuple(reserved)
-        self._clock: Clock = clock or SystemClock()
-        self._nc: Client | None = None  # the current client
-        self._connecting: Client | None = None  # a client making its first connection
-        self._started = False
-        self._turning = asyncio.Lock()  # start() and close() one at a time
-        self._revive: asyncio.Task[None] | None = None
-        self._earlier_reconnects = 0  # of the connections replaced since start()
-        self._last_error = ""
         self._refusals: dict[str, str | None] = {}  # url -> subject_refusal(url)
 
-    # --- the link --------------------------------------------------------------------------
+    # --- the link (shared with the gateway's NATS edge) ------------------------------------
 
     async def start(self) -> None:
         """Connect; idempotent. Raises :class:`BackendUnavailable` when no server of
         ``servers`` takes the connection within ``connect_timeout_s``."""
-        async with self._turning:
-            if self._started:
-                return
-            self._nc = await self._connect()
-            self._started = True
-            self._earlier_reconnects = 0
-            log(logging.INFO, "nats.connected", server=self.state().server)
+        await self.link.start()
 
     async def close(self) -> None:
-        """Close the connection (and stop replacing it); idempotent. A closed transport may be
+        """Close the link (and stop replacing it); idempotent. A closed transport may be
         started again."""
-        async with self._turning:
-            self._started = False
-            revive, self._revive = self._revive, None
-            if revive is not None:
-                revive.cancel()
-                await asyncio.wait([revive])  # raises only if our caller is cancelled
-            nc, self._nc = self._nc, None
-            if nc is not None:
-                await self._discard(nc)
+        await self.link.close()
 
     def state(self) -> NatsState:
-        """Whether the link is up, to which server, how often it was made again, its last
-        error."""
-        nc = self._nc
-        url = nc.connected_url if nc is not None else None
-        reconnects = self._earlier_reconnects + (int(nc.stats["reconnects"]) if nc else 0)
-        return NatsState(
-            connected=nc is not None and nc.is_connected,
-            server=redacted(url.geturl()) if url is not None else None,
-            reconnects=reconnects,
-            last_error=self._last_error,
-        )
-
-    async def _connect(self) -> Client:
-        """A new connected client, or BackendUnavailable within ``connect_timeout_s``."""
-        nc = Client()
-        self._connecting, self._last_error = nc, ""
-        ok = False
-        try:
-            async with asyncio.timeout(self.connect_timeout_s):
-                await nc.connect(**self._options(nc))
-            ok = True
-        except TimeoutError as exc:
-            raise BackendUnavailable(
-                f"NATS at {self._where()}: no connection within {self.connect_timeout_s:g} s"
-                + (f" ({self._last_error})" if self._last_error else "")
-            ) from exc
-        except (OSError, nats_errors.Error) as exc:  # what nats-py does not retry itself
-            raise BackendUnavailable(f"NATS at {self._where()}: {exc}") from exc
-        finally:
-            self._connecting = None
-            if not ok:  # a timeout, an error, or our caller cancelled: nothing is left open
-                await self._discard(nc)
-        return nc
-
-    def _options(self, nc: Client) -> dict[str, Any]:
-        """nats-py's connect options (a mapping: nats-py annotates seconds as int, yet uses
-        them as float, through asyncio's sleep and wait_for)."""
-
-        async def on_error(exc: Exception) -> None:
-            self._note_error(nc, exc)
-
-        async def on_disconnected() -> None:
-            if self._started and nc is self._nc:
-                log(logging.WARNING, "nats.disconnected", error=self._last_error)
-
-        async def on_reconnected() -> None:
-            if nc is self._nc:
-                log(logging.INFO, "nats.reconnected", server=self.state().server)
-
-        async def on_closed() -> None:
-            self._closed(nc)
-
-        return {
-            "servers": self.servers,
-            "name": self.name,
-            "error_cb": on_error,
-            "disconnected_cb": on_disconnected,
-            "reconnected_cb": on_reconnected,
-            "closed_cb": on_closed,
-            "allow_reconnect": True,
-            "max_reconnect_attempts": -1,  # forever: the first connect is bounded by start()
-            "reconnect_time_wait": self.reconnect_wait_s,
-            # per try of one server; start() bounds them all
-            "connect_timeout": self.connect_timeout_s,
-            "ping_interval": self.ping_interval_s,
-            "max_outstanding_pings": 2,
-        }
-
-    def _note_error(self, nc: Client, exc: Exception) -> None:
-        """nats-py's error callback: each failed try of a server while the link is down (so
-        the same error is logged once, then only at debug level)."""
-        if nc is not self._nc and nc is not self._connecting:
-            return  # a client being discarded
-        text = str(exc) or type(exc).__name__
-        level = logging.DEBUG if text == self._last_error else logging.WARNING
-        self._last_error = text
-        log(level, "nats.error", servers=self._where(), error=text)
-
-    def _closed(self, nc: Client) -> None:
-        """nats-py's closed callback: a client it gave up on is replaced (not ours to close:
-        :meth:`close` and :meth:`_discard` close clients that are no longer current)."""
-        if not self._started or nc is not self._nc:
-            return
-        if nc.last_error is not None:  # what nats-py gave up on (not always told to on_error)
-            self._last_error = str(nc.last_error)
-        if self._revive is not None and not self._revive.done():
-            return
-        log(logging.WARNING, "nats.closed", servers=self._where(), error=self._last_error)
-        self._revive = asyncio.get_running_loop().create_task(self._replace(nc))
-
-    async def _replace(self, dead: Client) -> None:
-        """Connect again until it works (a new client), waiting longer after each failure."""
-        wait = self.reconnect_wait_s
-        while True:
-            try:
-                nc = await self._connect()
-            except BackendUnavailable as exc:
-                log(logging.WARNING, "nats.connect_failed", error=exc.detail, retry_in_s=wait)
-            except Exception:  # a fault of ours: logged, and the link is still tried again
-                log(logging.ERROR, "nats.replace_failed", exc_info=True, retry_in_s=wait)
-            else:
-                self._earlier_reconnects += int(dead.stats["reconnects"]) + 1
-                self._nc = nc
-                log(logging.INFO, "nats.reconnected", server=self.state().server)
-                return
-            await self._clock.sleep(wait)
-            wait = min(wait * 2, REVIVE_MAX_S)
-
-    async def _discard(self, nc: Client) -> None:
-        """Close a client, within ``connect_timeout_s``; a failure is logged, not raised (the
-        client is dropped either way)."""
-        try:
-            async with asyncio.timeout(self.connect_timeout_s):
-                await nc.close()
-        except (TimeoutError, OSError, nats_errors.Error) as exc:
-            log(logging.WARNING, "nats.close_failed", servers=self._where(), error=repr(exc))
-
-    def _where(self) -> str:
-        return ",".join(redacted(url) for url in self.servers)
+        """The link's state: :meth:`NatsLink.state`."""
+        return self.link.state()
 
     # --- deliveries ------------------------------------------------------------------------
 
@@ -330,17 +147,18 @@ class NatsTransport:
         self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float
     ) -> Delivery:
         """Request ``url``'s subject: :meth:`agent_reach.transport.base.Transport.deliver`."""
-        if not self._started:
+        if not self.link.started:
             raise InternalError("NatsTransport.deliver() before start()")
         refusal = self.refusal(url)
         if refusal is not None:
             return Delivery(
                 Outcome.CONNECT_ERROR, detail=f"not delivered: {refusal}", reached=False, eject=True
             )
-        nc = self._nc
+        nc = self.link.client
         if nc is None or not nc.is_connected:
             # the gateway's link is down, not the agent: not ejected (every NATS agent would be)
-            return _unlinked(f"not delivered: no NATS connection ({self._last_error or 'down'})")
+            why = self.link.last_error or "down"
+            return _unlinked(f"not delivered: no NATS connection ({why})")
         if len(body) > nc.max_payload:
             return _unlinked(f"request of {len(body)} bytes over NATS max_payload {nc.max_payload}")
         subject = url.partition(":")[2]

@@ -3,7 +3,7 @@
 It receives a :class:`~agent_reach.gateway.node.Node` and nothing else. Handlers only parse
 (the request into a :class:`~agent_reach.gateway.service.Caller` and a wire struct), call one
 method of the service, and render. Errors are rendered in one place (:meth:`HttpEdge.handle`)
-from the one table of :mod:`agent_reach.edges.http.status`; anything unexpected is a 500
+from the one table of :mod:`agent_reach.wire.status`; anything unexpected is a 500
 ``internal_error``, logged once with its traceback, and never takes the process down. The
 low-level server (no ``web.Application``, router or middleware) is used because it costs about
 8 µs less per request, a tenth of a heartbeat's whole cost (benchmarks/RESULTS.md).
@@ -26,7 +26,6 @@ from typing import Any
 from aiohttp import web
 
 from agent_reach.edges.http.openapi import openapi_document
-from agent_reach.edges.http.status import headers_for, status_for
 from agent_reach.errors import (
     AgentReachError,
     InternalError,
@@ -38,6 +37,7 @@ from agent_reach.gateway.node import Node
 from agent_reach.gateway.service import Caller, with_ids
 from agent_reach.observability.logs import log
 from agent_reach.wire.bodies import SendBody, decode, encode
+from agent_reach.wire.status import headers_for, status_for
 
 __all__ = ["HttpEdge"]
 

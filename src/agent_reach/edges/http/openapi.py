@@ -14,7 +14,6 @@ from typing import Any
 
 import msgspec
 
-from agent_reach.edges.http.status import STATUS
 from agent_reach.wire.answers import (
     AgentInfo,
     AgentList,
@@ -34,6 +33,7 @@ from agent_reach.wire.bodies import (
     TraceQuery,
 )
 from agent_reach.wire.gateway import ErrorAnswer, HealthAnswer
+from agent_reach.wire.status import STATUS
 
 __all__ = ["ROUTES", "openapi_document"]
 

@@ -1,9 +1,10 @@
 """The one table from the error tree to HTTP: a status and the headers, per contract code.
 
-Used by every HTTP speaker of ours: the gateway's HTTP edge, and the agent SDK's delivery
-listener (which answers the gateway over HTTP). Pure: no aiohttp, no I/O. A code not in the
-table (an error class added without a row) is a 500, and the test suite checks that every class
-of :mod:`agent_reach.errors` has its row.
+Used by every speaker of ours that carries an HTTP status: the gateway's HTTP edge, its NATS
+edge (the status travels as the ``Reach-Status`` header), and the agent SDK's delivery
+listeners (which answer the gateway over HTTP or NATS). Pure: no aiohttp, no I/O. A code not
+in the table (an error class added without a row) is a 500, and the test suite checks that
+every class of :mod:`agent_reach.errors` has its row.
 """
 
 from __future__ import annotations

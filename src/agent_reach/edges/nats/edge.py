@@ -1,0 +1,169 @@
+"""The gateway's API over NATS: responders on ``PREFIX.v1.register|heartbeat|deregister|send``.
+
+It receives a :class:`~agent_reach.gateway.node.Node` with a NATS link (``--nats``) and
+nothing else. The wire (CONTRACT.md v1.1, "NATS transport"): a NATS request whose body is the
+HTTP API's request body; the reply's body is the HTTP API's answer, its header ``Reach-Status``
+the HTTP status (absent: 200; ``Retry-After`` beside a 429); in token mode the bearer token is
+the request's ``Authorization`` header. Every gateway of one registry serves these subjects as
+one queue group (named by the prefix), so NATS hands each request to one of them.
+
+Like the HTTP edge, a handler only parses (the message into a
+:class:`~agent_reach.gateway.service.Caller` and a wire struct), calls the service, and
+renders, with the one status table of :mod:`agent_reach.wire.status`; anything unexpected is a
+500 ``internal_error``, logged once with its traceback.
+
+The caller's ``remote`` is ``nats:`` and the reply subject's inbox (``_INBOX.<id>``, one per
+connection of nats-py and most clients): what rate limits and audit lines key on, as they key
+on the peer address over HTTP. Past ``max_inflight`` requests in hand, a request is answered
+503 at once (the caller's next try may find another gateway of the group).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from nats.aio.msg import Msg
+
+from agent_reach.errors import AgentReachError, BackendUnavailable, InternalError, PayloadTooLarge
+from agent_reach.gateway.node import Node
+from agent_reach.gateway.service import Caller, with_ids
+from agent_reach.observability.logs import log
+from agent_reach.wire.bodies import SendBody, decode, encode
+from agent_reach.wire.status import headers_for, status_for
+
+__all__ = ["OPERATIONS", "NatsEdge"]
+
+OPERATIONS = ("register", "heartbeat", "deregister", "send")
+STATUS_HEADER = "Reach-Status"
+MAX_INFLIGHT = 4096  # requests in hand per operation, past which the answer is 503 at once
+_JSON = {"Content-Type": "application/json"}
+
+Answer = tuple[bytes, Mapping[str, str]]
+
+
+def _render(exc: AgentReachError) -> Answer:
+    status = status_for(exc)
+    return encode(exc.to_body()), {**_JSON, STATUS_HEADER: str(status), **headers_for(exc)}
+
+
+def _busy() -> Answer:
+    return _render(BackendUnavailable("this gateway has too many NATS requests in hand"))
+
+
+class NatsEdge:
+    """The gateway's API over the node's NATS link: :meth:`start`, :meth:`close`."""
+
+    def __init__(self, node: Node, *, max_inflight: int = MAX_INFLIGHT) -> None:
+        if node.nats is None:
+            raise InternalError("NatsEdge needs a node with a NATS link (--nats)")
+        self.node = node
+        self.service = node.service
+        self.settings = node.settings
+        self.link = node.nats.link
+        self.prefix = node.settings.nats_prefix
+        self.max_inflight = max_inflight
+        self._monotonic = node.clock.monotonic
+        self._count = node.metrics.nats_api
+        self._handlers: dict[str, Callable[[Msg, Caller], Awaitable[Any]]] = {
+            "register": self._register,
+            "heartbeat": self._heartbeat,
+            "deregister": self._deregister,
+            "send": self._send,
+        }
+        self._responders: list[Any] = []
+
+    def subject(self, op: str) -> str:
+        return f"{self.prefix}.v1.{op}"
+
+    async def start(self) -> None:
+        """Serve every operation's subject in the prefix's queue group (BackendUnavailable
+        when the link cannot subscribe)."""
+        try:
+            for op in OPERATIONS:
+                responder = await self.link.serve(
+                    self.subject(op),
+                    self._bind(op),
+                    queue=self.prefix,
+                    busy=self._counted_busy(op),
+                    max_inflight=self.max_inflight,
+                )
+                self._responders.append(responder)
+        except BaseException:
+            await self.close()
+            raise
+        log(logging.INFO, "nats.api_serving", subjects=f"{self.prefix}.v1.*", queue=self.prefix)
+
+    async def close(self, grace_s: float = 0.0) -> None:
+        """Leave the queue group (the other gateways get the requests), give those in hand
+        up to ``grace_s`` seconds; idempotent."""
+        responders, self._responders = self._responders, []
+        for responder in responders:
+            await self.link.unserve(responder, grace_s)
+
+    def _counted_busy(self, op: str) -> Callable[[], Answer]:
+        def busy() -> Answer:
+            self._count.labels(op, "503").inc()
+            return _busy()
+
+        return busy
+
+    def _bind(self, op: str) -> Callable[[Msg], Awaitable[Answer]]:
+        handler = self._handlers[op]
+
+        async def handle(msg: Msg) -> Answer:
+            answer = await self._handle(op, handler, msg)
+            status = answer[1].get(STATUS_HEADER, "200")
+            self._count.labels(op, status).inc()
+            return answer
+
+        return handle
+
+    async def _handle(
+        self, op: str, handler: Callable[[Msg, Caller], Awaitable[Any]], msg: Msg
+    ) -> Answer:
+        """One request; every error becomes the contract's error body and its status."""
+        received_at = self._monotonic()  # a send's deadline counts from here
+        try:
+            if len(msg.data) > self.settings.max_body_bytes:
+                raise PayloadTooLarge(f"body over the {self.settings.max_body_bytes} byte limit")
+            return encode(await handler(msg, self._caller(msg, received_at))), _JSON
+        except AgentReachError as exc:
+            return _render(exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log(logging.ERROR, "nats.unhandled", subject=msg.subject, exc_info=True)
+            return _render(InternalError("unexpected error; see gateway log"))
+
+    @staticmethod
+    def _caller(msg: Msg, received_at: float) -> Caller:
+        headers = {key.lower(): value for key, value in (msg.headers or {}).items()}
+        inbox = msg.reply.rpartition(".")[0] or msg.reply
+        return Caller(
+            remote=f"nats:{inbox}",
+            authorization=headers.get("authorization"),
+            traceparent=headers.get("traceparent"),
+            received_at=received_at,
+            delivery="x-reach-attempt" in headers,
+        )
+
+    # --- handlers: parse, call the service ---------------------------------------------------
+
+    async def _register(self, msg: Msg, caller: Caller) -> Any:
+        return await self.service.register(caller, msg.data)
+
+    async def _heartbeat(self, msg: Msg, caller: Caller) -> Any:
+        return await self.service.heartbeat(caller, msg.data)
+
+    async def _deregister(self, msg: Msg, caller: Caller) -> Any:
+        return await self.service.deregister(caller, msg.data)
+
+    async def _send(self, msg: Msg, caller: Caller) -> Any:
+        try:
+            body = decode(msg.data, SendBody)
+        except AgentReachError as exc:
+            raise with_ids(exc) from None
+        return await self.service.send(caller, body)
