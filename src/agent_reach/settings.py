@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -14,17 +15,27 @@ from agent_reach.errors import ConfigError
 
 __all__ = [
     "DEFAULT_GATEWAY_URL",
+    "DEFAULT_NATS_PREFIX",
+    "NATS_OPERATIONS",
     "GatewaySettings",
+    "NatsGateway",
     "gateway_token",
     "gateway_url",
     "gateway_urls",
     "is_loopback",
+    "nats_gateway",
+    "not_over_nats",
     "redacted",
 ]
 
 DEFAULT_PURGE_AFTER_S = 3600.0
 DEFAULT_GATEWAY_URL = "http://127.0.0.1:7700"
 GATEWAY_ENV = "AGENT_REACH_GATEWAY"
+DEFAULT_NATS_PREFIX = "agent-reach"  # the gateway's --nats-prefix default
+# what the gateway serves over NATS (edges/nats): PREFIX.v1.<operation>
+NATS_OPERATIONS = ("register", "heartbeat", "deregister", "send")
+_HTTP_SCHEMES = ("http://", "https://")
+_NATS_SCHEMES = ("nats://", "tls://")
 
 
 def is_loopback(host: str) -> bool:
@@ -67,9 +78,15 @@ def gateway_urls(
     ``http://10.0.0.1:7700,http://10.0.0.2:7700``), else ``http://127.0.0.1:7700``. Each URL
     must be http(s) with a host (and a valid port, if any); spaces and trailing slashes are
     stripped, empty items between commas skipped, and repeats dropped (the first place counts).
-    Raises ConfigError naming the first URL that is not usable.
 
-    The one place the SDKs read that variable (when called, never at import).
+    Or, for gateways reached over NATS: ``nats://[USER:PASSWORD@]HOST:PORT[/PREFIX]`` (or
+    ``tls://``), PREFIX being the gateways' ``--nats-prefix`` (default ``agent-reach``).
+    Several such URLs are the servers of one NATS system (the gateways serving PREFIX share
+    the requests as a queue group; the client does not fail over between them), so they must
+    name one prefix; :func:`nats_gateway` reads them. A list is either http(s) or NATS.
+
+    Raises ConfigError naming the first URL that is not usable (or the two that do not go
+    together). The one place the SDKs read that variable (when called, never at import).
     """
     given: Sequence[str] = (explicit,) if isinstance(explicit, str) else explicit or ()
     if not any(item.strip(" ,") for item in given):
@@ -79,23 +96,113 @@ def gateway_urls(
         for part in item.split(","):
             url = part.strip()
             if url and (url := _check_gateway_url(url).rstrip("/")) not in urls:
+                if urls:
+                    _check_together(urls[0], url)
                 urls.append(url)
     if not urls:
         raise ConfigError(f"no gateway URL in {given!r}")
+    nats_gateway(urls)  # NATS ones: one prefix
     return tuple(urls)
 
 
+@dataclass(frozen=True, slots=True)
+class NatsGateway:
+    """Gateways reached over one NATS system: its ``servers``
+    (``nats://[USER:PASSWORD@]HOST:PORT``, no path) and the gateways' ``prefix``."""
+
+    servers: tuple[str, ...]
+    prefix: str
+
+    def subject(self, operation: str) -> str:
+        """The subject of one of :data:`NATS_OPERATIONS`: ``PREFIX.v1.OPERATION``."""
+        return f"{self.prefix}.v1.{operation}"
+
+
+def nats_gateway(urls: Sequence[str]) -> NatsGateway | None:
+    """The NATS system and prefix of gateway URLs (as :func:`gateway_urls` gives them), or
+    None when they are http(s) ones. ConfigError for a list that is not one or the other, or
+    whose NATS URLs name different prefixes."""
+    if not urls or not urls[0].startswith(_NATS_SCHEMES):
+        for url in urls:
+            _check_together(urls[0], url)
+        return None
+    servers: list[str] = []
+    prefixes: dict[str, str] = {}
+    for url in urls:
+        _check_together(urls[0], url)
+        server, prefix = _nats_parts(url)
+        prefixes.setdefault(prefix, url)
+        if server not in servers:
+            servers.append(server)
+    if len(prefixes) > 1:
+        named = ", ".join(f"{prefix!r} ({url})" for prefix, url in prefixes.items())
+        raise ConfigError(
+            f"NATS gateway URLs name different prefixes: {named}; they are the servers of one"
+            " NATS system and must share the gateways' --nats-prefix"
+        )
+    return NatsGateway(tuple(servers), next(iter(prefixes)))
+
+
+def not_over_nats(what: str) -> ConfigError:
+    """The refusal of a call or command (``what``: ``GET /v1/agents``, ``agents``) that the
+    gateway does not serve over NATS."""
+    return ConfigError(
+        f"{what} is not served over NATS: over NATS the gateway serves only register,"
+        " heartbeat, deregister and send; use an http:// gateway for the rest"
+    )
+
+
 def _check_gateway_url(url: str) -> str:
-    if not url.startswith(("http://", "https://")):
-        raise ConfigError(f"gateway URL must start with http:// or https://, got {url!r}")
+    nats = url.startswith(_NATS_SCHEMES)
+    if not (nats or url.startswith(_HTTP_SCHEMES)):
+        raise ConfigError(
+            "gateway URL must start with http:// or https:// (or nats:// or tls:// for"
+            f" gateways over NATS), got {redacted(url)!r}"
+        )
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018  (raises ValueError for a port that is not a number or too big)
+        port = parts.port  # raises ValueError for a port that is not a number or too big
     except ValueError as exc:
-        raise ConfigError(f"gateway URL {url!r} is not a valid URL: {exc}") from None
+        raise ConfigError(f"gateway URL {redacted(url)!r} is not a valid URL: {exc}") from None
     if not parts.hostname:
-        raise ConfigError(f"gateway URL {url!r} has no host")
+        raise ConfigError(f"gateway URL {redacted(url)!r} has no host")
+    if nats:
+        if port == 0 or parts.query or parts.fragment:
+            raise ConfigError(
+                f"gateway URL {redacted(url)!r}: use nats://[USER:PASSWORD@]HOST:PORT[/PREFIX]"
+            )
+        _nats_parts(url)  # the prefix
     return url
+
+
+def _check_together(first: str, url: str) -> None:
+    if first.startswith(_NATS_SCHEMES) != url.startswith(_NATS_SCHEMES):
+        raise ConfigError(
+            f"gateway URLs cannot mix http(s) and NATS: got {redacted(url)!r} after"
+            f" {redacted(first)!r} (a list is either gateways over HTTP or the servers of one"
+            " NATS system)"
+        )
+
+
+_PREFIX_TOKEN = re.compile(r"[!-~]+")  # printable ASCII, no space
+
+
+def _nats_parts(url: str) -> tuple[str, str]:
+    """(the server address of a NATS gateway URL, the prefix of its path or the default)."""
+    scheme, _, rest = url.partition("://")
+    netloc, _, path = rest.partition("/")
+    prefix = path.rstrip("/") or DEFAULT_NATS_PREFIX
+    tokens = prefix.split(".")
+    if (
+        prefix.startswith("$")
+        or not all(_PREFIX_TOKEN.fullmatch(token) for token in tokens)
+        or any(c in prefix for c in "*>/%")
+    ):
+        raise ConfigError(
+            f"gateway URL {redacted(url)!r}: the prefix {prefix!r} (the gateways'"
+            " --nats-prefix) must be a NATS subject without wildcards, spaces or a leading $"
+        )
+    return f"{scheme}://{netloc}", prefix
 
 
 @dataclass(frozen=True, slots=True)

@@ -163,8 +163,14 @@ def test_every_metric_is_documented_and_the_dashboard_uses_served_ones(
     table = (DOCS / "operations.md").read_text()
     documented = set(re.findall(r"\| `(agent_reach_[a-z_]+)` \|", table))
     assert served <= documented, served - documented
-    # shared registries only; the gateway above runs the in-memory one
-    assert documented - served == {"agent_reach_registry_sync_age_seconds"}
+    # shared registries only (the gateway above runs the in-memory one), and --nats only
+    # (tests/integration/test_nats_gateway.py reads those)
+    assert documented - served == {
+        "agent_reach_registry_sync_age_seconds",
+        "agent_reach_nats_connected",
+        "agent_reach_nats_reconnects_total",
+        "agent_reach_nats_slow_consumer_drops_total",
+    }
 
     dashboard = json.loads((DOCS / "grafana" / "agent-reach.json").read_text())
     assert dashboard["__inputs"][0]["name"] == "DS_PROMETHEUS"

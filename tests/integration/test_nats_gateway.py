@@ -10,9 +10,12 @@ import os
 import secrets
 from collections.abc import AsyncIterator, Iterator
 
+from urllib import request
+
 import nats
 import pytest
 from nats.aio.msg import Msg
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support import Proc, gateway, http, start_agent
 
@@ -79,6 +82,18 @@ async def test_a_nats_agent_is_reached_by_intent_with_the_contract_headers(
     assert (status, answer["error"], len(answer["attempts"])) == (502, "agent_error", 1)
     code, health = http("GET", f"{gw.url}/healthz")
     assert code == 200 and health["nats"]["connected"] is True
+    assert health["nats"]["slow_consumers"] == 0
+    with request.urlopen(f"{gw.url}/metrics", timeout=5) as resp:
+        scraped = resp.read().decode()
+    values = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(scraped)
+        for sample in family.samples
+        if sample.name.startswith("agent_reach_nats_")
+    }
+    assert values["agent_reach_nats_connected"] == 1.0
+    assert values["agent_reach_nats_reconnects_total"] == 0.0
+    assert values["agent_reach_nats_slow_consumer_drops_total"] == 0.0
 
 
 async def test_no_responders_fails_over_to_an_http_twin_and_ejects_the_nats_one(

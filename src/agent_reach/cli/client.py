@@ -1,4 +1,5 @@
-"""The client commands: ``agents``, ``send``, ``route``, ``trace`` and ``doctor``.
+"""The client commands: ``agents``, ``send``, ``route``, ``trace`` and ``doctor`` (and, in
+:mod:`agent_reach.cli.endpoints`, ``register``, ``heartbeat`` and ``deregister``).
 
 Thin: they parse, make one call through :class:`~agent_reach.sdk.client.ReachClient` and print
 what :mod:`agent_reach.cli.render` makes of the answer. Their exit codes are
@@ -120,6 +121,7 @@ def send(
             msg_id=msg_id,
             sender=sender,
         ),
+        over_nats=True,
     )
     if as_json:
         click.echo(render.to_json(render.reply_body(reply)))

@@ -24,7 +24,14 @@ from agent_reach.errors import (
     InternalError,
 )
 from agent_reach.sdk.client import ReachClient
-from agent_reach.settings import DEFAULT_GATEWAY_URL, GATEWAY_ENV, TOKEN_ENV, gateway_urls
+from agent_reach.settings import (
+    DEFAULT_GATEWAY_URL,
+    GATEWAY_ENV,
+    TOKEN_ENV,
+    gateway_urls,
+    nats_gateway,
+    not_over_nats,
+)
 
 __all__ = [
     "ExitCode",
@@ -169,7 +176,9 @@ def stderr() -> Console:
 
 
 def _gateway(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
-    # one URL or several, comma-separated: the client fails over between them
+    # one URL or several, comma-separated: the client fails over between them (or, nats://
+    # ones, the servers of one NATS system); a command that cannot go over NATS says so in
+    # reach(), when it calls the gateway (offline `auth token --keys` never does)
     try:
         return ",".join(gateway_urls(value))
     except ConfigError as exc:
@@ -191,7 +200,8 @@ def gateway_options(command: Callable[..., Any], *, token_help: str) -> Callable
         envvar=GATEWAY_ENV,
         show_envvar=True,
         callback=_gateway,
-        help=f"the gateway to talk to (several: comma-separated, tried in turn)"
+        help=f"the gateway to talk to (several: comma-separated, tried in turn); or"
+        f" nats://HOST:PORT[/PREFIX] for register, heartbeat, deregister and send over NATS"
         f"  [default: {DEFAULT_GATEWAY_URL}]",
     )(command)
 
@@ -209,9 +219,22 @@ def client_options(command: Callable[..., Any]) -> Callable[..., Any]:
     )
 
 
-def reach(gateway: str, token: str | None, call: Callable[[ReachClient], Awaitable[T]]) -> T:
+def reach(
+    gateway: str,
+    token: str | None,
+    call: Callable[[ReachClient], Awaitable[T]],
+    *,
+    over_nats: bool = False,
+) -> T:
     """Run one client call and return its result; an error answer (or no usable gateway) goes
-    up to :class:`Group`, which prints it as ``--json`` asks and exits 1 (3)."""
+    up to :class:`Group`, which prints it as ``--json`` asks and exits 1 (3).
+
+    ``over_nats``: whether the call is one the gateway serves over NATS (register, heartbeat,
+    deregister, send); if not, a ``nats://`` gateway is refused before anything is sent
+    (ConfigError, exit 2), naming the command."""
+    if not over_nats and nats_gateway(gateway_urls(gateway)) is not None:
+        context = click.get_current_context(silent=True)
+        raise not_over_nats(f"`{context.command_path}`" if context else "this command")
 
     async def go() -> T:
         async with ReachClient(gateway, token=token) as client:

@@ -1,7 +1,8 @@
 """The ``agent-reach`` command: parse flags, load settings, configure logging, start things.
 
 ``serve`` starts a gateway and ``demo`` a whole stack; the client commands (``agents``,
-``send``, ``route``, ``trace``, ``doctor``) are in :mod:`agent_reach.cli.client`, the ``auth``
+``send``, ``route``, ``trace``, ``doctor``) are in :mod:`agent_reach.cli.client`, ``register``,
+``heartbeat`` and ``deregister`` in :mod:`agent_reach.cli.endpoints`, the ``auth``
 group (keys, tokens, policy check) in :mod:`agent_reach.cli.auth`, and what they share (flags
 read from ``AGENT_REACH_*``, :class:`ExitCode`) in :mod:`agent_reach.cli.common`.
 """
@@ -22,6 +23,7 @@ from aiohttp import web
 from agent_reach.cli.auth import auth
 from agent_reach.cli.client import COMMANDS as CLIENT_COMMANDS
 from agent_reach.cli.common import ExitCode, Group, env_name, option, stdout
+from agent_reach.cli.endpoints import COMMANDS as ENDPOINT_COMMANDS
 from agent_reach.observability import logs
 from agent_reach.settings import GatewaySettings, redacted
 
@@ -35,10 +37,12 @@ SHUTDOWN_S = 5.0
 def main() -> None:
     """Agent-Reach: the address book, routing switch and heartbeat line between agents.
 
-    The client commands (agents, send, route, trace, doctor) talk to the gateway named by
-    --gateway or AGENT_REACH_GATEWAY (default http://127.0.0.1:7700), with the bearer token of
-    --token or AGENT_REACH_TOKEN when it runs in token mode; --json prints the wire contract's
-    JSON on stdout, errors included. `auth` makes keys and tokens and checks a policy file.
+    The client commands (agents, send, route, trace, doctor, register, heartbeat, deregister)
+    talk to the gateway named by --gateway or AGENT_REACH_GATEWAY (default
+    http://127.0.0.1:7700; send, register, heartbeat and deregister also over NATS:
+    nats://HOST:PORT[/PREFIX]), with the bearer token of --token or AGENT_REACH_TOKEN when it
+    runs in token mode; --json prints the wire contract's JSON on stdout, errors included.
+    `auth` makes keys and tokens and checks a policy file.
 
     \b
     Exit codes:
@@ -367,5 +371,5 @@ def demo(host: str, port: int, keep_running: bool, log_dir: Path | None) -> None
     )
 
 
-for command in (*CLIENT_COMMANDS, auth):
+for command in (*CLIENT_COMMANDS, *ENDPOINT_COMMANDS, auth):
     main.add_command(command)

@@ -14,6 +14,10 @@ the next, within the same timeout (:mod:`._failover` says in which order). The o
 "no client retries": a send whose connection could not even be made, so that no gateway has seen
 it; it goes to the next gateway with the same ``msg_id`` and what is left of its deadline.
 
+Given ``nats://`` gateway URLs, the calls go over NATS instead (:mod:`._natsgateway`, imported
+only then, so that the SDK needs nats-py only for them): register, heartbeat, deregister and
+send; every other call is refused with a ConfigError, before anything is sent.
+
 Bodies and answers are the structs of :mod:`agent_reach.wire` (built and parsed in
 :mod:`._wire`). ``SyncReachClient`` (:mod:`.sync`, re-exported here) is the blocking facade:
 there is one implementation of every call, the async one.
@@ -24,13 +28,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 from urllib.parse import quote
 
 import msgspec
 
 from agent_reach.clock import Clock
-from agent_reach.errors import DeadlineExceeded, GatewayUnavailable
+from agent_reach.errors import ConfigError, DeadlineExceeded, GatewayUnavailable
 from agent_reach.sdk._credentials import Credentials
 from agent_reach.sdk._failover import (
     CONNECT_TIMEOUT_S,
@@ -53,7 +57,7 @@ from agent_reach.sdk._wire import (
     traceparent_header,
 )
 from agent_reach.sdk.sync import SyncReachClient
-from agent_reach.settings import gateway_urls
+from agent_reach.settings import gateway_urls, nats_gateway
 from agent_reach.wire.answers import (
     AgentInfo,
     AgentList,
@@ -69,6 +73,9 @@ from agent_reach.wire.answers import (
 )
 from agent_reach.wire.bodies import EndpointIdBody, SendBody
 from agent_reach.wire.ids import new_id
+
+if TYPE_CHECKING:
+    from agent_reach.sdk._natsgateway import NatsGatewayPool
 
 __all__ = [
     "DEFAULT_TIMEOUT_MS",
@@ -105,6 +112,13 @@ class ReachClient:
     ``timeout_s`` bounds each call that is not a send, across the gateways tried (register,
     heartbeat and deregister take a bound of their own too); ``headers`` go on every request.
 
+    Over NATS (``nats://[USER:PASSWORD@]HOST:PORT[/PREFIX]``, docs/client.md): several URLs are
+    the servers of one NATS system, the gateways serving PREFIX share the requests (no
+    failover here: ``cooloff_s``, ``on_failover`` and ``max_connections`` have no use), and
+    ``connect_timeout_s`` bounds the first connection to NATS. Only register, heartbeat,
+    deregister and send are served; other calls raise ConfigError. Needs nats-py
+    (``pip install 'agent-reach-gateway[nats]'``).
+
     ``token`` (token mode, docs/security.md): a string, or a function giving the current one;
     default ``$AGENT_REACH_TOKEN``, if set. Given a string (an agent without the agent SDK,
     holding its enrollment token), the client keeps the endpoint token of each registration it
@@ -130,33 +144,49 @@ class ReachClient:
         on_failover: Callable[[Failover], None] | None = None,
     ) -> None:
         self._tokens = Credentials(token)
-        self._gateways = GatewayPool(
-            GatewayRing(gateway_urls(gateway), cooloff_s=cooloff_s),
-            headers=headers,
-            max_connections=max_connections,
-            connect_timeout_s=connect_timeout_s,
-            clock=clock,
-            token=self._tokens.own,
-            on_failover=on_failover or log_failover,
-        )
+        urls = gateway_urls(gateway)
+        self._gateways: GatewayPool | NatsGatewayPool
+        if nats_gateway(urls) is None:
+            self._gateways = GatewayPool(
+                GatewayRing(urls, cooloff_s=cooloff_s),
+                headers=headers,
+                max_connections=max_connections,
+                connect_timeout_s=connect_timeout_s,
+                clock=clock,
+                token=self._tokens.own,
+                on_failover=on_failover or log_failover,
+            )
+        else:  # the servers of one NATS system, and the gateways' prefix
+            self._gateways = _over_nats(
+                urls,
+                headers=headers,
+                connect_timeout_s=connect_timeout_s,
+                clock=clock,
+                token=self._tokens.own,
+            )
         self.sender = sender
         self.timeout_ms = timeout_ms
         self.timeout_s = timeout_s
 
     @property
     def gateway(self) -> str:
-        """The current gateway: the last one that answered (the first given, before any)."""
-        return self._gateways.ring.current
+        """The current gateway: the last one that answered (the first given, before any).
+        Over NATS: the URL (password hidden) of the NATS server the client is connected to."""
+        pool = self._gateways
+        return pool.ring.current if isinstance(pool, GatewayPool) else pool.current
 
     @property
     def gateways(self) -> tuple[str, ...]:
-        """Every gateway this client may use, in the order given."""
-        return self._gateways.ring.urls
+        """Every gateway this client may use, in the order given (over NATS: the URLs of the
+        NATS servers given)."""
+        pool = self._gateways
+        return pool.ring.urls if isinstance(pool, GatewayPool) else pool.urls
 
     @property
     def connect_timeout_s(self) -> float:
         """With several gateways: how long making a connection may take before the next
-        gateway is tried (may be changed between calls)."""
+        gateway is tried (may be changed between calls). Over NATS: how long the first
+        connection to NATS may take (read when it is made)."""
         return self._gateways.connect_timeout_s
 
     @connect_timeout_s.setter
@@ -412,3 +442,17 @@ class ReachClient:
         if status != 200:
             raise GatewayUnavailable(f"{url}/metrics answered HTTP {status}")
         return str(text)
+
+
+def _over_nats(urls: Sequence[str], **options: Any) -> NatsGatewayPool:
+    """The pool of ``nats://`` gateways (nats-py imported only now)."""
+    try:
+        from agent_reach.sdk._natsgateway import NatsGatewayPool
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "nats":
+            raise
+        raise ConfigError(
+            "a nats:// gateway needs nats-py: pip install 'agent-reach-gateway[nats]'",
+            source="gateway",
+        ) from None
+    return NatsGatewayPool(urls, **options)

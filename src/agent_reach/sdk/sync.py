@@ -34,7 +34,8 @@ T = TypeVar("T")
 
 class SyncReachClient:
     """The blocking facade of :class:`~agent_reach.sdk.client.ReachClient`, for scripts and
-    threads; it takes the same arguments.
+    threads; it takes the same arguments (``nats://`` gateways included: the NATS connection is
+    made on the private loop, at the first call).
 
     It owns a private event loop in a daemon thread; every method submits the async call there and
     waits for it. Safe to share between threads. ``close()`` (or ``with``) stops the loop.
