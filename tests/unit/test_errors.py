@@ -7,7 +7,7 @@ import pytest
 from agent_reach import errors
 from agent_reach.errors import AgentReachError, error_from_answer
 from agent_reach.settings import gateway_url
-from agent_reach.wire.status import STATUS, headers_for, status_for
+from agent_reach.wire.status import STATUS, headers_for, reach_status, status_for
 
 CODES = {
     "invalid_request": errors.InvalidRequest,
@@ -132,3 +132,25 @@ def test_gateway_url_explicit_then_env_then_default() -> None:
     assert gateway_url(None, {"AGENT_REACH_GATEWAY": ""}) == "http://127.0.0.1:7700"
     with pytest.raises(errors.ConfigError, match="http"):
         gateway_url("127.0.0.1:7700", {})
+
+
+@pytest.mark.parametrize(
+    ("raw", "status"),
+    [
+        (None, 200),
+        ("200", 200),
+        (" 503 ", 503),
+        ("404", 404),
+        ("099", None),
+        ("600", None),
+        ("20", None),
+        ("2000", None),
+        ("abc", None),
+        ("", None),
+        ("5e2", None),
+    ],
+)
+def test_a_reach_status_header_reads_as_an_http_status_or_as_unusable(
+    raw: str | None, status: int | None
+) -> None:
+    assert reach_status(raw) == status

@@ -45,10 +45,10 @@ from agent_reach.errors import (
 from agent_reach.sdk._failover import CONNECT_TIMEOUT_S, describe, unusable
 from agent_reach.settings import NatsGateway, nats_gateway, not_over_nats, redacted
 from agent_reach.transport.natslink import NatsLink
+from agent_reach.wire.status import STATUS_HEADER, reach_status
 
 __all__ = ["NatsGatewayPool"]
 
-STATUS_HEADER = "Reach-Status"
 # the HTTP calls that the gateway serves over NATS, and their operation (subject suffix)
 OPERATIONS = {
     ("POST", "/v1/register"): "register",
@@ -247,7 +247,7 @@ class NatsGatewayPool:
     ) -> tuple[int, Any, Mapping[str, str], str]:
         got = Headers(headers or {})
         raw = got.get(STATUS_HEADER)
-        status = _status(raw)
+        status = reach_status(raw)
         if status is None:
             raise GatewayUnavailable(
                 f"the answer over NATS to {subject} has {STATUS_HEADER} {raw!r}, not an HTTP status"
@@ -278,13 +278,3 @@ class Headers(Mapping[str, str]):
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and name.lower() in self._by_name
-
-
-def _status(raw: str | None) -> int | None:
-    """The HTTP status of a ``Reach-Status`` value: absent is 200; None when unusable."""
-    if raw is None:
-        return 200
-    raw = raw.strip()
-    if len(raw) != 3 or not raw.isdigit() or not 100 <= int(raw) <= 599:
-        return None
-    return int(raw)

@@ -32,10 +32,10 @@ from agent_reach.core.model import Outcome
 from agent_reach.errors import InternalError
 from agent_reach.transport.base import Delivery, agent_answer
 from agent_reach.transport.natslink import NatsLink, NatsState
+from agent_reach.wire.status import STATUS_HEADER, reach_status
 
 __all__ = ["NatsState", "NatsTransport", "subject_refusal"]
 
-STATUS_HEADER = "Reach-Status"
 MAX_SUBJECT = 256
 _TOKEN = re.compile(r"[!-~]+")  # printable ASCII, no space: what every NATS client can use
 _WILDCARD = re.compile(r"[*>]")
@@ -199,7 +199,7 @@ class NatsTransport:
                 Outcome.AGENT_ERROR, detail=f"answer larger than {self.max_response_bytes} bytes"
             )
         raw = got.get("reach-status")
-        status = _status(raw)
+        status = reach_status(raw)
         if status is None:
             return Delivery(
                 Outcome.AGENT_ERROR,
@@ -217,13 +217,3 @@ def _unlinked(detail: str) -> Delivery:
 def _headers(headers: Mapping[str, str] | None) -> dict[str, str]:
     """Reply headers by lower-case name (NATS keeps the case an agent wrote)."""
     return {key.lower(): value for key, value in (headers or {}).items()}
-
-
-def _status(raw: str | None) -> int | None:
-    """The HTTP status of a ``Reach-Status`` value: absent is 200; None when unusable."""
-    if raw is None:
-        return 200
-    raw = raw.strip()
-    if len(raw) != 3 or not raw.isdigit() or not 100 <= int(raw) <= 599:
-        return None
-    return int(raw)

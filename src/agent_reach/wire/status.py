@@ -13,7 +13,10 @@ import math
 
 from agent_reach.errors import AgentReachError, InvalidRequest, RateLimited
 
-__all__ = ["STATUS", "headers_for", "status_for"]
+__all__ = ["STATUS", "STATUS_HEADER", "headers_for", "reach_status", "status_for"]
+
+# the NATS header that carries the HTTP status of an answer (absent: 200)
+STATUS_HEADER = "Reach-Status"
 
 STATUS: dict[str, int] = {
     "invalid_request": 422,  # 400 when the body is not JSON at all (InvalidRequest.malformed)
@@ -52,3 +55,14 @@ def headers_for(exc: AgentReachError) -> dict[str, str]:
     if isinstance(exc, RateLimited):
         return {"Retry-After": str(max(1, math.ceil(exc.retry_after_s or 1)))}
     return {}
+
+
+def reach_status(raw: str | None) -> int | None:
+    """The HTTP status of a ``Reach-Status`` header value: absent is 200; None when it is not
+    an HTTP status (three digits, 100-599)."""
+    if raw is None:
+        return 200
+    raw = raw.strip()
+    if len(raw) != 3 or not raw.isdigit() or not 100 <= int(raw) <= 599:
+        return None
+    return int(raw)
