@@ -3,6 +3,9 @@
 Modes: ok (echo what it was given), fail (answer 500), hang (never answer), slow (answer after
 --delay-ms), reject (answer 422), big (answer 2 MiB). Every answer says which agent and process
 answered and what trace headers it saw; every request is logged as JSON with its trace id.
+
+``--serve nats://HOST:PORT`` serves over NATS instead of HTTP (default: ``$AGENT_REACH_SERVE``,
+else HTTP, as the SDK decides), on ``--subject`` when given, with ``--max-inflight``.
 """
 
 from __future__ import annotations
@@ -21,10 +24,20 @@ parser.add_argument("--id", required=True)
 parser.add_argument("--intents", default="test.echo")
 parser.add_argument("--mode", choices=["ok", "fail", "hang", "slow", "reject", "big"], default="ok")
 parser.add_argument("--delay-ms", type=float, default=0.0)
+parser.add_argument("--serve", default=None)
+parser.add_argument("--subject", default=None)
+parser.add_argument("--max-inflight", type=int, default=None)
 args = parser.parse_args()
 
 logs.configure("INFO")
-agent = Agent(args.id, gateway=args.gateway, shutdown_timeout=0.5)
+agent = Agent(
+    args.id,
+    gateway=args.gateway,
+    shutdown_timeout=0.5,
+    serve=args.serve,
+    subject=args.subject,
+    max_inflight=args.max_inflight,
+)
 
 
 async def handle(payload: Any, ctx: ReachContext) -> dict[str, Any]:
@@ -43,6 +56,7 @@ async def handle(payload: Any, ctx: ReachContext) -> dict[str, Any]:
         "pid": os.getpid(),
         "payload": payload,
         "trace_id": ctx.trace_id,
+        "traceparent": ctx.traceparent,
         "msg_id": ctx.msg_id,
         "attempt": ctx.attempt,
         "deadline_ms": ctx.deadline_ms,

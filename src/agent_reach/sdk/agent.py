@@ -13,24 +13,34 @@
 The pieces, one module each: :mod:`._delivery` turns a delivery into an answer (context, dedup
 by ``msg_id``, error table) whatever the transport; :mod:`._lifeline` registers and heartbeats
 on a thread of its own (the line itself in :mod:`._beat`, through the client SDK's calls);
-:mod:`.asgi` mounts the delivery endpoint into an existing ASGI app. This
-module wires them: its own aiohttp server (``run``/``start``/``stop``), or an existing app's
-lifespan (``asgi``/``lifespan``). Details and reasons: docs/agent-sdk.md.
+:mod:`.asgi` mounts the delivery endpoint into an existing ASGI app; :mod:`._natslistener`
+answers deliveries over NATS. This module wires them: its own aiohttp server or a NATS
+subscription (``run``/``start``/``stop``, chosen by ``serve``), or an existing app's lifespan
+(``asgi``/``lifespan``). Details and reasons: docs/agent-sdk.md.
+
+Invariants: nats-py is imported only for an agent that serves over NATS (a ConfigError naming
+the extra to install when it is missing); ``serve``, ``subject`` and the NATS servers are
+checked when the agent is made, so a bad one never gets as far as ``start``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
+import logging
+import os
 import signal
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 from aiohttp import StreamReader, web
 
 from agent_reach.core.names import is_endpoint_id, is_intent
+from agent_reach.errors import ConfigError
+from agent_reach.observability.logs import log
 from agent_reach.sdk._assertions import DeliveryVerifier
 from agent_reach.sdk._delivery import (
     DEFAULT_WORKERS,
@@ -46,9 +56,22 @@ from agent_reach.sdk.client import ReachClient, Reply
 from agent_reach.sdk.context import ReachContext, Reject
 from agent_reach.settings import gateway_token, gateway_urls
 
-__all__ = ["DEFAULT_WORKERS", "Agent", "Handler", "ReachContext", "Reject"]
+if TYPE_CHECKING:
+    from agent_reach.sdk._natslistener import NatsListener
+
+__all__ = [
+    "DEFAULT_WORKERS",
+    "SERVE_ENV",
+    "Agent",
+    "Handler",
+    "ReachContext",
+    "Reject",
+    "nats_servers",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
+SERVE_ENV = "AGENT_REACH_SERVE"
+INFLIGHT_PER_WORKER = 4  # max_inflight's default: this many deliveries in hand per worker
 
 
 class Agent:
@@ -73,6 +96,16 @@ class Agent:
     reaches present. ``verify_deliveries`` (default: on when the agent has a token) refuses
     deliveries not signed by the gateway for this endpoint (unsigned, expired, replayed or
     mis-addressed; :mod:`agent_reach.sdk._assertions`).
+
+    Over NATS (docs/agent-sdk.md, "Serving over NATS"): ``serve`` is ``"http"`` (the agent's
+    own server, as above) or ``nats://HOST:PORT[,nats://...]``; it defaults to
+    ``$AGENT_REACH_SERVE``, else ``"http"`` (:func:`nats_servers`). Over NATS the agent opens
+    no port: it answers requests to ``subject`` (default ``agents.NAME``, with ``.`` in NAME
+    mapped to ``~``: :func:`agent_reach.sdk._natslistener.agent_subject`) in the queue group
+    named by its endpoint id, so that replicas share the load, and registers
+    ``nats:<subject>``. Past ``max_inflight`` deliveries in hand (default ``4 x workers``) a
+    request is answered 503 at once; ``host``, ``port`` and ``path`` are not used. A bad
+    ``subject`` is a ValueError here; ``subject`` without NATS too.
     """
 
     def __init__(
@@ -94,12 +127,30 @@ class Agent:
         retry_max_s: float = 5.0,
         token: str | None = None,
         verify_deliveries: bool | None = None,
+        serve: str | None = None,
+        subject: str | None = None,
+        max_inflight: int | None = None,
     ) -> None:
         if not is_endpoint_id(endpoint_id):
             raise ValueError(f"{endpoint_id!r} is not an agent://name endpoint id")
         if not path.startswith("/"):
             raise ValueError(f"path must start with '/', got {path!r}")
         self.endpoint_id = endpoint_id
+        # () for HTTP; the NATS servers to serve deliveries through otherwise
+        self.nats_servers = nats_servers(serve)
+        self._nats_explicit = serve is not None and bool(self.nats_servers)
+        self.subject: str | None = None  # the NATS subject served (None over HTTP)
+        if self.nats_servers:
+            _require_nats()
+            from agent_reach.sdk._natslistener import agent_subject, check_servers, check_subject
+
+            self.nats_servers = check_servers(self.nats_servers)
+            self.subject = agent_subject(endpoint_id) if subject is None else check_subject(subject)
+        elif subject is not None:
+            raise ValueError("subject is for an agent that serves over NATS (serve='nats://...')")
+        if max_inflight is not None and max_inflight < 1:
+            raise ValueError("max_inflight must be at least 1")
+        self.max_inflight = INFLIGHT_PER_WORKER * workers if max_inflight is None else max_inflight
         self.gateways = gateway_urls(gateway)
         self.description = description
         self.host, self.port, self.path = host, port, path
@@ -124,6 +175,7 @@ class Agent:
         )
         self._lifeline: Lifeline | None = None
         self._runner: web.AppRunner | None = None
+        self._listener: NatsListener | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: ReachClient | None = None
 
@@ -176,16 +228,22 @@ class Agent:
         line = self._lifeline
         return line.interval if line is not None else None
 
-    # -- serving on the agent's own aiohttp server ------------------------------------------
+    # -- serving on the agent's own aiohttp server, or over NATS ----------------------------
 
     async def start(self) -> None:
-        """Serve deliveries on ``host:port/path``, register, and start the heartbeat line.
+        """Serve deliveries (on ``host:port/path``, or on ``subject`` over NATS), register, and
+        start the heartbeat line.
 
         Returns after the first registration attempt. A gateway that cannot be reached is not
         an error (the agent keeps trying, and serves meanwhile); one that refuses the
         registration (4xx) raises its error (e.g. :class:`~agent_reach.errors.InvalidRequest`).
+        Over NATS, a NATS system that takes no connection within 2 s raises
+        :class:`~agent_reach.errors.BackendUnavailable` (nothing is registered).
         """
         self._check_startable()
+        if self.nats_servers:
+            await self._start_nats()
+            return
         app = web.Application()
         app.router.add_route("*", self.path, self._serve)
         runner = web.AppRunner(
@@ -202,13 +260,47 @@ class Agent:
             await runner.cleanup()
             raise
 
+    async def _start_nats(self) -> None:
+        from agent_reach.sdk._natslistener import NatsListener
+
+        assert self.subject is not None  # set with nats_servers
+        listener = NatsListener(
+            self.nats_servers,
+            self.subject,
+            queue=self.endpoint_id,  # replicas of one id share its deliveries
+            dispatcher=self._dispatcher,
+            max_body_bytes=self.max_body_bytes,
+            max_inflight=self.max_inflight,
+        )
+        # subscribed before registering: the gateway never routes to a subject nobody serves
+        await listener.start()
+        self._listener = listener
+        try:
+            await self._begin(f"nats:{self.subject}")
+        except BaseException:
+            self._listener = None
+            await listener.stop()
+            raise
+
     async def stop(self) -> None:
         """Deregister and stop heartbeating, then stop serving (deliveries in flight get up to
-        ``shutdown_timeout`` seconds). Safe to call twice."""
-        await self._end(close=False)
+        ``shutdown_timeout`` seconds). Safe to call twice.
+
+        Over NATS the order differs, for replicas (which share one registration): the agent
+        leaves its queue group first (new deliveries go to the other members), lets those in
+        flight finish, and then deregisters only if no other member answers."""
+        listener, self._listener = self._listener, None
+        replicas = False
+        if listener is not None:
+            replicas = await listener.leave(self.shutdown_timeout)
+            if replicas:
+                log(logging.INFO, "agent.replicas_remain", endpoint_id=self.endpoint_id)
+        await self._end(close=False, deregister=not replicas)
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+        if listener is not None:
+            await listener.stop()
         await self._dispatcher.close()
 
     def run(self) -> None:
@@ -262,6 +354,9 @@ class Agent:
         parts = urlsplit(endpoint_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"endpoint_url must be an http(s) URL, got {endpoint_url!r}")
+        if self._nats_explicit:
+            # ($AGENT_REACH_SERVE is for agents that serve themselves: a mount ignores it)
+            raise ValueError("the ASGI mount is served over HTTP: make the Agent without serve=")
 
         @contextlib.asynccontextmanager
         async def span(app: Any) -> AsyncIterator[None]:
@@ -340,15 +435,49 @@ class Agent:
             await asyncio.wrap_future(line.stop())
             raise
 
-    async def _end(self, *, close: bool) -> None:
+    async def _end(self, *, close: bool, deregister: bool = True) -> None:
         line, self._lifeline = self._lifeline, None
         if line is not None:
-            await asyncio.wrap_future(line.stop())
+            await asyncio.wrap_future(line.stop(deregister=deregister))
         client, self._client = self._client, None
         if client is not None:
             await client.close()
         if close:
             await self._dispatcher.close()
+
+
+def nats_servers(serve: str | None = None, env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The NATS servers an agent serves its deliveries through; () for its own HTTP server.
+
+    ``serve`` is ``"http"`` or ``nats://HOST:PORT`` (``tls://`` too; several comma-separated,
+    of one NATS system); when it is None, ``$AGENT_REACH_SERVE`` (same forms; empty or unset:
+    HTTP). ConfigError for anything else. The one place the SDK reads that variable (when an
+    Agent is made, never at import): the switch that moves the demo agents and the end-to-end
+    suite to NATS without a change of code.
+    """
+    source = "serve"
+    if serve is None:
+        serve, source = (os.environ if env is None else env).get(SERVE_ENV, ""), SERVE_ENV
+    given = serve.strip()
+    if given.lower() in ("", "http"):
+        return ()
+    servers = tuple(part.strip() for part in given.split(",") if part.strip())
+    if not all(url.startswith(("nats://", "tls://")) for url in servers):
+        raise ConfigError(
+            f"{source} must be 'http' or nats://HOST:PORT[,nats://...], got {given!r}",
+            source=source,
+        )
+    return servers
+
+
+def _require_nats() -> None:
+    """ConfigError naming the extra to install when nats-py is not there (before
+    :mod:`agent_reach.sdk._natslistener`, which imports it, is imported)."""
+    if importlib.util.find_spec("nats") is None:
+        raise ConfigError(
+            "serving over NATS needs nats-py: pip install 'agent-reach-gateway[nats]'",
+            source="serve",
+        )
 
 
 async def _read_capped(stream: StreamReader, limit: int) -> bytes | None:
