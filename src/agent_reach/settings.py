@@ -17,6 +17,7 @@ __all__ = [
     "DEFAULT_GATEWAY_URL",
     "DEFAULT_NATS_PREFIX",
     "NATS_OPERATIONS",
+    "SERVE_ENV",
     "GatewaySettings",
     "NatsGateway",
     "gateway_token",
@@ -24,6 +25,7 @@ __all__ = [
     "gateway_urls",
     "is_loopback",
     "nats_gateway",
+    "nats_servers",
     "not_over_nats",
     "redacted",
 ]
@@ -31,6 +33,7 @@ __all__ = [
 DEFAULT_PURGE_AFTER_S = 3600.0
 DEFAULT_GATEWAY_URL = "http://127.0.0.1:7700"
 GATEWAY_ENV = "AGENT_REACH_GATEWAY"
+SERVE_ENV = "AGENT_REACH_SERVE"  # where SDK agents serve deliveries: http, or NATS servers
 DEFAULT_NATS_PREFIX = "agent-reach"  # the gateway's --nats-prefix default
 # what the gateway serves over NATS (edges/nats): PREFIX.v1.<operation>
 NATS_OPERATIONS = ("register", "heartbeat", "deregister", "send")
@@ -116,6 +119,30 @@ class NatsGateway:
     def subject(self, operation: str) -> str:
         """The subject of one of :data:`NATS_OPERATIONS`: ``PREFIX.v1.OPERATION``."""
         return f"{self.prefix}.v1.{operation}"
+
+
+def nats_servers(serve: str | None = None, env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The NATS servers an agent serves its deliveries through; () for its own HTTP server.
+
+    ``serve`` is ``"http"`` or ``nats://HOST:PORT`` (``tls://`` too; several comma-separated,
+    of one NATS system); when it is None, ``$AGENT_REACH_SERVE`` (same forms; empty or unset:
+    HTTP). ConfigError for anything else. The one place the SDK reads that variable (when an
+    Agent is made, never at import): the switch that moves the demo agents and the end-to-end
+    suite to NATS without a change of code.
+    """
+    source = "serve"
+    if serve is None:
+        serve, source = (os.environ if env is None else env).get(SERVE_ENV, ""), SERVE_ENV
+    given = serve.strip()
+    if given.lower() in ("", "http"):
+        return ()
+    servers = tuple(part.strip() for part in given.split(",") if part.strip())
+    if not all(url.startswith(("nats://", "tls://")) for url in servers):
+        raise ConfigError(
+            f"{source} must be 'http' or nats://HOST:PORT[,nats://...], got {given!r}",
+            source=source,
+        )
+    return servers
 
 
 def nats_gateway(urls: Sequence[str]) -> NatsGateway | None:

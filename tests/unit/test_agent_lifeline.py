@@ -131,6 +131,24 @@ def test_with_several_gateways_calls_leave_most_of_the_interval_for_moving(
     assert bounds == pytest.approx((beat, connect))
 
 
+@pytest.mark.parametrize(
+    ("gateways", "connect"),
+    [
+        (["http://127.0.0.1:1", "http://127.0.0.1:2"], 1.0),  # several gateways: bounded
+        (["http://127.0.0.1:1"], 5.0),
+        # several NATS servers are one NATS system, not gateways to move between
+        (["nats://127.0.0.1:1", "nats://127.0.0.1:2"], 5.0),
+    ],
+)
+async def test_several_nats_servers_count_as_one_gateway_for_the_call_bounds(
+    gateways: list[str], connect: float
+) -> None:
+    async with ReachClient(gateways) as client:
+        registration = register_body("agent://w-01", ["w.query"], "http://127.0.0.1:9/r", "")
+        HeartbeatLine(client, registration, clock=FakeClock(), request_timeout_s=5.0)
+        assert client.connect_timeout_s == pytest.approx(connect)
+
+
 # --- the line, against a scripted gateway ----------------------------------------------------
 
 

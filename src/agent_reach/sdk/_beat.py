@@ -54,6 +54,7 @@ from agent_reach.errors import (
 from agent_reach.observability.logs import log
 from agent_reach.sdk._failover import Failover, describe, never_sent
 from agent_reach.sdk._schedule import DEREGISTER_WITHIN_S, Outcome, call_bounds, next_wait
+from agent_reach.settings import nats_gateway
 from agent_reach.wire.bodies import RegisterBody
 
 if TYPE_CHECKING:
@@ -106,7 +107,9 @@ class HeartbeatLine:
 
     @property
     def _several(self) -> bool:
-        return len(self.client.gateways) > 1
+        # several NATS servers are one NATS system: the queue group moves between gateways
+        gateways = self.client.gateways
+        return len(gateways) > 1 and nats_gateway(gateways) is None
 
     def _bound_calls(self) -> None:
         self._beat_s, connect = call_bounds(

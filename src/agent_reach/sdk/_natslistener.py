@@ -41,6 +41,7 @@ from nats.aio.msg import Msg
 from agent_reach.errors import BackendUnavailable, InternalError
 from agent_reach.observability.logs import log
 from agent_reach.sdk._delivery import Answer, Dispatcher, from_error, too_large
+from agent_reach.settings import DEFAULT_NATS_PREFIX
 from agent_reach.transport.nats import subject_refusal
 from agent_reach.transport.natslink import Answer as Reply
 from agent_reach.transport.natslink import NatsLink, NatsState, Responder, check_server
@@ -65,7 +66,7 @@ PROBE_S = 0.5  # how long leave() waits for another member's answer
 _TOKEN_MAP = str.maketrans({".": "~"})
 # the gateway's own API is under its --nats-prefix (GatewaySettings' default, this one): refused
 # at once here; under another prefix the gateway refuses the registration (422)
-_RESERVED = ("agent-reach",)
+_RESERVED = (DEFAULT_NATS_PREFIX,)
 
 
 def agent_subject(endpoint_id: str) -> str:

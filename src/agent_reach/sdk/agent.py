@@ -29,9 +29,8 @@ import asyncio
 import contextlib
 import importlib.util
 import logging
-import os
 import signal
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
@@ -54,7 +53,7 @@ from agent_reach.sdk._wire import EMPTY, register_body
 from agent_reach.sdk.asgi import AsgiDelivery
 from agent_reach.sdk.client import ReachClient, Reply
 from agent_reach.sdk.context import ReachContext, Reject
-from agent_reach.settings import gateway_token, gateway_urls
+from agent_reach.settings import SERVE_ENV, gateway_token, gateway_urls, nats_servers
 
 if TYPE_CHECKING:
     from agent_reach.sdk._natslistener import NatsListener
@@ -70,7 +69,6 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
-SERVE_ENV = "AGENT_REACH_SERVE"
 INFLIGHT_PER_WORKER = 4  # max_inflight's default: this many deliveries in hand per worker
 
 
@@ -444,30 +442,6 @@ class Agent:
             await client.close()
         if close:
             await self._dispatcher.close()
-
-
-def nats_servers(serve: str | None = None, env: Mapping[str, str] | None = None) -> tuple[str, ...]:
-    """The NATS servers an agent serves its deliveries through; () for its own HTTP server.
-
-    ``serve`` is ``"http"`` or ``nats://HOST:PORT`` (``tls://`` too; several comma-separated,
-    of one NATS system); when it is None, ``$AGENT_REACH_SERVE`` (same forms; empty or unset:
-    HTTP). ConfigError for anything else. The one place the SDK reads that variable (when an
-    Agent is made, never at import): the switch that moves the demo agents and the end-to-end
-    suite to NATS without a change of code.
-    """
-    source = "serve"
-    if serve is None:
-        serve, source = (os.environ if env is None else env).get(SERVE_ENV, ""), SERVE_ENV
-    given = serve.strip()
-    if given.lower() in ("", "http"):
-        return ()
-    servers = tuple(part.strip() for part in given.split(",") if part.strip())
-    if not all(url.startswith(("nats://", "tls://")) for url in servers):
-        raise ConfigError(
-            f"{source} must be 'http' or nats://HOST:PORT[,nats://...], got {given!r}",
-            source=source,
-        )
-    return servers
 
 
 def _require_nats() -> None:
