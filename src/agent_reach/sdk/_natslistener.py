@@ -45,6 +45,7 @@ from agent_reach.settings import DEFAULT_NATS_PREFIX
 from agent_reach.transport.nats import subject_refusal
 from agent_reach.transport.natslink import Answer as Reply
 from agent_reach.transport.natslink import NatsLink, NatsState, Responder, check_server
+from agent_reach.wire.status import STATUS_HEADER
 
 __all__ = [
     "PRESENCE_HEADER",
@@ -57,7 +58,6 @@ __all__ = [
 ]
 
 SUBJECT_ROOT = "agents"  # default subjects: agents.<NAME>
-STATUS_HEADER = "Reach-Status"  # the HTTP status of the answer, when not 200 (CONTRACT v1.1)
 PRESENCE_HEADER = "Reach-Presence"  # a request asking "does a member still serve this?"
 PROBE_S = 0.5  # how long leave() waits for another member's answer
 # NAME is [a-z0-9._-]: "." separates NATS tokens, and is the only character to map. "~" is
