@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: run test test-e2e-redis test-slow bench lint format clean
+.PHONY: run test test-e2e-redis test-e2e-nats test-slow bench lint format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -13,6 +13,10 @@ $(BIN)/python:
 # one stamp per set of extras, redone when pyproject.toml changes
 $(VENV)/.installed-base: pyproject.toml | $(BIN)/python
 	$(PIP) install -e .
+	@touch $@
+# the demo puts one agent on NATS when a nats-server answers: the gateway's --nats needs nats-py
+$(VENV)/.installed-run: pyproject.toml | $(BIN)/python
+	$(PIP) install -e '.[nats]'
 	@touch $@
 # the browser extra too: the dashboard's tests drive the system's Chromium with Playwright
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
@@ -26,21 +30,30 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	@touch $@
 
 ## run: the gateway and the demo agents on the in-memory registry, the scenarios, then serve
-## until Ctrl-C (port: AGENT_REACH_PORT, default 7700)
-run: $(VENV)/.installed-base
+## until Ctrl-C (port: AGENT_REACH_PORT, default 7700); one more agent on NATS when a
+## nats-server answers on AGENT_REACH_NATS (default nats://127.0.0.1:4222)
+run: $(VENV)/.installed-run
 	$(BIN)/agent-reach demo --keep-running --port $${AGENT_REACH_PORT:-7700}
 
 ## test: the whole suite (unit, contract, integration, end-to-end), then the end-to-end suite
-## again with every gateway on the shared Redis registry; long scenarios: test-slow
+## again with every gateway on the shared Redis registry, and again with the agents on NATS;
+## long scenarios: test-slow
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-e2e-redis
+	$(MAKE) --no-print-directory test-e2e-nats
 
 ## test-e2e-redis: the end-to-end suite, and token mode's forbidden moves (ids bound to their
 ## registration must hold across a shared registry), with the gateways on redis://127.0.0.1:6379/0
 test-e2e-redis: $(VENV)/.installed-test
 	AGENT_REACH_TEST_REGISTRY=$${AGENT_REACH_TEST_REGISTRY:-redis://127.0.0.1:6379/0} \
 		$(BIN)/python -m pytest tests/e2e tests/integration/test_security.py -m "not slow" $(PYTEST_ARGS)
+
+## test-e2e-nats: the end-to-end suite with the agents serving over NATS (AGENT_REACH_SERVE)
+## and every gateway on --nats nats://127.0.0.1:4222 under a prefix of its own
+test-e2e-nats: $(VENV)/.installed-test
+	AGENT_REACH_TEST_SERVE=$${AGENT_REACH_TEST_SERVE:-nats://127.0.0.1:4222} \
+		$(BIN)/python -m pytest tests/e2e -m "not slow" $(PYTEST_ARGS)
 
 # long load and fault scenarios (marked slow; none yet: pytest's "no tests" exit 5 is fine here)
 test-slow: $(VENV)/.installed-test

@@ -1,11 +1,21 @@
-"""Test helpers: real gateway and agent processes on 127.0.0.1, waited on with bounds."""
+"""Test helpers: real gateway and agent processes on 127.0.0.1, waited on with bounds.
+
+Two switches run the same tests over other backends (the Makefile's ``test-e2e-redis`` and
+``test-e2e-nats``): ``AGENT_REACH_TEST_REGISTRY`` puts every gateway on a shared registry, and
+``AGENT_REACH_TEST_SERVE`` (e.g. ``nats://127.0.0.1:4222``) puts the agents on NATS: every
+gateway then runs with ``--nats`` (and a ``--nats-prefix`` of its own), and every agent process
+started here (:func:`start_agent`, :func:`start_sdk_agent`) gets ``AGENT_REACH_SERVE``, so that
+it serves its deliveries over NATS (it still registers and heartbeats over HTTP).
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -17,10 +27,17 @@ from pathlib import Path
 from typing import Any
 from urllib import error, request
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_URL = os.environ.get("AGENT_REACH_TEST_REDIS", "redis://127.0.0.1:6379/0")
 BEHAVE = ROOT / "tests" / "agents" / "behave.py"
-_URL = re.compile(rb"(http://127\.0\.0\.1:\d+\S*)")
+# the NATS switch: the servers the agents serve over (None: over HTTP, as by default)
+TEST_SERVE = os.environ.get("AGENT_REACH_TEST_SERVE", "").strip() or None
+NATS_SERVER = os.environ.get("AGENT_REACH_TEST_NATS_SERVER", "/usr/sbin/nats-server")
+# what a process prints once it serves: a gateway's or an HTTP agent's URL, or where an agent
+# on NATS listens ("agent://x serving [...] at nats:agents.x")
+_URL = re.compile(rb"(http://127\.0\.0\.1:\d+\S*)| at (nats:\S+)")
 
 
 @dataclass
@@ -67,8 +84,8 @@ def _start(cmd: list[str], timeout: float = 15.0, env: dict[str, str] | None = N
         if chunk:
             buf += chunk
             match = _URL.search(buf)
-            if match and b"\n" in buf[match.end() :] + b"\n":
-                return Proc(popen, match.group(1).decode(), log)
+            if match and b"\n" in buf[match.end() :]:  # the whole line
+                return Proc(popen, (match.group(1) or match.group(2)).decode(), log)
         if popen.poll() is not None:
             break
         time.sleep(0.02)
@@ -84,7 +101,9 @@ def gateway(*flags: str) -> Iterator[Proc]:
 
     With ``AGENT_REACH_TEST_REGISTRY`` set (e.g. ``redis://127.0.0.1:6379/0``, as
     ``make test-e2e-redis`` does), a gateway not given ``--registry`` runs on that registry
-    under a key prefix of its own, dropped afterwards.
+    under a key prefix of its own, dropped afterwards. With ``AGENT_REACH_TEST_SERVE`` set
+    (``make test-e2e-nats``), a gateway not given ``--nats`` runs with ``--nats`` on those
+    servers, under a ``--nats-prefix`` of its own.
     """
     port = [] if "--port" in flags else ["--port", "0"]
     shared = os.environ.get("AGENT_REACH_TEST_REGISTRY")
@@ -94,7 +113,11 @@ def gateway(*flags: str) -> Iterator[Proc]:
         if shared and "--registry" not in flags
         else []
     )
-    proc = _start([sys.executable, "-m", "agent_reach", "serve", *port, *registry, *flags])
+    nats = ["--nats", TEST_SERVE, "--nats-prefix", prefix] if TEST_SERVE else []
+    if "--nats" in flags:
+        nats = []
+    cmd = [sys.executable, "-m", "agent_reach", "serve", *port, *registry, *nats, *flags]
+    proc = _start(cmd)
     try:
         yield proc
     finally:
@@ -113,8 +136,9 @@ def start_agent(
     token: str | None = None,
 ) -> Proc:
     """A real agent process (tests/agents/behave.py), registered when this returns; with
-    ``token`` (its enrollment token, as AGENT_REACH_TOKEN), it verifies deliveries."""
-    return _start(
+    ``token`` (its enrollment token, as AGENT_REACH_TOKEN), it verifies deliveries. Over NATS
+    under the switch (:func:`start_sdk_agent`)."""
+    return start_sdk_agent(
         [
             sys.executable,
             str(BEHAVE),
@@ -131,6 +155,93 @@ def start_agent(
         ],
         env={"AGENT_REACH_TOKEN": token} if token else None,
     )
+
+
+def start_sdk_agent(
+    cmd: list[str], env: dict[str, str] | None = None, timeout: float = 15.0
+) -> Proc:
+    """An agent process built on the SDK (a demo agent, an example), started with
+    :func:`_start`; under the NATS switch with ``AGENT_REACH_SERVE`` set, so that it serves
+    over NATS (unless ``env`` says otherwise)."""
+    serve = {"AGENT_REACH_SERVE": TEST_SERVE} if TEST_SERVE else {}
+    env = {**serve, **(env or {})}
+    proc = _start(cmd, timeout, env=env)
+    if env.get("AGENT_REACH_SERVE"):  # the switch took: it serves on a subject, no port
+        assert proc.url.startswith("nats:"), (cmd, proc.url)
+    return proc
+
+
+# a test without agent processes: under the NATS switch only its gateway's flags would change,
+# and nothing it checks travels over NATS (skipped there: it ran in the plain pass)
+no_agents = pytest.mark.skipif(
+    TEST_SERVE is not None,
+    reason="no agent process: nothing this test checks travels over NATS",
+)
+# a test that starts its processes itself, not through these helpers (the demo, a docs page's
+# shell script): neither switch reaches them, so a switched pass would only run it again
+own_processes = pytest.mark.skipif(
+    TEST_SERVE is not None or bool(os.environ.get("AGENT_REACH_TEST_REGISTRY")),
+    reason="starts its own processes, which no switch reaches: it ran in the plain pass",
+)
+
+
+def free_port() -> int:
+    """A port nothing listens on now (bound and released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class NatsServer:
+    """A nats-server of the test's own on a free port (no JetStream, nothing kept)."""
+
+    port: int = field(default_factory=free_port)
+    popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def answers(self) -> bool:
+        """Whether it answers as a nats-server does (its INFO line), within a short bound."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.settimeout(0.5)
+                return s.recv(4) == b"INFO"
+        except OSError:
+            return False
+
+    def start(self, timeout: float = 10.0) -> None:
+        binary = NATS_SERVER if os.access(NATS_SERVER, os.X_OK) else shutil.which("nats-server")
+        if binary is None:
+            pytest.skip(f"no nats-server ({NATS_SERVER}; apt-get install -y nats-server)")
+        cmd = [binary, "-a", "127.0.0.1", "-p", str(self.port)]
+        self.popen = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while not self.answers():
+            if self.popen.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"nats-server did not start on {self.port}")
+            time.sleep(0.02)  # polling interval, not a settle delay
+
+    def stop(self) -> None:
+        """SIGKILL: every client connection drops at once."""
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait(5)
+        self.popen = None
+
+
+@contextmanager
+def private_nats() -> Iterator[NatsServer]:
+    """A :class:`NatsServer`, started, and stopped afterwards."""
+    server = NatsServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def http(

@@ -5,7 +5,12 @@ its executable: Playwright's own browser download cannot work here. Without a Ch
 without the ``browser`` extra) the module is skipped, saying why. ``AGENT_REACH_CHROMIUM``
 names another executable.
 
-The last test leaves a screenshot of a realistic state (agents healthy, degraded and suspect,
+The NATS link (``GET /healthz``'s ``nats``) is shown by a gateway on a private nats-server,
+stopped and started again under the open page. The page shows what the API answers whatever
+the agents' transport, so tests/support.py's NATS switch skips this module (it ran in the HTTP
+pass).
+
+The screenshot test leaves a screenshot of a realistic state (agents healthy, degraded and suspect,
 recent requests, one trace open): in pytest's temporary directory, or at
 ``AGENT_REACH_SCREENSHOT`` (``docs/img/dashboard.png`` is made that way).
 """
@@ -18,12 +23,22 @@ import re
 import shutil
 import signal
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support import Proc, gateway, http, start_agent, status_of, wait_until
+from tests.support import (
+    TEST_SERVE,
+    Proc,
+    gateway,
+    http,
+    private_nats,
+    start_agent,
+    status_of,
+    wait_until,
+)
 
 
 def _find_chromium() -> str | None:
@@ -42,6 +57,12 @@ if CHROMIUM is None:
         "no Chromium executable (apt-get install -y chromium, or set AGENT_REACH_CHROMIUM)",
         allow_module_level=True,
     )
+if TEST_SERVE is not None:
+    pytest.skip(
+        "HTTP only: the page renders the API's answers whatever the agents' transport"
+        " (its NATS element is tested on a private nats-server in the HTTP pass)",
+        allow_module_level=True,
+    )
 sync_api = pytest.importorskip(
     "playwright.sync_api", reason="playwright is not installed: pip install -e '.[browser]'"
 )
@@ -52,6 +73,9 @@ HEALTHY = ("agent://weather-cn-01", "agent://weather-cn-02", "agent://note-01")
 SLOW = "agent://report-01"  # slower than --slow-threshold-ms: degraded once it has answered
 PILL = "e => [e.textContent, getComputedStyle(e).color]"  # the label and its colour, at once
 PAUSED = "agent://pause-01"  # its process is stopped (SIGSTOP): heartbeats stop
+# the NATS link's element: its text and its colour, at once
+NATS_LINK = "e => [e.textContent, getComputedStyle(e).color]"
+NATS_RED = "rgb(255, 123, 114)"
 
 
 @pytest.fixture(scope="module")
@@ -88,21 +112,28 @@ def browser() -> Iterator[Any]:
             chromium.close()
 
 
-@pytest.fixture
-def page(browser: Any, gw: Proc) -> Iterator[Any]:
-    """A fresh page on the dashboard; fails the test on any console error or page error."""
+@contextmanager
+def open_page(browser: Any, url: str) -> Iterator[Any]:
+    """A fresh page on ``url``; fails the test on any console error or page error."""
     context = browser.new_context(viewport={"width": 1440, "height": 900})
     page = context.new_page()
     page.set_default_timeout(WAIT_MS)
     problems: list[str] = []
     page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-    page.goto(f"{gw.url}/")
+    page.goto(url)
     try:
         yield page
     finally:
         context.close()
     assert problems == []
+
+
+@pytest.fixture
+def page(browser: Any, gw: Proc) -> Iterator[Any]:
+    """A fresh page on the dashboard; fails the test on any console error or page error."""
+    with open_page(browser, f"{gw.url}/") as page:
+        yield page
 
 
 def agent_row(page: Any, endpoint_id: str) -> Any:
@@ -120,6 +151,8 @@ def test_the_page_loads_and_shows_the_registered_agents(page: Any, gw: Proc) -> 
     expect(row.locator("td.age")).to_contain_text("s ago")
     expect(page.locator("#summary")).to_contain_text("5 agents")
     expect(page.locator("#live")).to_have_attribute("data-state", "live")
+    # the NATS link: shown only when the gateway runs with --nats (the page has polled by now)
+    expect(page.locator("#nats")).to_be_hidden()
     # intents: who serves each, how many are routable now
     intent = page.locator('#intents-body tr[data-key="weather.query"]')
     expect(intent.locator(".chip")).to_have_count(3)
@@ -243,6 +276,33 @@ def test_an_agent_changes_colour_when_its_heartbeats_stop(
     # without a reload
     wait_until(lambda: status_of(gw.url, PAUSED) in ("healthy", "degraded"), timeout=10)
     expect(row).to_have_attribute("data-status", re.compile("^(healthy|degraded)$"))
+
+
+def test_the_nats_link_shows_connected_and_turns_red_when_it_drops(browser: Any) -> None:
+    with (
+        private_nats() as server,
+        gateway("--nats", server.url) as proc,
+        open_page(browser, f"{proc.url}/") as page,
+    ):
+        link = page.locator("#nats")
+        expect(link).to_have_attribute("data-state", "connected")
+        expect(link).to_be_visible()
+        text, colour = link.evaluate(NATS_LINK)
+        assert text == f"NATS connected · {server.url}", text
+        assert colour != NATS_RED
+        assert "reconnects: 0" in (link.get_attribute("title") or "")
+
+        server.stop()  # the gateway keeps serving HTTP, and says its link is down
+        expect(link).to_have_attribute("data-state", "disconnected")
+        text, colour = link.evaluate(NATS_LINK)
+        assert text.startswith("NATS disconnected"), text
+        assert colour == NATS_RED
+        assert http("GET", f"{proc.url}/healthz")[1]["nats"]["connected"] is False
+
+        server.start()  # on the same port: the gateway's link comes back by itself
+        expect(link).to_have_attribute("data-state", "connected")
+        expect(link).to_contain_text("1 reconnect")
+        assert link.evaluate(NATS_LINK)[1] != NATS_RED
 
 
 def save_screenshot(page: Any, tmp_path: Path) -> None:

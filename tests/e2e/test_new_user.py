@@ -15,7 +15,7 @@ import sys
 import time
 
 from agent_reach import SyncReachClient
-from tests.support import ROOT, _start, gateway
+from tests.support import ROOT, gateway, start_sdk_agent
 
 
 def cli(gw: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -37,7 +37,7 @@ def test_write_start_see_reach_kill_watch_it_fall() -> None:
     assert len(code_lines) <= 15
 
     with gateway("--heartbeat-interval", "0.5") as gw:
-        agent = _start(
+        agent = start_sdk_agent(
             [sys.executable, str(ROOT / "examples" / "hello_agent.py")],
             env={"AGENT_REACH_GATEWAY": gw.url},
         )

@@ -43,7 +43,7 @@ from agent_reach.core.model import EndpointRecord
 from agent_reach.errors import AgentReachError, RegistryFull
 from agent_reach.registry.redis import RESYNC_EPS_S, STALENESS_BOUND_S, RedisRegistry
 from agent_reach.sdk.client import ReachClient
-from tests.support import Proc, gateway, http, start_agent, status_of, wait_until
+from tests.support import Proc, gateway, http, no_agents, start_agent, status_of, wait_until
 
 # on top of a stated bound: the test's own HTTP polls (every 10 ms) and scheduling
 SLACK_S = 0.35
@@ -234,6 +234,7 @@ def test_register_via_a_route_via_b_heartbeat_and_deregister_anywhere(
         assert private_redis.ids(net) == set()
 
 
+@no_agents
 def test_a_gateway_restart_loses_nothing(private_redis: PrivateRedis) -> None:
     net = prefix()
     names = [f"agent://restart-{i:02d}" for i in range(20)]
@@ -370,6 +371,7 @@ def test_redis_stopped_and_restarted_empty_under_load(
 # --- Redis frozen: a partition in which packets go unanswered ------------------------------------
 
 
+@no_agents
 def test_redis_frozen_writes_are_buffered_at_once_and_written_when_it_answers(
     private_redis: PrivateRedis,
 ) -> None:
@@ -496,6 +498,7 @@ def test_gateway_killed_under_load_callers_fail_over(
 # --- shutdown while the loops are busy -----------------------------------------------------------
 
 
+@no_agents
 async def test_close_ends_even_when_a_cancellation_is_lost(private_redis: PrivateRedis) -> None:
     # On Python 3.11, asyncio.wait_for (which redis-py awaits while sending a command) returns
     # the result and drops the cancellation when both happen at once: a background loop
@@ -514,6 +517,7 @@ async def test_close_ends_even_when_a_cancellation_is_lost(private_redis: Privat
 # --- the record cap while Redis is away ----------------------------------------------------------
 
 
+@no_agents
 async def test_while_redis_is_away_the_cap_is_checked_on_the_view(
     private_redis: PrivateRedis,
 ) -> None:

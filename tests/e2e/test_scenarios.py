@@ -1,4 +1,5 @@
-"""End-to-end: a real gateway process and real agent processes on loopback."""
+"""End-to-end: a real gateway process and real agent processes on loopback (their deliveries
+over HTTP, or over NATS under tests/support.py's NATS switch)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ from typing import Any
 import pytest
 
 from tests.support import (
+    TEST_SERVE,
     Proc,
-    _start,
     gateway,
     http,
     start_agent,
+    start_sdk_agent,
     status_of,
     wait_until,
 )
@@ -41,7 +43,9 @@ def test_the_three_seed_scenarios_with_the_demo_agents(agents: list[Proc]) -> No
     with gateway() as gw:
         for module in ("weather", "note"):
             agents.append(
-                _start([sys.executable, "-m", f"agent_reach.demo.{module}", "--gateway", gw.url])
+                start_sdk_agent(
+                    [sys.executable, "-m", f"agent_reach.demo.{module}", "--gateway", gw.url]
+                )
             )
         status, body = send(
             gw,
@@ -110,6 +114,12 @@ def test_sigkill_under_concurrent_load_loses_no_request(agents: list[Proc]) -> N
         assert by_agent["agent://e2e-victim-01"] > 0  # it did serve before the kill
         assert by_agent["agent://e2e-survivor-01"] > 0
         assert len(results) > 50
+        if TEST_SERVE:
+            # over NATS no connection is refused: the requests in flight to the dead agent end
+            # as timeouts (and were retried), the others avoided it while those were open. The
+            # next request it is given finds no responders, which takes it out at once
+            _, body = send(gw, intent="test.echo", recipient_hint="agent://e2e-victim-01")
+            assert body["attempts"][0]["outcome"] == "connect_error", body
         assert status_of(gw.url, "agent://e2e-victim-01") == "suspect"
 
 

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support import ROOT
+from tests.support import ROOT, own_processes
 
 DOC = ROOT / "docs" / "security.md"
 _BLOCK = re.compile(r"<!-- secured-setup: (\w+) -->\n```(\w+)\n(.*?)```", re.S)
@@ -69,6 +69,7 @@ def script(parts: dict[str, str], python: str) -> str:
     return "\n".join(out) + "\n"
 
 
+@own_processes  # the page's commands, as written, in a clean shell (no AGENT_REACH_*)
 def test_the_secured_setup_of_the_docs_works_as_written(tmp_path: Path) -> None:
     parts = blocks()
     assert {"keys", "policy", "serve", "enroll", "send", "forbidden"} <= parts.keys()

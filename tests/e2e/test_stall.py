@@ -6,9 +6,10 @@ import re
 import signal
 import time
 
-from tests.support import gateway, http, status_of, wait_until
+from tests.support import gateway, http, no_agents, status_of, wait_until
 
 
+@no_agents
 def test_a_stopped_gateway_does_not_demote_agents_when_it_resumes() -> None:
     # degraded after 4 s, suspect after 8 s, down after 12 s without a heartbeat
     with gateway("--heartbeat-interval", "4") as gw:

@@ -2,5 +2,6 @@
 
 Shipped inside the package so that ``agent-reach demo`` works from an install, not only from a
 checkout. Each agent is a module runnable as ``python -m agent_reach.demo.weather`` (``note``,
-``scheduler``) with ``--gateway``, ``--id`` and ``--port``.
+``scheduler``, ``air``) with ``--gateway``, ``--id`` and ``--port``; with ``AGENT_REACH_SERVE``
+set to a ``nats://`` server it serves over NATS instead (the stack does so for ``air``).
 """

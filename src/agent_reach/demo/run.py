@@ -1,14 +1,20 @@
-"""``agent-reach demo`` and ``make run``: the stack, the seed's three scenarios, one more hop.
+"""``agent-reach demo`` and ``make run``: the stack, the seed's three scenarios, one more hop,
+and one agent on NATS when a nats-server answers.
 
 The scenarios: a request routed by intent (``weather.query``), a side effect delivered once
 (``note.create``), a request refused rather than misdelivered (``unknown.action`` ->
 ``no_capable_agent``), and an agent reaching two others through the gateway under one trace id
-(``schedule.plan``). ``run`` returns the exit code: 0 when every scenario ended as expected.
+(``schedule.plan``). With NATS (``$AGENT_REACH_NATS``, default ``nats://127.0.0.1:4222``,
+probed with a bound before anything starts) the gateway runs with ``--nats`` and one more
+scenario reaches an agent that serves over NATS (``air.query``); without it, one line says
+that NATS was skipped and why, and the rest is the same. ``run`` returns the exit code: 0 when
+every scenario ended as expected, 1 when one did not, 3 when the stack could not start.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import tempfile
 import threading
@@ -21,11 +27,20 @@ from rich.markup import escape
 from rich.text import Text
 
 from agent_reach.cli.trace_view import trace_view
-from agent_reach.demo.stack import AGENTS, Stack, StackError, start
+from agent_reach.demo.stack import (
+    DEFAULT_NATS,
+    NATS_ENV,
+    SERVE_ENV,
+    Stack,
+    StackError,
+    nats_unavailable,
+    start,
+)
 from agent_reach.errors import ReachError
 from agent_reach.sdk.client import SyncReachClient
+from agent_reach.settings import redacted
 
-__all__ = ["SCENARIOS", "Scenario", "run"]
+__all__ = ["NATS_SCENARIOS", "SCENARIOS", "Scenario", "run"]
 
 _INDENT = 3  # a scenario's lines, under its title
 
@@ -50,9 +65,17 @@ SCENARIOS = (
         "ok",
     ),
 )
+# played when the demo has NATS: a request whose delivery travels over NATS
+NATS_SCENARIOS = (
+    Scenario(
+        "Over NATS, no inbound port", "air.query", {"city": "成都", "date": "2025-01-02"}, "ok"
+    ),
+)
 
 
-def _play(client: SyncReachClient, n: int, sc: Scenario, out: Console) -> bool:
+def _play(
+    client: SyncReachClient, n: int, sc: Scenario, out: Console, urls: dict[str, str]
+) -> bool:
     payload = escape(json.dumps(sc.payload, ensure_ascii=False))
     out.print(f"\n[bold]{n}. {sc.title}[/]: send [cyan]{sc.intent}[/] {payload}")
     try:
@@ -65,6 +88,10 @@ def _play(client: SyncReachClient, n: int, sc: Scenario, out: Console) -> bool:
         return good
     hops = " -> ".join(f"{a.endpoint_id} {a.outcome} {a.latency_ms:.1f} ms" for a in reply.attempts)
     out.print(f"   answered by [green]{reply.endpoint_id}[/] in {reply.latency_ms:.1f} ms ({hops})")
+    endpoint = urls.get(reply.endpoint_id, "")
+    if endpoint.startswith("nats:"):
+        shown = escape(endpoint)
+        out.print(f"   delivered over NATS to [cyan]{shown}[/] (the agent opens no port)")
     result = escape(json.dumps(reply.result, ensure_ascii=False))
     out.print(f"   result {result}", soft_wrap=True)
     if sc.intent == "schedule.plan":
@@ -90,26 +117,34 @@ def _waterfall(client: SyncReachClient, trace_id: str, out: Console) -> None:
         out.print(line)
 
 
-def _serve_until_stopped(stack: Stack, out: Console) -> None:
+def _serve_until_stopped(stack: Stack, out: Console, urls: dict[str, str]) -> None:
     # the handlers first: a Ctrl-C right after the banner must stop the stack in order too
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     url = stack.url
+    nats = ""
+    if stack.nats:
+        nats = f"  nats        {_shown(stack.nats)} (the gateway runs with --nats)\n"
+    air = (
+        f'  agent-reach send air.query \'{{"city": "成都"}}\' --gateway {url}   # over NATS\n'
+        if stack.on_nats()
+        else ""
+    )
     out.print(
         f"""
 [bold]Agent-Reach is running.[/]
   gateway     {url}
   dashboard   {url}/
   metrics     {url}/metrics
-  logs        {stack.log_dir}/  (JSON lines, one file per process)
+{nats}  logs        {stack.log_dir}/  (JSON lines, one file per process)
 """
-        + "".join(f"  {eid:<24}python -m {mod}\n" for eid, mod in AGENTS.items())
+        + "".join(_agent_line(stack, eid, mod, urls) for eid, mod in stack.agents.items())
         + f"""
 Try:
   agent-reach agents --gateway {url}
   agent-reach send weather.query '{{"city": "成都"}}' --gateway {url}
-  agent-reach route weather.query --gateway {url}
+{air}  agent-reach route weather.query --gateway {url}
   agent-reach doctor --gateway {url}
 
 Ctrl-C stops everything.""",
@@ -122,6 +157,28 @@ Ctrl-C stops everything.""",
             break
 
 
+def _agent_line(stack: Stack, endpoint_id: str, module: str, urls: dict[str, str]) -> str:
+    if endpoint_id not in stack.on_nats():
+        return f"  {endpoint_id:<24}python -m {module}\n"
+    where = escape(urls.get(endpoint_id, "nats:"))
+    serve = _shown(stack.nats or "")
+    return f"  {endpoint_id:<24}{SERVE_ENV}={serve} python -m {module}  (over {where})\n"
+
+
+def _shown(servers: str) -> str:
+    """NATS server addresses as printed: without their passwords."""
+    return ",".join(redacted(url.strip()) for url in servers.split(","))
+
+
+def _nats_servers(given: str | None) -> tuple[str | None, str]:
+    """The NATS servers to use (None: skip NATS) and, when skipped, why."""
+    servers = given if given is not None else os.environ.get(NATS_ENV, DEFAULT_NATS)
+    if not servers.strip():
+        return None, f"{NATS_ENV} is empty"
+    reason = nats_unavailable(servers)
+    return (None, reason) if reason else (servers, "")
+
+
 def run(
     out: Console,
     *,
@@ -129,30 +186,44 @@ def run(
     port: int = 0,
     keep_running: bool = False,
     log_dir: Path | None = None,
+    nats: str | None = None,
 ) -> int:
-    """Start the stack, play the scenarios, then stop (or serve until Ctrl-C); the exit code."""
+    """Start the stack, play the scenarios, then stop (or serve until Ctrl-C); the exit code.
+
+    ``nats``: the NATS servers to try (default ``$AGENT_REACH_NATS``, else
+    ``nats://127.0.0.1:4222``; empty: no NATS)."""
     logs = log_dir or Path(tempfile.mkdtemp(prefix="agent-reach-demo-"))
     logs.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    servers, skipped = _nats_servers(nats)
     try:
-        stack = start(logs, host=host, port=port)
+        stack = start(logs, host=host, port=port, nats=servers)
     except StackError as exc:
         out.print(f"[red]demo could not start:[/] {escape(str(exc))}")
         return 3
     try:
         out.print(
-            f"gateway {stack.url} and {len(AGENTS)} agents registered"
+            f"gateway {stack.url} and {len(stack.agents)} agents registered"
             f" in {time.monotonic() - started:.1f} s (logs in {logs})"
         )
         with SyncReachClient(stack.url) as client:
-            results = [_play(client, n, sc, out) for n, sc in enumerate(SCENARIOS, 1)]
+            urls = {a.endpoint_id: a.endpoint_url for a in client.agents()}
+            on_nats = ", ".join(f"{eid} ({urls.get(eid, '?')})" for eid in stack.on_nats())
+            if servers:
+                shown = _shown(servers)
+                out.print(f"NATS {shown}: {escape(on_nats)} over NATS, the others over HTTP")
+            else:
+                out.print(f"NATS skipped: {escape(skipped)}; every agent over HTTP")
+            scenarios = SCENARIOS + (NATS_SCENARIOS if servers else ())
+            results = [_play(client, n, sc, out, urls) for n, sc in enumerate(scenarios, 1)]
         ok = all(results)
         out.print(
             f"\n{sum(results)}/{len(results)} scenarios as expected"
+            + (f"; on NATS: {', '.join(stack.on_nats())}" if servers else "; NATS skipped")
             + ("" if ok else " [red](see the logs)[/]")
         )
         if keep_running:
-            _serve_until_stopped(stack, out)
+            _serve_until_stopped(stack, out, urls)
         return 0 if ok else 1
     finally:
         stack.stop()

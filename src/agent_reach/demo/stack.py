@@ -2,30 +2,55 @@
 
 Used by ``agent-reach demo`` and ``make run``. Each process writes its JSON log lines to a file
 of its own in ``log_dir``; the gateway's URL is read from the line it prints when it listens.
+
+With a NATS server (``start(..., nats=URL)``, after :func:`nats_unavailable` said it answers),
+the gateway runs with ``--nats URL`` and the agents of :data:`NATS_AGENTS` serve over NATS
+(``AGENT_REACH_SERVE=URL`` in their environment: no inbound port, a ``nats:SUBJECT`` endpoint);
+the agents of :data:`AGENTS` always serve over HTTP (``AGENT_REACH_SERVE`` is taken out of their
+environment, whatever the caller's shell holds). Without NATS only :data:`AGENTS` run.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from agent_reach.errors import GatewayUnavailable
 from agent_reach.gateway.children import die_with_parent, listening_url
 from agent_reach.sdk.client import SyncReachClient
+from agent_reach.settings import redacted
 
-__all__ = ["AGENTS", "Stack", "StackError", "start"]
+__all__ = [
+    "AGENTS",
+    "DEFAULT_NATS",
+    "NATS_AGENTS",
+    "NATS_ENV",
+    "SERVE_ENV",
+    "Stack",
+    "StackError",
+    "nats_unavailable",
+    "start",
+]
 
-# endpoint id -> module run with ``python -m``
+# endpoint id -> module run with ``python -m``: the agents serving over HTTP
 AGENTS = {
     "agent://weather-cn-01": "agent_reach.demo.weather",
     "agent://note-01": "agent_reach.demo.note",
     "agent://scheduler-01": "agent_reach.demo.scheduler",
 }
+# ... and those serving over NATS, when the demo has a NATS server
+NATS_AGENTS = {"agent://air-nats-01": "agent_reach.demo.air"}
+DEFAULT_NATS = "nats://127.0.0.1:4222"
+NATS_ENV = "AGENT_REACH_NATS"  # the NATS servers, for the demo as for `agent-reach serve`
+SERVE_ENV = "AGENT_REACH_SERVE"  # the agent SDK's default for Agent(serve=...)
 
 
 class StackError(Exception):
@@ -35,15 +60,24 @@ class StackError(Exception):
 class Stack:
     """The running processes: the gateway first, then the agents."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, nats: str | None = None) -> None:
         self.log_dir = log_dir
         self.url = ""
+        self.nats = nats  # the NATS servers the gateway and the NATS agents use, if any
+        self.agents: dict[str, str] = {}  # endpoint id -> module, of every agent started
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def spawn(self, name: str, args: Sequence[str]) -> subprocess.Popen[bytes]:
-        """Start ``python args...`` with stderr (its JSON logs) in ``log_dir/NAME.log``."""
+    def on_nats(self) -> list[str]:
+        """The endpoint ids of the agents started to serve over NATS."""
+        return [eid for eid in self.agents if eid in NATS_AGENTS]
+
+    def spawn(
+        self, name: str, args: Sequence[str], env: Mapping[str, str | None] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start ``python args...`` with stderr (its JSON logs) in ``log_dir/NAME.log``;
+        ``env``: variables set (or, given None, taken out) on top of this process's own."""
         log_file = (self.log_dir / f"{name}.log").open("ab")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = _environment({**(env or {}), "PYTHONUNBUFFERED": "1"})
         try:
             # a session of its own: Ctrl-C reaches the demo only, which stops the agents
             # before the gateway (so that they can deregister)
@@ -84,6 +118,60 @@ class Stack:
                 proc.stdout.close()
 
 
+def _environment(changes: Mapping[str, str | None]) -> dict[str, str]:
+    env = dict(os.environ)
+    for key, value in changes.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def nats_unavailable(servers: str, timeout_s: float = 1.0) -> str | None:
+    """Why the demo cannot put agents on the NATS system ``servers`` (comma-separated
+    ``nats://HOST:PORT``), or None when it can: nats-py is installed (the gateway's ``--nats``
+    needs it) and one of the servers answers as a nats-server does, with its ``INFO`` line.
+
+    Bounded: at most ``timeout_s`` per server (the connect and the first bytes together).
+    """
+    if importlib.util.find_spec("nats") is None:
+        return "nats-py is not installed (pip install 'agent-reach-gateway[nats]')"
+    urls = [part.strip() for part in servers.split(",") if part.strip()]
+    if not urls:
+        return "no NATS server given"
+    reasons = [_probe(url, timeout_s) for url in urls]
+    return None if None in reasons else reasons[0]
+
+
+def _probe(url: str, timeout_s: float) -> str | None:
+    shown = redacted(url)
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port or 4222
+    except ValueError:  # a port that is not a number, a broken [IPv6] address
+        host, port = None, 0
+    if not host or not url.startswith(("nats://", "tls://")):
+        return f"{shown!r} is not a nats://HOST:PORT address"
+    deadline = time.monotonic() + timeout_s
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            first = b""
+            while len(first) < 4:  # a nats-server speaks first: "INFO {...}"
+                sock.settimeout(max(0.01, deadline - time.monotonic()))
+                chunk = sock.recv(4 - len(first))
+                if not chunk:
+                    break
+                first += chunk
+    except TimeoutError:
+        return f"no nats-server answered on {shown} within {timeout_s:g} s"
+    except OSError as exc:
+        return f"no nats-server answers on {shown} ({exc.strerror or exc})"
+    if first != b"INFO":
+        return f"{shown} answered, but not as a nats-server"
+    return None
+
+
 def start(
     log_dir: Path,
     *,
@@ -91,25 +179,42 @@ def start(
     port: int = 0,
     serve_args: Sequence[str] = (),
     timeout: float = 20.0,
+    nats: str | None = None,
 ) -> Stack:
-    """Start the gateway, then every demo agent; return once all of them are registered."""
-    stack = Stack(log_dir)
+    """Start the gateway, then every demo agent; return once all of them are registered.
+
+    ``nats``: NATS servers to run the gateway with (``--nats``) and to serve the agents of
+    :data:`NATS_AGENTS` over; None: no NATS, only the HTTP agents.
+    """
+    stack = Stack(log_dir, nats)
     deadline = time.monotonic() + timeout
+    args = ["-m", "agent_reach", "serve", "--host", host, "--port", str(port)]
+    args += ["--nats", nats] if nats else []
     try:
         gw = stack.spawn(
             "gateway",
-            ["-m", "agent_reach", "serve", "--host", host, "--port", str(port), *serve_args],
+            [*args, *serve_args],
+            # `serve` reads $AGENT_REACH_NATS too: NATS only when the demo chose it
+            env={NATS_ENV: None},
         )
         url = listening_url(gw, deadline)
         if url is None:
             raise StackError(
                 f"the gateway did not start on {host}:{port} (see {log_dir}/gateway.log;"
-                " is the port taken?)"
+                + (" is the port taken? does NATS answer?)" if nats else " is the port taken?)")
             )
         stack.url = url
-        for endpoint_id, module in AGENTS.items():
+        agents: list[tuple[str, str, str | None]] = [(e, m, None) for e, m in AGENTS.items()]
+        if nats:
+            agents += [(eid, module, nats) for eid, module in NATS_AGENTS.items()]
+        for endpoint_id, module, serve in agents:
             name = endpoint_id.removeprefix("agent://")
-            stack.spawn(name, ["-m", module, "--gateway", stack.url, "--id", endpoint_id])
+            stack.agents[endpoint_id] = module
+            stack.spawn(
+                name,
+                ["-m", module, "--gateway", stack.url, "--id", endpoint_id],
+                env={SERVE_ENV: serve},
+            )
         _wait_registered(stack, deadline)
     except BaseException:
         stack.stop()
@@ -127,9 +232,9 @@ def _wait_registered(stack: Stack, deadline: float) -> None:
                 listed = {a.endpoint_id for a in client.agents()}
             except GatewayUnavailable:
                 listed = set()
-            if listed >= set(AGENTS):
+            if listed >= set(stack.agents):
                 return
             if time.monotonic() > deadline:
-                missing = ", ".join(sorted(set(AGENTS) - listed))
+                missing = ", ".join(sorted(set(stack.agents) - listed))
                 raise StackError(f"not registered in time: {missing} (logs in {stack.log_dir})")
             time.sleep(0.05)

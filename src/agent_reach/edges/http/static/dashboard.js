@@ -401,6 +401,45 @@ async function openTrace(traceId, focus) {
   if (focus) $("timeline-title").focus();
 }
 
+// --- the NATS link --------------------------------------------------------------------------
+
+// GET /healthz has "nats" only when the gateway runs with --nats: the element stays hidden
+// without it. Disconnected is red, and says why; the details are in its tooltip.
+function renderNats(health) {
+  const node = $("nats");
+  const link = health && health.nats;
+  if (!link) {
+    node.hidden = true;
+    return;
+  }
+  node.hidden = false;
+  const stateName = link.connected ? "connected" : "disconnected";
+  if (node.dataset.state !== stateName) node.dataset.state = stateName;
+  const parts = [`NATS ${stateName}`];
+  if (link.connected && link.server) parts.push(link.server);
+  if (link.reconnects) parts.push(plural(link.reconnects, "reconnect"));
+  if (link.slow_consumers) parts.push(`${link.slow_consumers} dropped (slow consumer)`);
+  if (!link.connected && link.last_error) {
+    const error = String(link.last_error);
+    parts.push(error.length > 60 ? `${error.slice(0, 59)}…` : error);
+  }
+  setText(node, parts.join(" · "));
+  const details = [
+    `server: ${link.server || "none"}`,
+    `reconnects: ${link.reconnects}`,
+    `slow consumers: ${link.slow_consumers}`,
+    `last error: ${link.last_error || "none"}`,
+  ].join("\n");
+  if (node.title !== details) node.title = details;
+}
+
+function natsUnknown() {
+  const node = $("nats");
+  if (node.hidden) return;
+  node.dataset.state = "unknown";
+  setText(node, "NATS unknown");
+}
+
 // --- polling -------------------------------------------------------------------------------
 
 let timer = null;
@@ -416,11 +455,14 @@ async function poll() {
   clearTimeout(timer);
   const live = $("live");
   try {
-    const [agents, inflight, traces] = await Promise.all([
+    const [agents, inflight, traces, health] = await Promise.all([
       getJSON("v1/agents"),
       getJSON("v1/inflight"),
       getJSON(tracesUrl()),
+      getJSON("healthz"),
     ]);
+    if (health.status === 200) renderNats(health.body);
+    else natsUnknown();
     if (agents.status === 401 || agents.status === 403) {
       live.dataset.state = "down";
       setText(
@@ -442,6 +484,7 @@ async function poll() {
   } catch (exc) {
     live.dataset.state = "down";
     setText(live, `gateway unreachable (${exc.message || exc}); retrying`);
+    natsUnknown();
   } finally {
     polling = false;
     if (pollAgain) {
