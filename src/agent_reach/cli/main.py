@@ -361,8 +361,10 @@ def demo(host: str, port: int, keep_running: bool, log_dir: Path | None) -> None
     The weather, note and scheduler agents (python -m agent_reach.demo.NAME) register with a
     gateway on the in-memory registry; then: a request routed by intent, a side effect delivered
     once, an unknown intent refused (no_capable_agent), and the scheduler reaching the two others
-    under one trace id. Exit 0 when every scenario ended as expected, 1 otherwise, 3 when the
-    stack could not start.
+    under one trace id. When a nats-server answers on $AGENT_REACH_NATS (default
+    nats://127.0.0.1:4222), the gateway runs with --nats and the air agent serves over NATS
+    beside them (a fifth scenario reaches it); otherwise one line says why not. Exit 0 when
+    every scenario ended as expected, 1 otherwise, 3 when the stack could not start.
     """
     from agent_reach.demo.run import run
 

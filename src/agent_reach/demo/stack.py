@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 from agent_reach.errors import GatewayUnavailable
 from agent_reach.gateway.children import die_with_parent, listening_url
 from agent_reach.sdk.client import SyncReachClient
-from agent_reach.settings import redacted
+from agent_reach.settings import SERVE_ENV, redacted
 
 __all__ = [
     "AGENTS",
@@ -50,7 +50,6 @@ AGENTS = {
 NATS_AGENTS = {"agent://air-nats-01": "agent_reach.demo.air"}
 DEFAULT_NATS = "nats://127.0.0.1:4222"
 NATS_ENV = "AGENT_REACH_NATS"  # the NATS servers, for the demo as for `agent-reach serve`
-SERVE_ENV = "AGENT_REACH_SERVE"  # the agent SDK's default for Agent(serve=...)
 
 
 class StackError(Exception):
