@@ -9,7 +9,6 @@ import json
 import os
 import secrets
 from collections.abc import AsyncIterator, Iterator
-
 from urllib import request
 
 import nats
@@ -53,6 +52,11 @@ async def subject() -> AsyncIterator[tuple[str, list[Msg], nats.NATS]]:
         await nc.close()
 
 
+def scrape(url: str) -> str:
+    with request.urlopen(url, timeout=5) as resp:
+        return str(resp.read().decode())
+
+
 def register(gw: Proc, name: str, url: str, caps: list[str]) -> tuple[int, dict[str, object]]:
     body = {"endpoint_id": f"agent://{name}", "capabilities": caps, "endpoint_url": url}
     return http("POST", f"{gw.url}/v1/register", body)
@@ -83,8 +87,7 @@ async def test_a_nats_agent_is_reached_by_intent_with_the_contract_headers(
     code, health = http("GET", f"{gw.url}/healthz")
     assert code == 200 and health["nats"]["connected"] is True
     assert health["nats"]["slow_consumers"] == 0
-    with request.urlopen(f"{gw.url}/metrics", timeout=5) as resp:
-        scraped = resp.read().decode()
+    scraped = await asyncio.to_thread(scrape, f"{gw.url}/metrics")
     values = {
         sample.name: sample.value
         for family in text_string_to_metric_families(scraped)

@@ -17,8 +17,14 @@ Invariants:
   a request is answered at once with the responder's ``busy`` answer (503 for us: retried
   elsewhere) rather than queued. Its answer is published to the request's reply subject with
   the responder's own headers (nats-py's ``Msg.respond`` would send the request's back).
+  :meth:`NatsLink.unserve` drops no request: it drains (the requests the server routed here
+  before it saw the UNSUB are still handled), so a queue group loses none when a member leaves.
 - Messages the server or nats-py drops for a slow consumer are counted (``slow_consumers`` in
   :meth:`NatsLink.state`) and logged: their requesters time out and retry with the same msg_id.
+- A message nats-py cannot read (a reply subject, or the description of an inline status,
+  that is not UTF-8: any client of the NATS system can publish one) is dropped and logged; it
+  never ends the connection's read loop (nats-py's own client would stop reading for good while
+  still saying it is connected, until its pings fail: :class:`_Client`).
 - No nats-py exception leaves this module but through :class:`BackendUnavailable`.
 """
 
@@ -91,6 +97,23 @@ class Responder:
     sub: Subscription | None = None
 
 
+class _Client(Client):
+    """nats-py's client, less one fault: an exception on one message (2.16 decodes a reply
+    subject and an inline status description as UTF-8) ends its read loop without a word, the
+    connection still saying it is connected, until its pings fail a minute later. Here that
+    message is dropped (its requester times out) and the loop reads on."""
+
+    def __init__(self, on_unreadable: Callable[[Exception], None]) -> None:
+        super().__init__()
+        self.on_unreadable = on_unreadable
+
+    async def _process_msg(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            await super()._process_msg(*args, **kwargs)
+        except Exception as exc:  # any: nats-py would stop reading the connection for good
+            self.on_unreadable(exc)
+
+
 class NatsLink:
     """One connection to a NATS system, kept up for good, and the responders served on it.
 
@@ -139,6 +162,7 @@ class NatsLink:
         self._earlier_reconnects = 0  # of the connections replaced since start()
         self._last_error = ""
         self._slow = 0
+        self._unreadable = 0
         self._responders: list[Responder] = []
 
     # --- the link --------------------------------------------------------------------------
@@ -175,8 +199,7 @@ class NatsLink:
     async def close(self, grace_s: float = 0.0) -> None:
         """Stop serving (requests in hand get up to ``grace_s`` seconds), close the connection
         and stop replacing it; idempotent. A closed link may be started again."""
-        for responder in list(self._responders):
-            await self.unserve(responder, grace_s)
+        await asyncio.gather(*(self.unserve(r, grace_s) for r in list(self._responders)))
         async with self._turning:
             self._started = False
             revive, self._revive = self._revive, None
@@ -203,7 +226,7 @@ class NatsLink:
 
     async def _connect(self) -> Client:
         """A new connected client, or BackendUnavailable within ``connect_timeout_s``."""
-        nc = Client()
+        nc = _Client(self._note_unreadable)
         self._connecting, self._last_error = nc, ""
         ok = False
         try:
@@ -278,6 +301,19 @@ class NatsLink:
         level = logging.DEBUG if text == self._last_error else logging.WARNING
         self._last_error = text
         log(level, "nats.error", link=self.name, servers=self.where(), error=text)
+
+    def _note_unreadable(self, exc: Exception) -> None:
+        """A message :class:`_Client` dropped: the first, then one in a thousand, logged."""
+        self._unreadable += 1
+        if self._unreadable == 1 or self._unreadable % 1000 == 0:
+            drops = self._unreadable
+            log(
+                logging.WARNING,
+                "nats.unreadable_message",
+                link=self.name,
+                error=repr(exc),
+                dropped=drops,
+            )
 
     def _closed(self, nc: Client) -> None:
         """nats-py's closed callback: a client it gave up on is replaced (not ours to close:
@@ -394,10 +430,7 @@ class NatsLink:
             self._responders.remove(responder)
         sub, responder.sub = responder.sub, None
         if sub is not None:
-            try:
-                await sub.unsubscribe()
-            except nats_errors.Error as exc:  # the connection is gone: so is the subscription
-                log(logging.DEBUG, "nats.unsubscribe_failed", link=self.name, error=repr(exc))
+            await self._leave(sub)
         pending = set(responder.inflight)
         if pending and grace_s > 0:
             await asyncio.wait(pending, timeout=grace_s)
@@ -405,6 +438,22 @@ class NatsLink:
             task.cancel()
         if pending:
             await asyncio.wait(pending)
+
+    async def _leave(self, sub: Subscription) -> None:
+        """Unsubscribe, dropping no request the server routed here before it saw the UNSUB
+        (nats-py's ``unsubscribe`` drops them: their requesters time out though the queue group
+        has other members): a drain, within ``connect_timeout_s``. Link down: an unsubscribe."""
+        if self.connected:
+            try:
+                async with asyncio.timeout(self.connect_timeout_s):
+                    await sub.drain()  # type: ignore[no-untyped-call]
+                return
+            except (TimeoutError, nats_errors.Error) as exc:  # the link broke meanwhile
+                log(logging.DEBUG, "nats.drain_failed", link=self.name, error=repr(exc))
+        try:
+            await sub.unsubscribe()
+        except nats_errors.Error as exc:  # the connection is gone: so is the subscription
+            log(logging.DEBUG, "nats.unsubscribe_failed", link=self.name, error=repr(exc))
 
     async def _subscribe(self, nc: Client, responder: Responder) -> None:
         async def on_message(msg: Msg) -> None:

@@ -100,8 +100,8 @@ class NatsEdge:
         """Leave the queue group (the other gateways get the requests), give those in hand
         up to ``grace_s`` seconds; idempotent."""
         responders, self._responders = self._responders, []
-        for responder in responders:
-            await self.link.unserve(responder, grace_s)
+        # side by side: each leave is a round trip to the server (bounded), then the grace
+        await asyncio.gather(*(self.link.unserve(r, grace_s) for r in responders))
 
     def _counted_busy(self, op: str) -> Callable[[], Answer]:
         def busy() -> Answer:
