@@ -41,6 +41,14 @@ _HTTP_SCHEMES = ("http://", "https://")
 _NATS_SCHEMES = ("nats://", "tls://")
 
 
+def _nats_host(url: str) -> str | None:
+    """The host of a NATS server URL (None when it has none: refused elsewhere)."""
+    try:
+        return urlsplit(url).hostname
+    except ValueError:
+        return None
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` (a bind address) is reachable only from this machine."""
     if host.lower() in ("localhost", "localhost."):
@@ -343,6 +351,17 @@ class GatewaySettings:
                 " --auth tokens (docs/security.md), bind to 127.0.0.1, or pass"
                 " --insecure-open-mode to accept the risk"
             )
+        if self.auth == "open" and not self.insecure_open_mode:
+            for url in self.nats_servers:
+                host = _nats_host(url)
+                if host is not None and not is_loopback(host):
+                    raise ConfigError(
+                        f"refusing to serve in open mode over NATS at {redacted(url)}: without"
+                        " auth any client of that NATS system may register, deregister and"
+                        " send as any agent. Use --auth tokens (docs/security.md), a NATS"
+                        " server on 127.0.0.1, or pass --insecure-open-mode to accept the risk",
+                        source="nats",
+                    )
         if self.rate_limit is not None and self.rate_limit <= 0:
             raise ConfigError("rate-limit must be > 0 requests a second")
         if self.rate_burst is not None and self.rate_burst < 1:

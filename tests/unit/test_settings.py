@@ -110,3 +110,25 @@ def test_an_unusable_environment_variable_is_refused_too() -> None:
         gateway_urls(None, {"AGENT_REACH_GATEWAY": " , "})
     with pytest.raises(ConfigError, match="got 'localhost:7700'"):
         gateway_urls(None, {"AGENT_REACH_GATEWAY": "http://a:1,localhost:7700"})
+
+
+@pytest.mark.parametrize(
+    ("nats", "insecure", "refused"),
+    [
+        ("nats://127.0.0.1:4222", False, False),
+        ("nats://localhost:4222,nats://[::1]:4222", False, False),
+        ("nats://10.0.0.5:4222", False, True),  # any client of that system could register
+        ("nats://127.0.0.1:4222,nats://nats.example:4222", False, True),
+        ("nats://u:secret@10.0.0.5:4222", True, False),  # the risk accepted
+    ],
+)
+def test_open_mode_over_nats_wants_a_loopback_server_or_the_insecure_flag(
+    nats: str, insecure: bool, refused: bool
+) -> None:
+    settings = GatewaySettings(nats=nats, insecure_open_mode=insecure)
+    if not refused:
+        settings.check()
+        return
+    with pytest.raises(ConfigError, match="open mode over NATS") as caught:
+        settings.check()
+    assert "secret" not in caught.value.detail
