@@ -36,7 +36,9 @@ GATEWAY_ENV = "AGENT_REACH_GATEWAY"
 SERVE_ENV = "AGENT_REACH_SERVE"  # where SDK agents serve deliveries: http, or NATS servers
 DEFAULT_NATS_PREFIX = "agent-reach"  # the gateway's --nats-prefix default
 # what the gateway serves over NATS (edges/nats): PREFIX.v1.<operation>
-NATS_OPERATIONS = ("register", "heartbeat", "deregister", "send")
+# the gateway's API over NATS (PREFIX.v1.OP); keys (the JWKS) beyond the contract, for agents
+# that verify deliveries with nothing but NATS
+NATS_OPERATIONS = ("register", "heartbeat", "deregister", "send", "keys")
 _HTTP_SCHEMES = ("http://", "https://")
 _NATS_SCHEMES = ("nats://", "tls://")
 
@@ -183,7 +185,7 @@ def not_over_nats(what: str) -> ConfigError:
     gateway does not serve over NATS."""
     return ConfigError(
         f"{what} is not served over NATS: over NATS the gateway serves only register,"
-        " heartbeat, deregister and send; use an http:// gateway for the rest"
+        " heartbeat, deregister, send and its public keys; use an http:// gateway for the rest"
     )
 
 

@@ -33,7 +33,7 @@ from agent_reach.errors import (
 )
 from agent_reach.sdk._natsgateway import NatsGatewayPool
 from agent_reach.sdk.client import ReachClient, SyncReachClient
-from tests.support import ROOT, Proc, gateway, http, start_agent
+from tests.support import BEHAVE, ROOT, Proc, gateway, http, start_agent, start_sdk_agent
 
 NATS_URL = os.environ.get("AGENT_REACH_TEST_NATS", "nats://127.0.0.1:4222")
 NOWHERE = "http://127.0.0.1:9/reach"  # the discard port: never delivered to here
@@ -321,6 +321,46 @@ async def test_token_mode_the_authorization_header_travels_over_nats(secured: Se
         await agent.deregister("agent://natsc-tok-01")
 
 
+async def test_token_mode_an_agent_with_nothing_but_nats_verifies_its_deliveries(
+    secured: Secured,
+) -> None:
+    """Registered, heartbeated and reached over NATS only, the agent fetches the gateway's
+    keys over NATS too (PREFIX.v1.keys) and verifies every delivery with them."""
+    nats = secured.stack.nats
+    gw = secured.stack.gw
+    async with ReachClient(nats) as anonymous:
+        over_nats = await anonymous.get("/v1/keys")  # public, as over HTTP
+    assert over_nats == http("GET", f"{gw.url}/v1/keys")[1]
+    assert over_nats["keys"], over_nats
+    enroll = secured.token(
+        Kind.ENROLL, "natsc fleet", endpoints=["agent://natsc-bus-*"], intents=["natsc.*"]
+    )
+    agent = start_sdk_agent(
+        [
+            sys.executable,
+            str(BEHAVE),
+            "--gateway",
+            nats,
+            "--id",
+            "agent://natsc-bus-01",
+            "--intents",
+            "natsc.bus",
+            "--serve",
+            NATS_URL,
+        ],
+        env={"AGENT_REACH_TOKEN": enroll},
+    )
+    try:
+        assert agent.url.startswith("nats:")
+        caller = secured.token(Kind.CLIENT, "agent://natsc-caller-01")
+        async with ReachClient(gw.url, token=caller, sender="agent://natsc-caller-01") as client:
+            reply = await client.send("natsc.bus", {"n": 2})
+        assert reply.endpoint_id == "agent://natsc-bus-01"
+        assert reply.result["verified"] is True
+    finally:
+        agent.stop()
+
+
 # --- the CLI -----------------------------------------------------------------------------------
 
 
@@ -388,7 +428,7 @@ def test_cli_commands_not_served_over_nats_are_refused_before_sending(
     run = cli(*args, "--gateway", stack.nats)
     assert (run.code, run.out) == (2, "")
     assert f"`agent-reach {args[0]}` is not served over NATS" in run.err
-    assert "only register, heartbeat, deregister and send" in run.err
+    assert "only register, heartbeat, deregister, send and its public keys" in run.err
     assert "Traceback" not in run.err
 
 

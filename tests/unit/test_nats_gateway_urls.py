@@ -128,7 +128,6 @@ async def test_calls_not_served_over_nats_are_refused_naming_the_call() -> None:
             ("GET /v1/traces/t1", client.trace("t1")),
             ("POST /v1/tokens", client.issue_token("client", subject="agent://a-01")),
             ("GET /healthz", client.healthz()),
-            ("GET /v1/keys", client.get("/v1/keys")),
             ("GET /metrics", client.metrics()),
         ]
         for what, call in calls:
@@ -136,7 +135,7 @@ async def test_calls_not_served_over_nats_are_refused_naming_the_call() -> None:
                 await call
             text = str(caught.value)
             assert text.startswith(f"{what} is not served over NATS"), text
-            assert "only register, heartbeat, deregister and send" in text
+            assert "only register, heartbeat, deregister, send and its public keys" in text
             assert "use an http:// gateway" in text
             assert caught.value.http_status is None  # ours: the CLI's exit 2
 

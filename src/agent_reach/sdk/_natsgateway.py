@@ -9,7 +9,8 @@ its header ``Reach-Status`` the HTTP status (absent: 200); in token mode the bea
 in the ``Authorization`` header.
 
 Invariants:
-- Only those four calls go over NATS; any other (``GET /v1/agents``, ``/metrics``, ``POST
+- Only those four calls, and ``GET /v1/keys`` (``PREFIX.v1.keys``: the JWKS an agent in token
+  mode verifies deliveries with), go over NATS; any other (``GET /v1/agents``, ``/metrics``, ``POST
   /v1/tokens``, ...) is refused with :func:`~agent_reach.settings.not_over_nats` (a
   ConfigError) before anything is connected or sent.
 - One :class:`~agent_reach.transport.natslink.NatsLink`, made and started on the first call,
@@ -55,6 +56,7 @@ OPERATIONS = {
     ("POST", "/v1/heartbeat"): "heartbeat",
     ("POST", "/v1/deregister"): "deregister",
     ("POST", "/v1/send"): "send",
+    ("GET", "/v1/keys"): "keys",  # the JWKS, to verify deliveries with (beyond the contract)
 }
 
 

@@ -1,4 +1,5 @@
-"""The gateway's API over NATS: responders on ``PREFIX.v1.register|heartbeat|deregister|send``.
+"""The gateway's API over NATS: responders on ``PREFIX.v1.register|heartbeat|deregister|send``
+(and ``PREFIX.v1.keys``, the public JWKS, beyond the contract).
 
 It receives a :class:`~agent_reach.gateway.node.Node` with a NATS link (``--nats``) and
 nothing else. The wire (CONTRACT.md v1.1, "NATS transport"): a NATS request whose body is the
@@ -36,7 +37,9 @@ from agent_reach.wire.status import headers_for, status_for
 
 __all__ = ["OPERATIONS", "NatsEdge"]
 
-OPERATIONS = ("register", "heartbeat", "deregister", "send")
+# keys (the public JWKS) is beyond the contract: agents that verify deliveries with nothing but
+# NATS fetch it there
+OPERATIONS = ("register", "heartbeat", "deregister", "send", "keys")
 STATUS_HEADER = "Reach-Status"
 MAX_INFLIGHT = 4096  # requests in hand per operation, past which the answer is 503 at once
 _JSON = {"Content-Type": "application/json"}
@@ -72,6 +75,7 @@ class NatsEdge:
             "heartbeat": self._heartbeat,
             "deregister": self._deregister,
             "send": self._send,
+            "keys": self._keys,
         }
         self._responders: list[Any] = []
 
@@ -160,6 +164,9 @@ class NatsEdge:
 
     async def _deregister(self, msg: Msg, caller: Caller) -> Any:
         return await self.service.deregister(caller, msg.data)
+
+    async def _keys(self, msg: Msg, caller: Caller) -> Any:
+        return self.service.keys()  # public, as GET /v1/keys (empty in open mode)
 
     async def _send(self, msg: Msg, caller: Caller) -> Any:
         try:
