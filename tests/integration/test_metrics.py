@@ -170,6 +170,7 @@ def test_every_metric_is_documented_and_the_dashboard_uses_served_ones(
         "agent_reach_nats_connected",
         "agent_reach_nats_reconnects_total",
         "agent_reach_nats_slow_consumer_drops_total",
+        "agent_reach_nats_unreadable_messages_total",
     }
 
     dashboard = json.loads((DOCS / "grafana" / "agent-reach.json").read_text())

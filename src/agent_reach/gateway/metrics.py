@@ -103,6 +103,8 @@ class NatsLinkState(Protocol):
     def reconnects(self) -> int: ...
     @property
     def slow_consumers(self) -> int: ...
+    @property
+    def unreadable(self) -> int: ...
 
 
 class _Exposition(Collector):
@@ -165,6 +167,12 @@ def _nats_families(link: NatsLinkState) -> Iterator[Metric]:
         "agent_reach_nats_slow_consumer_drops",
         "Messages dropped because a responder of the gateway's NATS API fell behind",
         value=link.slow_consumers,
+    )
+    yield CounterMetricFamily(
+        "agent_reach_nats_unreadable_messages",
+        "Messages dropped because the NATS client could not read them (a reply subject that is "
+        "not UTF-8): their requesters time out",
+        value=link.unreadable,
     )
 
 

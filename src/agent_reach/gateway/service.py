@@ -324,6 +324,7 @@ class Service:
                 "reconnects": link.reconnects,
                 "last_error": link.last_error,
                 "slow_consumers": link.slow_consumers,
+                "unreadable_messages": link.unreadable,
             }
         return answer
 

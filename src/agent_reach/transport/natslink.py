@@ -82,6 +82,7 @@ class NatsState(NamedTuple):
     reconnects: int  # links made again since start(): nats-py's reconnects and new connections
     last_error: str  # the last error the link saw, "" when none
     slow_consumers: int = 0  # messages dropped because a responder fell behind
+    unreadable: int = 0  # messages dropped because nats-py could not read them
 
 
 @dataclass(eq=False)
@@ -222,6 +223,7 @@ class NatsLink:
             reconnects=reconnects,
             last_error=self._last_error,
             slow_consumers=self._slow,
+            unreadable=self._unreadable,
         )
 
     async def _connect(self) -> Client:
