@@ -19,6 +19,9 @@ brings its own), as ``{"ok": false, "error": code, "detail": str(exc), ...}``.
     │   └── EndpointHeld                 forbidden              (reason: endpoint_held)
     ├── RateLimited                      rate_limited           (+ retry_after_s)
     ├── RegistryFull                     registry_full          (--max-endpoints reached)
+    ├── UnknownIntent                    unknown_intent         (+ intents, suggestions: a
+    │                                                            strict dictionary)
+    ├── Overloaded                       overloaded             (+ retry_after_s)
     ├── ConfigError                      config_error           (+ source, line): settings,
     │   ├── PolicyFileError                                      policy file, key directory,
     │   └── KeyDirectoryError                                    intent dictionary
@@ -66,6 +69,7 @@ __all__ = [
     "NoAvailableAgent",
     "NoCapableAgent",
     "NotFound",
+    "Overloaded",
     "PayloadTooLarge",
     "PolicyFileError",
     "RateLimited",
@@ -75,6 +79,7 @@ __all__ = [
     "RegistryFull",
     "TraceNotFound",
     "Unauthorized",
+    "UnknownIntent",
     "error_from_answer",
 ]
 
@@ -179,6 +184,25 @@ class RegistryFull(AgentReachError):
     still re-register)."""
 
     code = "registry_full"
+
+
+class UnknownIntent(AgentReachError):
+    """A strict dictionary refused a registration: ``intents`` are the tags outside it,
+    ``suggestions`` the nearest known tags (``{"tag", "confidence"}``, best first, at most 3)."""
+
+    code = "unknown_intent"
+
+
+class Overloaded(AgentReachError):
+    """The gateway refuses work it cannot take now; ``retry_after_s`` says when to come back
+    (``Retry-After``). Nothing was delivered."""
+
+    code = "overloaded"
+
+    @property
+    def retry_after_s(self) -> float | None:
+        value = self.fields.get("retry_after_s")
+        return float(value) if isinstance(value, int | float) else None
 
 
 class ConfigError(AgentReachError):

@@ -262,6 +262,11 @@ class GatewaySettings:
     slow_threshold_ms: float = 2000.0
     overhead_reserve_ms: float = 1000.0
     confidence_threshold: float = 0.8
+    # the intent dictionary (docs/intents.md): a TOML file, and what registration does with
+    # tags outside it (None: "warn" with a file, "open" without)
+    intents: str | None = None
+    intent_mode: str | None = None
+    matcher: str = "semantic"  # the fallback matcher: semantic, lexical or none
     purge_after: float | None = None  # None: max(1 hour, down-after)
     max_body_bytes: int = 1 << 20
     default_timeout_ms: int = 8000
@@ -315,6 +320,21 @@ class GatewaySettings:
             raise ConfigError(f"port must be 0-65535, got {self.port}")
         if not 0 < self.confidence_threshold <= 1:
             raise ConfigError("confidence-threshold must be in (0, 1]")
+        if self.intent_mode not in (None, "open", "warn", "strict"):
+            raise ConfigError(
+                f"intent-mode must be open, warn or strict, got {self.intent_mode!r}",
+                source="intent-mode",
+            )
+        if self.intent_mode in ("warn", "strict") and not self.intents:
+            raise ConfigError(
+                f"intent-mode {self.intent_mode} needs a dictionary: --intents FILE",
+                source="intent-mode",
+            )
+        if self.matcher not in ("semantic", "lexical", "none"):
+            raise ConfigError(
+                f"matcher must be semantic, lexical or none, got {self.matcher!r}",
+                source="matcher",
+            )
         if self.overhead_reserve_ms < 0:
             raise ConfigError("overhead-reserve-ms must be >= 0")
         if self.purge_after is not None and self.purge_after < t.down_after:
@@ -397,6 +417,13 @@ class GatewaySettings:
             AddressGuard.from_csv(self.endpoint_networks)
         except ValueError as exc:  # names the bad network
             raise ConfigError(f"endpoint-networks: {exc}", source="endpoint-networks") from None
+
+    @property
+    def effective_intent_mode(self) -> str:
+        """``intent_mode``, or its default: ``warn`` with a dictionary, ``open`` without."""
+        if self.intent_mode is not None:
+            return self.intent_mode
+        return "warn" if self.intents else "open"
 
     @property
     def nats_servers(self) -> list[str]:

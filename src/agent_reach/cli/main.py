@@ -113,6 +113,27 @@ def main() -> None:
     "minimum match confidence for a fallback (non-exact) match",
 )
 @option(
+    "intents",
+    click.Path(dir_okay=False, path_type=str),
+    None,
+    "the intent dictionary, a TOML file (docs/intents.md); re-read on SIGHUP and POST /v1/reload",
+    metavar="FILE",
+)
+@option(
+    "intent-mode",
+    click.Choice(["open", "warn", "strict"]),
+    None,
+    "registering a tag outside the dictionary: open (allowed), warn (allowed, logged and "
+    "counted), strict (422 unknown_intent)  [default: warn with --intents, else open]",
+)
+@option(
+    "matcher",
+    click.Choice(["semantic", "lexical", "none"]),
+    "semantic",
+    "the fallback matcher when no tag matches exactly or by alias: semantic (local "
+    "multilingual embeddings; lexical when the semantic extra is not installed), lexical, none",
+)
+@option(
     "purge-after",
     click.FloatRange(min=0.01),
     None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from agent_reach.errors import AgentReachError, InvalidRequest, RateLimited
+from agent_reach.errors import AgentReachError, InvalidRequest, Overloaded, RateLimited
 
 __all__ = ["STATUS", "STATUS_HEADER", "headers_for", "reach_status", "status_for"]
 
@@ -29,6 +29,8 @@ STATUS: dict[str, int] = {
     "forbidden": 403,
     "rate_limited": 429,
     "registry_full": 503,
+    "unknown_intent": 422,  # a strict dictionary, at registration
+    "overloaded": 503,  # with Retry-After
     "config_error": 422,  # a file handed to POST /v1/reload that cannot be used
     "backend_unavailable": 503,
     "internal_error": 500,
@@ -52,7 +54,7 @@ def status_for(exc: AgentReachError) -> int:
 
 def headers_for(exc: AgentReachError) -> dict[str, str]:
     """Headers the answer to ``exc`` carries besides its content type (``Retry-After``)."""
-    if isinstance(exc, RateLimited):
+    if isinstance(exc, RateLimited | Overloaded):
         return {"Retry-After": str(max(1, math.ceil(exc.retry_after_s or 1)))}
     return {}
 
