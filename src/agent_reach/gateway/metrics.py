@@ -285,6 +285,31 @@ class GatewayMetrics:
             ["action", "status"],
             registry=r,
         )
+        # the intent dictionary and matching (docs/intents.md); labels from fixed sets
+        self.matches = Counter(
+            "agent_reach_matches",
+            "Sends and dry runs routed by intent, by how the tag matched (exact, alias, "
+            "semantic, lexical, hint)",
+            ["method"],
+            registry=r,
+        )
+        self.refused_with_suggestions = Counter(
+            "agent_reach_refused_with_suggestions",
+            "no_capable_agent answers that carried suggestions (tags below the threshold)",
+            registry=r,
+        )
+        self.unknown_intents = Counter(
+            "agent_reach_unknown_intent_registrations",
+            "Registrations declaring tags outside the dictionary, by what the mode did "
+            "(warn: registered; strict: refused)",
+            ["mode"],
+            registry=r,
+        )
+        self.deprecated_requests = Counter(
+            "agent_reach_deprecated_intent_requests",
+            "Requests routed on a tag the dictionary marks deprecated",
+            registry=r,
+        )
         self.nats_api = Counter(
             "agent_reach_nats_api_requests",
             "Requests to the gateway's API over NATS (PREFIX.v1.*), by operation and the HTTP "
