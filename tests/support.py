@@ -10,6 +10,8 @@ it serves its deliveries over NATS (it still registers and heartbeats over HTTP)
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import os
 import re
@@ -20,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -298,6 +300,46 @@ def wait_until(predicate: Any, timeout: float, interval: float = 0.02) -> Any:
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout} s")
         time.sleep(interval)
+
+
+async def until(
+    predicate: Callable[[], Any], bound: float, what: str = "", interval: float = 0.02
+) -> Any:
+    """:func:`wait_until` for async tests: poll ``predicate`` (a plain call, or one that returns
+    an awaitable) without holding up the event loop until it gives a truthy value, and return
+    that; fail after ``bound`` seconds, saying ``what`` was waited for."""
+    deadline = time.monotonic() + bound
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {bound} s: {what}")
+        await asyncio.sleep(interval)
+
+
+def metric(gw: Proc, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` in ``gw``'s /metrics whose labels include ``labels``."""
+    status, text = http("GET", f"{gw.url}/metrics")
+    assert status == 200
+    total = 0.0
+    for line in str(text).splitlines():
+        match = re.fullmatch(r"([a-z_]+)(?:\{(.*)\})? (\S+)", line)
+        if match is None or match.group(1) != name:
+            continue
+        have = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            total += float(match.group(3))
+    return total
+
+
+def health(gw: Proc) -> dict[str, Any]:
+    """``gw``'s /healthz (which must answer 200)."""
+    status, body = http("GET", f"{gw.url}/healthz")
+    assert status == 200, body
+    return dict(body)
 
 
 def status_of(gw: str, endpoint_id: str) -> str:

@@ -22,7 +22,8 @@ On SIGTERM (or SIGINT) it prints ``{"event": "stopped", "handled": N, "distinct"
 of the same msg_id counts once in M), those it refused as busy, and the slow-consumer drops
 nats-py reported.
 
-Imported (by tests), :func:`start` runs it and waits for its ``serving`` line, with a bound.
+Tests start it with :func:`tests.nats_support.start_bus_echo`, which waits for its ``serving``
+line with a bound.
 """
 
 from __future__ import annotations
@@ -32,17 +33,9 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import sys
-import tempfile
-import time
-from pathlib import Path
 from typing import Any
 from urllib import error, request
-
-HERE = Path(__file__).resolve()
-ROOT = HERE.parent.parent.parent
-
 
 # --- the agent -------------------------------------------------------------------------------
 
@@ -192,92 +185,6 @@ def _post(url: str, body: dict[str, Any]) -> None:
             resp.read()
     except error.HTTPError as exc:
         raise OSError(f"{url}: {exc.code} {exc.read()!r}") from exc
-
-
-# --- for tests: start it, wait for its line, stop it and read what it did ----------------------
-
-
-class BusEcho:
-    """A running bus_echo process: ``subject``, ``pid``, :meth:`stop` (its final counts)."""
-
-    def __init__(self, popen: subprocess.Popen[bytes], subject: str, log: Path) -> None:
-        self.popen = popen
-        self.subject = subject
-        self.log = log
-        self.pid = popen.pid
-        self._buf = b""
-        self._stopped: dict[str, Any] | None = None
-
-    def _read(self) -> None:
-        assert self.popen.stdout is not None
-        chunk = self.popen.stdout.read()
-        if chunk:
-            self._buf += chunk
-
-    def lines(self) -> list[dict[str, Any]]:
-        """The JSON lines it printed so far (a line still being written is left out)."""
-        self._read()
-        out = []
-        for line in self._buf.splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-        return out
-
-    def kill(self) -> None:
-        """SIGKILL: gone at once, nothing said, its subscription dropped by the server."""
-        if self.popen.poll() is None:
-            self.popen.kill()
-        self.popen.wait(10)
-        self._finish()
-
-    def stop(self, timeout: float = 10.0) -> dict[str, Any]:
-        """SIGTERM, then its ``stopped`` line (empty when it was killed); idempotent."""
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while self.popen.poll() is None and time.monotonic() < deadline:
-                self._read()  # a full pipe would hold it up
-                time.sleep(0.01)
-            if self.popen.poll() is None:
-                self.popen.kill()
-                self.popen.wait(timeout)
-        return self._finish()
-
-    def _finish(self) -> dict[str, Any]:
-        if self._stopped is None:
-            stopped = [line for line in self.lines() if line.get("event") == "stopped"]
-            assert self.popen.stdout is not None
-            self.popen.stdout.close()
-            self._stopped = stopped[-1] if stopped else {}
-        return self._stopped
-
-
-def start(server: str, subject: str, *flags: str, timeout: float = 15.0) -> BusEcho:
-    """Run bus_echo on ``server`` and ``subject`` with ``flags``; return once it serves."""
-    log = Path(tempfile.mkstemp(prefix="bus-echo-", suffix=".log")[1])
-    cmd = [sys.executable, str(HERE), "--server", server, "--subject", subject, *flags]
-    with log.open("wb") as err:
-        popen = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    assert popen.stdout is not None
-    os.set_blocking(popen.stdout.fileno(), False)
-    agent = BusEcho(popen, subject, log)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if any(line.get("event") == "serving" for line in agent.lines()):
-            return agent
-        if popen.poll() is not None:
-            break
-        time.sleep(0.02)
-    agent.kill()
-    raise RuntimeError(f"bus_echo did not start: {agent._buf!r} {log.read_text()[-2000:]}")
 
 
 if __name__ == "__main__":

@@ -9,21 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import os
-import re
 import secrets
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,53 +28,42 @@ from nats.aio.client import Client
 from agent_reach.errors import BackendUnavailable, ConfigError
 from agent_reach.sdk import Agent
 from agent_reach.settings import gateway_urls
-from tests.agents.sdk_support import SDK_AGENT, agent_record, events, free_port, key
-from tests.support import BEHAVE, ROOT, Proc, gateway, http, status_of, wait_until
+from tests.agents.sdk_support import SDK_AGENT, agent_record, events, key
+from tests.nats_support import NATS_URL, ask, new_prefix, private_server
+from tests.support import (
+    BEHAVE,
+    Proc,
+    free_port,
+    gateway,
+    http,
+    metric,
+    start_sdk_agent,
+    status_of,
+    until,
+    wait_until,
+)
 
-NATS_URL = os.environ.get("AGENT_REACH_TEST_NATS", "nats://127.0.0.1:4222")
-NATS_SERVER = "/usr/sbin/nats-server"
 INTERVAL = 0.5  # the gateway's heartbeat interval where heartbeats are watched
 WATCH_S = 4.5 * INTERVAL
-_SERVING = re.compile(rb" at (nats:\S+)\n")
 
 
 # --- processes --------------------------------------------------------------------------------
 
 
-def _start_nats_agent(cmd: list[str], env: dict[str, str] | None = None) -> Proc:
-    """An agent process, once it printed the ``nats:`` URL it registered (after its first
-    registration attempt); its stderr (the JSON log) in a file."""
-    log = Path(tempfile.mkstemp(prefix="agent-reach-nats-", suffix=".log")[1])
-    full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
-    with log.open("wb") as err:
-        popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=full_env, cwd=ROOT)
-    assert popen.stdout is not None
-    os.set_blocking(popen.stdout.fileno(), False)
-    buf = b""
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and popen.poll() is None:
-        buf += popen.stdout.read() or b""
-        match = _SERVING.search(buf)
-        if match:
-            return Proc(popen, match.group(1).decode(), log)
-        time.sleep(0.02)  # polling period of the child's stdout
-    popen.kill()
-    popen.wait()
-    popen.stdout.close()
-    raise RuntimeError(f"{cmd} did not start: {buf!r} {log.read_text()[-2000:]}")
-
-
 def behave(gw: str, endpoint_id: str, mode: str = "ok", *flags: str, serve: str = NATS_URL) -> Proc:
-    """tests/agents/behave.py serving over NATS (``--serve``)."""
+    """tests/agents/behave.py serving over NATS (``--serve``), once it printed the ``nats:`` URL
+    it registered (after its first registration attempt)."""
     cmd = [sys.executable, str(BEHAVE), "--gateway", gw, "--id", endpoint_id, "--mode", mode]
-    return _start_nats_agent([*cmd, "--intents", "nats.echo", "--serve", serve, *flags])
+    proc = start_sdk_agent([*cmd, "--intents", "nats.echo", "--serve", serve, *flags])
+    assert proc.url.startswith("nats:"), proc.url
+    return proc
 
 
 def sdk_agent(gw: str, endpoint_id: str, serve: str = NATS_URL, workers: int = 4) -> Proc:
     """tests/agents/sdk_agent.py, switched to NATS by $AGENT_REACH_SERVE alone (as the demo
     agents and the end-to-end suite are)."""
     cmd = [sys.executable, str(SDK_AGENT), "--gateway", gw, "--id", endpoint_id]
-    return _start_nats_agent([*cmd, "--workers", str(workers)], env={"AGENT_REACH_SERVE": serve})
+    return start_sdk_agent([*cmd, "--workers", str(workers)], env={"AGENT_REACH_SERVE": serve})
 
 
 def listening_ports(pid: int) -> list[str]:
@@ -99,48 +82,6 @@ def listening_ports(pid: int) -> list[str]:
     return found
 
 
-@contextmanager
-def private_nats() -> Iterator[tuple[str, Any]]:
-    """A nats-server of this test's own on a free port; yields its URL and a restart()."""
-    port = free_port()
-    url = f"nats://127.0.0.1:{port}"
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def up() -> None:
-        procs.append(
-            subprocess.Popen(
-                [NATS_SERVER, "-a", "127.0.0.1", "-p", str(port)],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
-        wait_until(lambda: _answers(port), timeout=10)
-
-    def down() -> None:
-        proc = procs[-1]
-        proc.terminate()
-        proc.wait(10)
-
-    def restart() -> None:
-        down()
-        up()
-
-    up()
-    try:
-        yield url, restart
-    finally:
-        if procs[-1].poll() is None:
-            down()
-
-
-def _answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-            return s.recv(4).startswith(b"INFO")
-    except OSError:
-        return False
-
-
 @pytest.fixture
 def procs() -> Iterator[list[Proc]]:
     started: list[Proc] = []
@@ -151,7 +92,7 @@ def procs() -> Iterator[list[Proc]]:
 
 @pytest.fixture
 def prefix() -> str:
-    return f"t-{secrets.token_hex(4)}"
+    return new_prefix()
 
 
 @pytest.fixture
@@ -196,9 +137,8 @@ async def deliver(
         "X-Reach-Attempt": "1",
         "X-Reach-Deadline-Ms": "60000",
     }
-    reply = await client.request(subject, json.dumps(body).encode(), wait_s, headers=headers)
-    got = dict(reply.headers or {})
-    return int(got.get("Reach-Status", "200")), json.loads(reply.data), got
+    answer = await ask(client, subject, body, headers, wait_s)
+    return answer.status, answer.body, answer.headers
 
 
 # --- the tests --------------------------------------------------------------------------------
@@ -390,7 +330,8 @@ async def test_past_max_inflight_a_delivery_is_answered_503_at_once(
 
 
 async def test_a_msg_id_delivered_again_across_a_reconnect_runs_once(procs: list[Proc]) -> None:
-    with private_nats() as (url, restart), gateway("--nats", url) as gw:
+    with private_server() as server, gateway("--nats", server.url) as gw:
+        url = server.url
         agent = await asyncio.to_thread(sdk_agent, gw.url, name("dedup"), url)
         procs.append(agent)
         subject = agent.url.removeprefix("nats:")
@@ -407,7 +348,7 @@ async def test_a_msg_id_delivered_again_across_a_reconnect_runs_once(procs: list
         assert [j[1] for j in joined] == [first[1], first[1]]  # same nonce: the same run
         assert all('desc="cached"' in j[2]["Server-Timing"] for j in joined)
 
-        await asyncio.to_thread(restart)  # every connection drops; the agent reconnects
+        await asyncio.to_thread(server.restart)  # every connection drops; the agent reconnects
         client = await nats.connect(url, connect_timeout=2, allow_reconnect=False)
         try:
 
@@ -417,10 +358,7 @@ async def test_a_msg_id_delivered_again_across_a_reconnect_runs_once(procs: list
                 except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
                     return False
 
-            deadline = time.monotonic() + 10
-            while not await answers():
-                assert time.monotonic() < deadline, "the agent did not come back"
-                await asyncio.sleep(0.05)  # polling period
+            await until(answers, 10, "the agent back", interval=0.05)
             again = await deliver(client, subject, "sdk.count", {"key": k}, msg_id=msg_id)
             _, runs, _ = await deliver(client, subject, "sdk.runs")
         finally:
@@ -473,19 +411,11 @@ def heartbeat_url(gw: Proc, prefix: str, over: str) -> str:
     return url
 
 
-def nats_heartbeats(gw: Proc) -> int:
-    """Heartbeats the gateway answered over NATS (its /metrics)."""
-    _, text = http("GET", f"{gw.url}/metrics")
-    pattern = r'^agent_reach_nats_api_requests_total\{op="heartbeat",status="200"\} (\S+)$'
-    match = re.search(pattern, text, re.MULTILINE)
-    return int(float(match.group(1))) if match else 0
-
-
 def assert_line_went(agent: Proc, gw: Proc, gw_url: str, seen: list[float]) -> None:
     """The agent registered through ``gw_url``, and its heartbeats went over NATS only if
     that is a nats:// URL."""
     assert events(agent, "agent.registered")[0]["gateway"] == gw_url
-    over_nats = nats_heartbeats(gw)
+    over_nats = metric(gw, "agent_reach_nats_api_requests_total", op="heartbeat", status="200")
     if gw_url.startswith("nats://"):
         assert over_nats >= len(seen) - 1, (over_nats, seen)
     else:

@@ -17,105 +17,51 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import re
 import secrets
 import signal
-import subprocess
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from typing import Any
 
-import nats
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nats import errors as nats_errors
-from nats.aio.client import Client
 
 from agent_reach.auth.keys import KeyRing, generate_key
 from agent_reach.auth.tokens import Kind, TokenService
-from tests.agents import bus_echo
-from tests.support import REDIS_URL, Proc, drop_prefix, gateway, http, http_full, wait_until
+from tests.nats_support import (
+    NATS_URL,
+    Answer,
+    Bus,
+    PrivateNats,
+    ask,
+    check_reach_status,
+    hpub,
+    new_prefix,
+    private_server,
+    raw_connection,
+    raw_request,
+    start_bus_echo,
+    unique,
+)
+from tests.support import (
+    REDIS_URL,
+    Proc,
+    drop_prefix,
+    gateway,
+    health,
+    http,
+    http_full,
+    metric,
+    wait_until,
+)
 
-NATS_URL = os.environ.get("AGENT_REACH_TEST_NATS", "nats://127.0.0.1:4222")
-NATS_SERVER = os.environ.get("AGENT_REACH_TEST_NATS_SERVER", "/usr/sbin/nats-server")
 OPS = ("register", "heartbeat", "deregister", "send")
-T = TypeVar("T")
-
-
-def unique(name: str) -> str:
-    return f"reach-test.{secrets.token_hex(5)}.{name}"
-
-
-def new_prefix() -> str:
-    return f"reach-api-{secrets.token_hex(5)}"
-
-
-# --- a nats-py caller, from sync tests: its own event loop in a thread --------------------------
-
-
-@dataclass
-class Answer:
-    """A reply of the gateway's NATS API: the status (``Reach-Status``, 200 when absent), the
-    parsed JSON body (the raw bytes when it is not JSON), the headers."""
-
-    status: int
-    body: Any
-    headers: dict[str, str]
-
-
-class Bus:
-    """One nats-py connection (one reply inbox) on an event loop of its own, for sync tests."""
-
-    def __init__(self, server: str = NATS_URL, **options: Any) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
-        options = {"connect_timeout": 2, "max_reconnect_attempts": -1, **options}
-        self.nc: Client = self.run(nats.connect(server, **options))
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
-
-    async def ask(
-        self,
-        subject: str,
-        body: Any,
-        headers: dict[str, str] | None = None,
-        wait_s: float = 10.0,
-    ) -> Answer:
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        msg = await self.nc.request(subject, data, timeout=wait_s, headers=headers)
-        got = dict(msg.headers or {})
-        try:
-            parsed: Any = json.loads(msg.data)
-        except ValueError:
-            parsed = msg.data
-        return Answer(int(got.get("Reach-Status", "200")), parsed, got)
-
-    def request(
-        self,
-        subject: str,
-        body: Any,
-        headers: dict[str, str] | None = None,
-        wait_s: float = 10.0,
-    ) -> Answer:
-        return self.run(self.ask(subject, body, headers, wait_s), wait_s + 5)
-
-    def close(self) -> None:
-        try:
-            self.run(self.nc.close(), 10)
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-            self._loop.close()
 
 
 @pytest.fixture
@@ -127,106 +73,10 @@ def bus() -> Iterator[Bus]:
         caller.close()
 
 
-def check_reach_status(answer: Answer) -> None:
-    """The wire rule: ``Reach-Status`` present exactly when the status is not 200, and
-    ``Retry-After`` exactly beside a 429."""
-    raw = answer.headers.get("Reach-Status")
-    assert raw != "200", answer.headers  # a 200 is said by its absence
-    assert (raw is None) == (answer.status == 200), answer
-    assert ("Retry-After" in answer.headers) == (answer.status == 429), answer.headers
-
-
-# --- a private nats-server, stopped and started at will (the pattern of test_nats_transport) ----
-
-
-class NatsServer:
-    """A nats-server process on 127.0.0.1:``port``; :meth:`start` again after :meth:`stop`
-    is the same server to its clients (same port, same config file)."""
-
-    def __init__(self, port: int | None = None, config: str = "") -> None:
-        self.port = port or free_port()
-        self.url = f"nats://127.0.0.1:{self.port}"
-        self.conf = Path(tempfile.mkstemp(prefix="reach-nats-", suffix=".conf")[1])
-        self.conf.write_text(f'listen: "127.0.0.1:{self.port}"\n{config}\n')
-        self.log = self.conf.with_suffix(".log")
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, bound: float = 10.0) -> None:
-        assert self.proc is None
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [NATS_SERVER, "-c", str(self.conf)], stdout=log, stderr=subprocess.STDOUT
-            )
-        deadline = time.monotonic() + bound
-        while not self.speaks():  # ready: it sends its INFO line
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"nats-server did not start: {self.log.read_text()[-2000:]}")
-            time.sleep(0.02)
-
-    def speaks(self) -> bool:
-        import socket
-
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
-                return sock.makefile("rb").readline().startswith(b"INFO ")
-        except OSError:
-            return False
-
-    def stop(self, sig: int = signal.SIGKILL) -> None:
-        """Stop it (SIGKILL: at once, nothing said to its clients; SIGTERM: it closes them)."""
-        proc, self.proc = self.proc, None
-        if proc is not None:
-            if proc.poll() is None:
-                proc.send_signal(sig)
-            proc.wait(10)
-
-    def signal(self, sig: int) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-
-    def remove(self) -> None:
-        self.stop()
-        self.conf.unlink(missing_ok=True)
-        self.log.unlink(missing_ok=True)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
-def private_nats() -> Iterator[NatsServer]:
-    server = NatsServer()
-    server.start()
-    try:
+def private_nats() -> Iterator[PrivateNats]:
+    with private_server() as server:
         yield server
-    finally:
-        server.remove()
-
-
-def metric(gw: Proc, name: str, **labels: str) -> float:
-    """The sum of the samples of ``name`` in ``gw``'s /metrics whose labels include ``labels``."""
-    status, text = http("GET", f"{gw.url}/metrics")
-    assert status == 200
-    total = 0.0
-    for line in str(text).splitlines():
-        match = re.fullmatch(r"([a-z_]+)(?:\{(.*)\})? (\S+)", line)
-        if match is None or match.group(1) != name:
-            continue
-        have = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
-        if all(have.get(k) == v for k, v in labels.items()):
-            total += float(match.group(3))
-    return total
-
-
-def health(gw: Proc) -> dict[str, Any]:
-    status, body = http("GET", f"{gw.url}/healthz")
-    assert status == 200, body
-    return dict(body)
 
 
 # --- the same answers as over HTTP -----------------------------------------------------------
@@ -250,7 +100,7 @@ def test_each_operation_answers_over_nats_as_over_http(bus: Bus) -> None:
     subject = unique("parity")
     flags = ["--nats", NATS_URL, "--nats-prefix", prefix, "--heartbeat-interval", "30"]
     with gateway(*flags, "--max-body-bytes", "4096") as gw:
-        agent = bus_echo.start(NATS_URL, subject)
+        agent = start_bus_echo(NATS_URL, subject)
         try:
             registration = {
                 "endpoint_id": "agent://parity-a",
@@ -408,7 +258,7 @@ def test_token_mode_reads_the_authorization_header(bus: Bus, tmp_path: Path) -> 
     subject = unique("tok")
     auth = ["--auth", "tokens", "--keys", str(keys), "--policy", str(policy)]
     with gateway(*auth, "--nats", NATS_URL, "--nats-prefix", prefix) as gw:
-        agent = bus_echo.start(NATS_URL, subject)
+        agent = start_bus_echo(NATS_URL, subject)
         try:
             body = {
                 "endpoint_id": "agent://tok-1",
@@ -495,7 +345,7 @@ def test_two_gateways_serve_the_api_as_one_queue_group(bus: Bus) -> None:
             gateway(*_shared(prefix, registry_prefix)) as one,
             gateway(*_shared(prefix, registry_prefix)) as two,
         ):
-            agent = bus_echo.start(
+            agent = start_bus_echo(
                 NATS_URL,
                 subject,
                 "--register-nats",
@@ -513,7 +363,7 @@ def test_two_gateways_serve_the_api_as_one_queue_group(bus: Bus) -> None:
 
                 async def burst(n: int) -> list[Answer]:
                     work = [{"intent": "group.echo", "payload": {"i": i}} for i in range(n)]
-                    return list(await asyncio.gather(*(bus.ask(send, w) for w in work)))
+                    return list(await asyncio.gather(*(ask(bus.nc, send, w) for w in work)))
 
                 answers = bus.run(burst(60))
                 assert [a.status for a in answers] == [200] * 60, answers
@@ -530,7 +380,7 @@ def test_two_gateways_serve_the_api_as_one_queue_group(bus: Bus) -> None:
                     while not stop.is_set() and i < 5000:
                         i += 1
                         try:
-                            answer = await bus.ask(send, {"intent": "group.echo"}, wait_s=3)
+                            answer = await ask(bus.nc, send, {"intent": "group.echo"}, wait_s=3)
                             outcomes.append((time.monotonic(), answer.status))
                         except nats_errors.Error as exc:
                             outcomes.append((time.monotonic(), type(exc).__name__))
@@ -713,57 +563,6 @@ def test_fuzzed_requests_get_contract_answers_and_refusals_change_nothing(
 # --- fuzz: header blocks written in the NATS protocol itself --------------------------------
 
 
-def _raw(server: str) -> tuple[Any, Any]:
-    """A socket speaking the NATS protocol itself, past CONNECT; and its reader."""
-    import socket
-
-    parts = urlsplit(server)
-    sock = socket.create_connection((parts.hostname, parts.port), timeout=5)
-    reader = sock.makefile("rb")
-    assert reader.readline().startswith(b"INFO ")
-    connect = {"verbose": False, "pedantic": False, "headers": True, "no_responders": True}
-    sock.sendall(b"CONNECT " + json.dumps(connect).encode() + b"\r\n")
-    return sock, reader
-
-
-def _hpub(subject: str, reply: bytes, header_block: bytes, body: bytes) -> bytes:
-    """An HPUB command (``reply`` empty: none)."""
-    size = len(header_block) + len(body)
-    to = b" " + reply if reply else b""
-    line = b"HPUB %s%s %d %d\r\n" % (subject.encode(), to, len(header_block), size)
-    return line + header_block + body + b"\r\n"
-
-
-def raw_request(server: str, subject: str, header_block: bytes, body: bytes) -> Answer | None:
-    """A request written in the NATS protocol itself (HPUB), so that the header block can be
-    any bytes, beneath what nats-py lets a caller write; None when the server refuses it."""
-    inbox = f"_INBOX.raw{secrets.token_hex(6)}"
-    sock, reader = _raw(server)
-    with sock, reader:
-        sock.sendall(f"SUB {inbox} 1\r\n".encode())
-        sock.sendall(_hpub(subject, inbox.encode(), header_block, body) + b"PING\r\n")
-        while True:
-            line = reader.readline()
-            if not line or line.startswith(b"-ERR"):
-                return None
-            if line.startswith(b"PING"):
-                sock.sendall(b"PONG\r\n")
-            if line.startswith((b"MSG ", b"HMSG ")):
-                break
-        fields = line.split()
-        headers: dict[str, str] = {}
-        total = int(fields[-1])
-        payload = reader.read(total + 2)[:total]
-        if line.startswith(b"HMSG "):
-            head_len = int(fields[-2])
-            for row in payload[:head_len].split(b"\r\n")[1:]:
-                name, sep, value = row.partition(b":")
-                if sep:
-                    headers[name.strip().decode()] = value.strip().decode()
-            payload = payload[head_len:]
-    return Answer(int(headers.get("Reach-Status", "200")), json.loads(payload), headers)
-
-
 header_lines = st.lists(
     st.binary(max_size=40)
     | st.sampled_from(
@@ -841,10 +640,10 @@ def test_a_message_nats_py_cannot_read_leaves_the_link_serving(
     outstanding). Now the message is dropped, and the next request is served."""
     prefix = new_prefix()
     with gateway("--nats", NATS_URL, "--nats-prefix", prefix) as gw:
-        sock, reader = _raw(NATS_URL)
+        sock, reader = raw_connection(NATS_URL)
         with sock, reader:
             body = json.dumps(VALID["heartbeat"]).encode()
-            sock.sendall(_hpub(f"{prefix}.v1.heartbeat", reply, block, body) + b"PING\r\n")
+            sock.sendall(hpub(f"{prefix}.v1.heartbeat", reply, block, body) + b"PING\r\n")
             assert reader.readline() == b"PONG\r\n"  # the server took it, and routed it
         answer = bus.request(f"{prefix}.v1.heartbeat", VALID["heartbeat"], wait_s=3)
         assert (answer.status, answer.body["error"]) == (404, "endpoint_not_registered")
@@ -867,7 +666,7 @@ def test_the_fuzzed_gateway_is_still_whole(fuzzed: Fuzzed) -> None:
 
 
 def test_a_gateway_without_its_nats_link_serves_http_and_says_so(
-    private_nats: NatsServer,
+    private_nats: PrivateNats,
 ) -> None:
     prefix = new_prefix()
     with gateway("--nats", private_nats.url, "--nats-prefix", prefix) as gw:

@@ -25,19 +25,18 @@ from typing import Any
 import pytest
 from nats import errors as nats_errors
 
-from tests.agents import bus_echo
-from tests.integration.test_nats_api import (
+from tests.nats_support import (
     NATS_URL,
     Bus,
-    NatsServer,
-    _hpub,
-    _raw,
-    health,
-    metric,
+    PrivateNats,
+    hpub,
     new_prefix,
+    private_server,
+    raw_connection,
+    start_bus_echo,
     unique,
 )
-from tests.support import Proc, gateway, http, start_agent, wait_until
+from tests.support import Proc, gateway, health, http, metric, start_agent, wait_until
 
 # the errors a send may end with when its agents or the link fail: routing outcomes of the
 # contract, never a fault of the gateway (500)
@@ -50,15 +49,9 @@ SLACK_S = 0.75  # scheduling on a loaded 2-core machine, on top of a stated boun
 
 
 @pytest.fixture
-def server() -> Iterator[NatsServer]:
-    private = NatsServer()
-    private.start()
-    try:
+def server() -> Iterator[PrivateNats]:
+    with private_server() as private:  # resumed first, were it paused, so that it can die
         yield private
-    finally:
-        if private.proc is not None and private.proc.poll() is None:
-            private.signal(signal.SIGCONT)  # a paused server must be able to die
-        private.remove()
 
 
 def send(gw: Proc, intent: str, **fields: Any) -> tuple[int, dict[str, Any]]:
@@ -143,7 +136,7 @@ def test_failover_from_a_nats_agent_to_its_http_twin_and_back() -> None:
     on_nats = ["--register-nats", prefix, "--id", mine, "--intents", "twin.echo"]
     on_nats += ["--heartbeat-s", "0.5"]
     with gateway("--nats", NATS_URL, "--nats-prefix", prefix, "--heartbeat-interval", "2") as gw:
-        agent = bus_echo.start(NATS_URL, subject, *on_nats)
+        agent = start_bus_echo(NATS_URL, subject, *on_nats)
         twin = start_agent(gw.url, twin_id, "slow", intents="twin.echo", delay_ms=40)
         try:
             wait_until(lambda: registered(gw) == {mine, twin_id}, 10)
@@ -168,7 +161,7 @@ def test_failover_from_a_nats_agent_to_its_http_twin_and_back() -> None:
 
             # back, it registers again and is eligible again; the twin, which has not failed,
             # stays the first choice (a failure costs the NATS agent in the load-aware score)
-            agent = bus_echo.start(NATS_URL, subject, *on_nats)
+            agent = start_bus_echo(NATS_URL, subject, *on_nats)
             wait_until(lambda: eligible(gw, "twin.echo", mine), 10)
             assert tried(send(gw, "twin.echo")[1]) == [(twin_id, "ok")], route(gw, "twin.echo")
             twin.popen.kill()
@@ -235,13 +228,13 @@ class Load:
 
 @pytest.mark.parametrize("kill", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
 def test_a_nats_server_restarted_under_load_is_recovered_from_without_restarts(
-    server: NatsServer, kill: int
+    server: PrivateNats, kill: int
 ) -> None:
     prefix = new_prefix()
     deadline_s = 2.0
     with gateway("--nats", server.url, "--nats-prefix", prefix, "--heartbeat-interval", "2") as gw:
         agents = [
-            bus_echo.start(
+            start_bus_echo(
                 server.url,
                 unique(f"load{i}"),
                 *("--register-http", gw.url, "--id", f"agent://load-{i}"),
@@ -312,7 +305,7 @@ def test_a_nats_server_restarted_under_load_is_recovered_from_without_restarts(
 
 @pytest.mark.parametrize("fault", ["killed", "paused"])
 def test_requests_in_flight_when_the_link_drops_end_within_their_deadline(
-    server: NatsServer, fault: str
+    server: PrivateNats, fault: str
 ) -> None:
     """``killed``: the server dies (the gateway sees its connection close). ``paused``: it stops
     answering without a word (SIGSTOP: a half-open link the gateway cannot see for a ping
@@ -321,7 +314,7 @@ def test_requests_in_flight_when_the_link_drops_end_within_their_deadline(
     prefix = new_prefix()
     deadline_s = 2.5
     with gateway("--nats", server.url, "--nats-prefix", prefix, "--heartbeat-interval", "30") as gw:
-        agent = bus_echo.start(
+        agent = start_bus_echo(
             server.url,
             unique("held"),
             *("--register-http", gw.url, "--id", "agent://held-1", "--intents", "held.echo"),
@@ -385,13 +378,13 @@ def test_a_responder_past_its_max_inflight_is_failed_over_within_the_deadline() 
     prefix, deadline_s = new_prefix(), 5.0
     with gateway("--nats", NATS_URL, "--nats-prefix", prefix, "--heartbeat-interval", "30") as gw:
         common = ("--register-http", gw.url, "--intents", "busy.echo")
-        full = bus_echo.start(
+        full = start_bus_echo(
             NATS_URL,
             unique("full"),
             *common,
             *("--id", "agent://busy-full", "--max-inflight", "1", "--delay-ms", "200"),
         )
-        roomy = bus_echo.start(
+        roomy = start_bus_echo(
             NATS_URL, unique("roomy"), *common, "--id", "agent://busy-roomy", "--delay-ms", "1000"
         )
         try:
@@ -422,13 +415,13 @@ def test_a_consumer_that_does_not_read_fast_enough_is_failed_over_within_the_dea
     prefix, deadline_s = new_prefix(), 5.0
     with gateway("--nats", NATS_URL, "--nats-prefix", prefix, "--heartbeat-interval", "30") as gw:
         common = ("--register-http", gw.url, "--intents", "lag.echo")
-        slow = bus_echo.start(
+        slow = start_bus_echo(
             NATS_URL,
             unique("slow"),
             *common,
             *("--id", "agent://lag-slow", "--serial", "--pending-msgs", "1", "--delay-ms", "300"),
         )
-        other = bus_echo.start(
+        other = start_bus_echo(
             NATS_URL, unique("other"), *common, "--id", "agent://lag-other", "--delay-ms", "1000"
         )
         try:
@@ -462,42 +455,39 @@ def test_a_gateway_the_server_cuts_off_as_a_slow_consumer_reconnects_and_serves(
     is not driven here. What happens first is the server's limit: a gateway that stops
     reading (SIGSTOP) while its subjects are flooded has its connection cut by the server as a
     slow consumer (``max_pending`` 256 KB here); it reconnects and serves again, untouched."""
-    server = NatsServer(config='max_payload: 65536\nmax_pending: 262144\nwrite_deadline: "1s"')
-    server.start()
+    config = 'max_payload: 65536\nmax_pending: 262144\nwrite_deadline: "1s"'
     prefix = new_prefix()
-    try:
-        with gateway("--nats", server.url, "--nats-prefix", prefix) as gw:
-            flood = json.dumps({"endpoint_id": "agent://flood-" + "x" * 200}).encode()
-            gw.popen.send_signal(signal.SIGSTOP)
-            try:
-                sock, reader = _raw(server.url)
-                with sock, reader:
-                    batch = b"".join(
-                        _hpub(
-                            f"{prefix}.v1.heartbeat", b"_INBOX.flood.1", b"NATS/1.0\r\n\r\n", flood
-                        )
-                        for _ in range(500)
-                    )
-                    for _ in range(80):  # 40 000 requests, 12 MB: past the kernel's buffers too
-                        sock.sendall(batch)
-                    sock.sendall(b"PING\r\n")
-                    assert reader.readline() == b"PONG\r\n"
-                wait_until(lambda: "Slow Consumer" in server.log.read_text(errors="replace"), 10)
-            finally:
-                gw.popen.send_signal(signal.SIGCONT)
-            wait_until(lambda: health(gw)["nats"]["reconnects"] >= 1, 10)
-            wait_until(lambda: health(gw)["nats"]["connected"], 10)
-            state = health(gw)["nats"]
-            print(f"\nafter the cut: {state}")
-            caller = Bus(server.url)
-            try:
-                answer = caller.request(f"{prefix}.v1.heartbeat", {"endpoint_id": "agent://nobody"})
-                assert (answer.status, answer.body["error"]) == (404, "endpoint_not_registered")
-            finally:
-                caller.close()
-            assert state["slow_consumers"] == 0  # the server's cut, not nats-py's drops
-    finally:
-        server.remove()
+    with (
+        private_server(config) as server,
+        gateway("--nats", server.url, "--nats-prefix", prefix) as gw,
+    ):
+        flood = json.dumps({"endpoint_id": "agent://flood-" + "x" * 200}).encode()
+        gw.popen.send_signal(signal.SIGSTOP)
+        try:
+            sock, reader = raw_connection(server.url)
+            with sock, reader:
+                batch = b"".join(
+                    hpub(f"{prefix}.v1.heartbeat", b"_INBOX.flood.1", b"NATS/1.0\r\n\r\n", flood)
+                    for _ in range(500)
+                )
+                for _ in range(80):  # 40 000 requests, 12 MB: past the kernel's buffers too
+                    sock.sendall(batch)
+                sock.sendall(b"PING\r\n")
+                assert reader.readline() == b"PONG\r\n"
+            wait_until(lambda: "Slow Consumer" in server.log.read_text(errors="replace"), 10)
+        finally:
+            gw.popen.send_signal(signal.SIGCONT)
+        wait_until(lambda: health(gw)["nats"]["reconnects"] >= 1, 10)
+        wait_until(lambda: health(gw)["nats"]["connected"], 10)
+        state = health(gw)["nats"]
+        print(f"\nafter the cut: {state}")
+        caller = Bus(server.url)
+        try:
+            answer = caller.request(f"{prefix}.v1.heartbeat", {"endpoint_id": "agent://nobody"})
+            assert (answer.status, answer.body["error"]) == (404, "endpoint_not_registered")
+        finally:
+            caller.close()
+        assert state["slow_consumers"] == 0  # the server's cut, not nats-py's drops
 
 
 # --- a reply nats-py cannot read ---------------------------------------------------------------
@@ -510,7 +500,7 @@ def test_an_agent_reply_nats_py_cannot_read_costs_that_attempt_only() -> None:
     for good, every NATS agent and the API over NATS silent until its pings failed)."""
     prefix, subject = new_prefix(), unique("garbled")
     with gateway("--nats", NATS_URL, "--nats-prefix", prefix, "--heartbeat-interval", "30") as gw:
-        good = bus_echo.start(
+        good = start_bus_echo(
             NATS_URL,
             unique("good"),
             "--register-http",
@@ -522,7 +512,7 @@ def test_an_agent_reply_nats_py_cannot_read_costs_that_attempt_only() -> None:
             "--delay-ms",
             "100",
         )
-        sock, reader = _raw(NATS_URL)
+        sock, reader = raw_connection(NATS_URL)
 
         def garbler() -> None:  # answers every request with the bad header block
             while True:
@@ -536,7 +526,7 @@ def test_an_agent_reply_nats_py_cannot_read_costs_that_attempt_only() -> None:
                 fields = line.split()  # HMSG SUBJECT SID REPLY HEADER_BYTES TOTAL_BYTES
                 reader.read(int(fields[-1]) + 2)
                 block = b"NATS/1.0 503 \xd8\r\n\r\n"
-                sock.sendall(_hpub(fields[3].decode(), b"", block, b'{"x": 1}'))
+                sock.sendall(hpub(fields[3].decode(), b"", block, b'{"x": 1}'))
 
         sock.sendall(f"SUB {subject} 1\r\nPING\r\n".encode())
         assert reader.readline() == b"PONG\r\n"

@@ -6,19 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import secrets
 from collections.abc import AsyncIterator, Iterator
 from urllib import request
 
-import nats
 import pytest
 from nats.aio.msg import Msg
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.nats_support import NATS_URL, Reply, responder, unique
 from tests.support import Proc, gateway, http, start_agent
-
-NATS_URL = os.environ.get("AGENT_REACH_TEST_NATS", "nats://127.0.0.1:4222")
 
 
 @pytest.fixture
@@ -27,29 +23,21 @@ def gw() -> Iterator[Proc]:
         yield proc
 
 
+async def weather(msg: Msg) -> Reply:
+    """A NATS agent's answer: the request's intent and msg_id, ``Reach-Status`` 422 when its
+    payload says ``bad``."""
+    body = json.loads(msg.data)
+    status = "422" if body["payload"].get("bad") else "200"
+    reply = {"answered_over": "nats", "intent": body["intent"], "msg_id": body["msg_id"]}
+    return json.dumps(reply).encode(), {"Reach-Status": status}
+
+
 @pytest.fixture
-async def subject() -> AsyncIterator[tuple[str, list[Msg], nats.NATS]]:
-    """A NATS agent: answers each request with its headers and body echoed, until closed."""
-    nc = await nats.connect(NATS_URL, connect_timeout=2, allow_reconnect=False)
-    name = f"reach-test.{secrets.token_hex(4)}.weather"
-    seen: list[Msg] = []
-
-    async def answer(msg: Msg) -> None:
-        seen.append(msg)
-        body = json.loads(msg.data)
-        status = "422" if body["payload"].get("bad") else "200"
-        reply = {"answered_over": "nats", "intent": body["intent"], "msg_id": body["msg_id"]}
-        await nc.publish(msg.reply, json.dumps(reply).encode(), headers={"Reach-Status": status})
-
-    sub = await nc.subscribe(name, cb=answer)
-    # a request to itself proves the subscription is live at the server (flush() does not)
-    await nc.request(name, json.dumps({"intent": "x", "msg_id": "m", "payload": {}}).encode(), 2)
-    seen.clear()
-    try:
-        yield name, seen, nc
-    finally:
-        await sub.unsubscribe()
-        await nc.close()
+async def subject() -> AsyncIterator[tuple[str, list[Msg]]]:
+    """A NATS agent on a subject of its own, until closed: its subject and the requests seen."""
+    name = unique("weather")
+    async with responder(NATS_URL, name, weather) as seen:
+        yield name, seen
 
 
 def scrape(url: str) -> str:
@@ -63,9 +51,9 @@ def register(gw: Proc, name: str, url: str, caps: list[str]) -> tuple[int, dict[
 
 
 async def test_a_nats_agent_is_reached_by_intent_with_the_contract_headers(
-    gw: Proc, subject: tuple[str, list[Msg], nats.NATS]
+    gw: Proc, subject: tuple[str, list[Msg]]
 ) -> None:
-    name, seen, _ = subject
+    name, seen = subject
     assert register(gw, "nats-weather-01", f"nats:{name}", ["natsw.query"])[0] == 200
     send = {"intent": "natsw.query", "payload": {"city": "成都"}, "trace_id": "trace_nats_1"}
     status, answer = await asyncio.to_thread(http, "POST", f"{gw.url}/v1/send", send)
@@ -100,9 +88,9 @@ async def test_a_nats_agent_is_reached_by_intent_with_the_contract_headers(
 
 
 async def test_no_responders_fails_over_to_an_http_twin_and_ejects_the_nats_one(
-    gw: Proc, subject: tuple[str, list[Msg], nats.NATS]
+    gw: Proc, subject: tuple[str, list[Msg]]
 ) -> None:
-    name, _, _ = subject
+    name, _ = subject
     twin = start_agent(gw.url, "agent://nats-twin-http-01", intents="natsf.query")
     try:
         gone = f"{name}.gone"  # nobody subscribes: "no responders" at once

@@ -17,16 +17,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import secrets
-import signal
 import socket
-import subprocess
-import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from pathlib import Path
+from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
 import nats
@@ -37,26 +30,11 @@ from agent_reach.core.model import Outcome
 from agent_reach.errors import BackendUnavailable, ConfigError, InternalError
 from agent_reach.transport import TransportMux
 from agent_reach.transport.nats import NatsTransport, subject_refusal
+from tests.nats_support import NATS_URL, Reply, private_server, responder, unique
+from tests.support import free_port, until
 
-NATS_URL = os.environ.get("AGENT_REACH_TEST_NATS", "nats://127.0.0.1:4222")
-NATS_SERVER = os.environ.get("AGENT_REACH_TEST_NATS_SERVER", "/usr/sbin/nats-server")
 T = TypeVar("T")
 HEADERS = {"X-Reach-Trace-Id": "trace_nats", "X-Reach-Msg-Id": "msg_nats", "X-Reach-Attempt": "1"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def until(predicate: Callable[[], object], bound: float, what: str) -> None:
-    """Wait until ``predicate()`` holds, polling; fail after ``bound`` seconds."""
-    deadline = time.monotonic() + bound
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {bound} s: {what}")
-        await asyncio.sleep(0.02)
 
 
 async def timed(call: Awaitable[T]) -> tuple[T, float]:
@@ -65,127 +43,13 @@ async def timed(call: Awaitable[T]) -> tuple[T, float]:
     return result, time.monotonic() - started
 
 
-# --- a stand-in agent: answers {"echo": body} after the body's "delay_s" ------------------------
-
-
-@asynccontextmanager
-async def echo_agent(
-    server: str, subject: str, reconnected: asyncio.Event | None = None
-) -> AsyncIterator[list[bytes]]:
-    """A nats-py responder on ``subject`` (each request in a task of its own), reconnecting
-    forever, quickly, and setting ``reconnected`` once its subscription is back; yields the
-    bodies it received, in order."""
-
-    async def on_reconnected() -> None:
-        if reconnected is not None:
-            reconnected.set()
-
-    nc = await nats.connect(
-        server,
-        connect_timeout=2,
-        reconnect_time_wait=0.1,  # seconds, used as a float
-        max_reconnect_attempts=-1,
-        reconnected_cb=on_reconnected,
-    )
-    running: set[asyncio.Task[None]] = set()
-    received: list[bytes] = []
-
-    async def answer(msg: Msg) -> None:
-        received.append(msg.data)
-        delay = float(json.loads(msg.data).get("delay_s", 0))
-        if delay:
-            await asyncio.sleep(delay)  # the agent's own slowness under test, not a settle
-        await nc.publish(msg.reply, json.dumps({"echo": json.loads(msg.data)}).encode())
-
-    async def handle(msg: Msg) -> None:
-        task = asyncio.create_task(answer(msg))
-        running.add(task)
-        task.add_done_callback(running.discard)
-
-    await nc.subscribe(subject, cb=handle)
-    # served once a request comes back (nats-py's flush() may overtake the SUB it buffers)
-    await nc.request(subject, b"{}", timeout=5)
-    try:
-        yield received
-    finally:
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
-        await nc.close()
-
-
-def unique(name: str) -> str:
-    return f"reach-test.{secrets.token_hex(6)}.{name}"
-
-
-# --- a private nats-server ---------------------------------------------------------------------
-
-
-class PrivateServer:
-    """A nats-server process on 127.0.0.1:``port`` with a config file, started and stopped at
-    will (the port and the file stay, so a restart is the same server to its clients)."""
-
-    def __init__(self, port: int, config: str = "") -> None:
-        self.port = port
-        self.url = f"nats://127.0.0.1:{port}"
-        self.conf = Path(tempfile.mkstemp(prefix="reach-nats-", suffix=".conf")[1])
-        self.log = self.conf.with_suffix(".log")
-        self.proc: asyncio.subprocess.Process | None = None
-        self.configure(config)
-
-    def configure(self, config: str) -> None:
-        self.conf.write_text(f'listen: "127.0.0.1:{self.port}"\n{config}\n')
-
-    async def start(self) -> None:
-        assert self.proc is None
-        with self.log.open("ab") as log:
-            self.proc = await asyncio.create_subprocess_exec(
-                NATS_SERVER, "-c", str(self.conf), stdout=log, stderr=subprocess.STDOUT
-            )
-        deadline = time.monotonic() + 10
-        while not await self._speaks():  # ready: it sends its INFO line
-            if self.proc.returncode is not None or time.monotonic() > deadline:
-                raise AssertionError(f"nats-server did not start: {self.log.read_text()[-2000:]}")
-            await asyncio.sleep(0.02)
-
-    async def _speaks(self) -> bool:
-        try:
-            async with asyncio.timeout(1):
-                reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-                try:
-                    return (await reader.readline()).startswith(b"INFO ")
-                finally:
-                    writer.close()
-                    await writer.wait_closed()
-        except (OSError, TimeoutError):
-            return False
-
-    def reload(self) -> None:
-        """Make it read its config file again (SIGHUP)."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGHUP)
-
-    async def kill(self) -> None:
-        """Stop it at once (SIGKILL): its clients lose their connections, nothing is said."""
-        proc, self.proc = self.proc, None
-        if proc is not None:
-            if proc.returncode is None:
-                proc.kill()
-            await asyncio.wait_for(proc.wait(), 10)
-
-    def reloaded(self, times: int) -> bool:
-        return self.log.read_text(errors="replace").count("Reloaded server configuration") >= times
-
-
-@asynccontextmanager
-async def private_server(config: str = "") -> AsyncIterator[PrivateServer]:
-    server = PrivateServer(free_port(), config)
-    try:
-        yield server
-    finally:
-        await server.kill()
-        server.conf.unlink(missing_ok=True)
-        server.log.unlink(missing_ok=True)
+async def echo(msg: Msg) -> Reply:
+    """A stand-in agent's answer: ``{"echo": body}`` after the body's ``delay_s``."""
+    body = json.loads(msg.data)
+    delay = float(body.get("delay_s", 0))
+    if delay:
+        await asyncio.sleep(delay)  # the agent's own slowness under test, not a settle
+    return json.dumps({"echo": body}).encode(), None
 
 
 # --- the first connect -------------------------------------------------------------------------
@@ -264,7 +128,7 @@ async def test_the_request_timeout_is_the_attempts_not_nats_pys_default(
     linked: NatsTransport,
 ) -> None:
     subject = unique("echo")
-    async with echo_agent(NATS_URL, subject):
+    async with responder(NATS_URL, subject, echo):
         url = f"nats:{subject}"
         got, took = await timed(linked.deliver(url, b'{"delay_s": 1.5}', HEADERS, 2.0))
         assert got.outcome is Outcome.OK, got
@@ -328,7 +192,7 @@ async def test_the_mux_delivers_nats_urls_through_it() -> None:
     await mux.start()
     try:
         assert transport.state().connected
-        async with echo_agent(NATS_URL, subject):
+        async with responder(NATS_URL, subject, echo):
             got = await mux.deliver(f"nats:{subject}", b"{}", HEADERS, 2.0)
         assert got.outcome is Outcome.OK, got
     finally:
@@ -355,23 +219,26 @@ async def test_the_state_tells_the_link() -> None:
 
 
 async def test_a_restarted_server_fails_deliveries_cleanly_then_serves_them_again() -> None:
-    async with private_server() as server:
-        await server.start()
+    with private_server() as server:
         transport = NatsTransport([server.url], connect_timeout_s=1.0, reconnect_wait_s=0.1)
         await transport.start()
         subject = unique("echo")
         url = f"nats:{subject}"
         try:
             back = asyncio.Event()
-            async with echo_agent(server.url, subject, back) as received:
+            async with responder(server.url, subject, echo, back) as received:
                 assert (await transport.deliver(url, b"{}", HEADERS, 2.0)).outcome is Outcome.OK
 
                 # in flight when the server dies: the answer never comes
                 flight = asyncio.create_task(
                     timed(transport.deliver(url, b'{"delay_s": 3}', HEADERS, 1.5))
                 )
-                await until(lambda: b'{"delay_s": 3}' in received, 5, "the agent got it")
-                await server.kill()
+                await until(
+                    lambda: any(m.data == b'{"delay_s": 3}' for m in received),
+                    5,
+                    "the agent got it",
+                )
+                await asyncio.to_thread(server.stop)
                 got, took = await flight
                 assert got.outcome in (Outcome.TIMEOUT, Outcome.CONNECT_ERROR), got
                 assert took < 1.5 + 0.2, took
@@ -388,7 +255,7 @@ async def test_a_restarted_server_fails_deliveries_cleanly_then_serves_them_agai
                     assert "no NATS connection" in got.detail
                     assert took < 0.1, took
 
-                await server.start()
+                await asyncio.to_thread(server.start)
                 await until(lambda: transport.state().connected, 10, "the transport back")
                 await asyncio.wait_for(back.wait(), 10)  # and the agent's subscription
                 got = await transport.deliver(url, b'{"after": "restart"}', HEADERS, 2.0)
@@ -417,8 +284,7 @@ async def test_a_connection_nats_py_closes_for_good_is_replaced(
     authorization violation, on which nats-py closes the connection and never reconnects. The
     transport makes a new one, trying until the password works again."""
     caplog.set_level(logging.INFO, logger="agent_reach")
-    async with private_server(AUTH.format(password="one")) as server:
-        await server.start()
+    with private_server(AUTH.format(password="one")) as server:
         gateway_url = server.url.replace("nats://", "nats://gateway:one@", 1)
         agent_url = server.url.replace("nats://", "nats://agent:agent@", 1)
         transport = NatsTransport([gateway_url], connect_timeout_s=0.5, reconnect_wait_s=0.1)
@@ -426,7 +292,7 @@ async def test_a_connection_nats_py_closes_for_good_is_replaced(
         subject = unique("echo")
         url = f"nats:{subject}"
         try:
-            async with echo_agent(agent_url, subject):
+            async with responder(agent_url, subject, echo):
                 assert (await transport.deliver(url, b"{}", HEADERS, 2.0)).outcome is Outcome.OK
 
                 server.configure(AUTH.format(password="two"))
