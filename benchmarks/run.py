@@ -22,6 +22,10 @@ Sub-benchmarks (benchmarks/README.md says more):
   gateway, a token-mode one and a token-mode one with a rate limit that never refuses, measured
   alternately against one trivial agent (which does not verify assertions): the gateway's cost
   of token mode, in answers/s and CPU per request.
+- ``nats``: one gateway with ``--nats`` to a private nats-server: ``POST /v1/send`` to an HTTP
+  agent vs a NATS agent (``nats:SUBJECT``) at 32 connections and at 1, and heartbeats over HTTP
+  (wrk) vs over NATS (a nats-py load generator), measured alternately; nats-server's and the
+  generator's CPU beside (benchmarks/nats_bench.py). Part of "all" when nats-server is installed.
 
 Every figure is the median over ``--runs`` runs with min-max; ratios are taken run by run (the
 gateways are measured alternately within each run) and then their median. With 2+ CPUs and
@@ -48,7 +52,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,7 +79,7 @@ from harness import (
 )
 
 # run in this order: in-process ones first, latency before load
-BENCHES = ("route", "auth", "latency", "e2e", "heartbeat", "tokens", "redis")
+BENCHES = ("route", "auth", "latency", "e2e", "heartbeat", "tokens", "redis", "nats")
 STEAL_PCT = 5.0  # steal time, in % of one core, above which a run is noted as noisy
 INTENT = "bench.echo"
 AGENT_ID = "agent://bench-agent"
@@ -426,6 +430,21 @@ def bench_auth(args: argparse.Namespace, rep: Report, cores: Cores) -> None:
     )
 
 
+def _rotate(
+    args: argparse.Namespace, names: list[str], one: Callable[[str, int, bool], dict[str, Any]]
+) -> dict[str, list[dict[str, Any]]]:
+    """Each of ``names`` measured ``args.runs`` times in rotating order, after an unmeasured 1 s
+    warm-up each (pools filled, code paths hot); ``one(name, seconds, measured)`` is one run."""
+    out: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for name in names:
+        one(name, 1, False)
+    for i in range(args.runs):
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            out[name].append(one(name, args.duration, True))
+    return out
+
+
 def _alternate(
     args: argparse.Namespace,
     st: Stack | AuthStack,
@@ -434,39 +453,27 @@ def _alternate(
     conns: int,
     headers: dict[str, dict[str, str]] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
-    """``targets`` = (name, url, body, pid or 0), measured in rotating order, ``args.runs``
-    times each, after a 1 s warm-up each (pools filled, code paths hot); ``headers[name]`` are
-    sent with that target's requests."""
+    """``targets`` = (name, url, body, pid or 0), wrk runs measured by ``_rotate``;
+    ``headers[name]`` are sent with that target's requests."""
     ours = st.pids()
     hdrs = headers or {}
-    out: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in targets}
-    for name, url, body, pid in targets:
-        wrk(
+    by_name = {name: (url, body, pid) for name, url, body, pid in targets}
+
+    def one(name: str, seconds: int, measured: bool) -> dict[str, Any]:
+        url, body, pid = by_name[name]
+        return wrk(
             url,
             body,
             conns,
-            1,
+            seconds,
             core=cores[1],
             gateway_pid=pid or None,
             ours=ours,
-            measured=False,
+            measured=measured,
             headers=hdrs.get(name),
         )
-    for i in range(args.runs):
-        k = i % len(targets)
-        for name, url, body, pid in targets[k:] + targets[:k]:
-            r = wrk(
-                url,
-                body,
-                conns,
-                args.duration,
-                core=cores[1],
-                gateway_pid=pid or None,
-                ours=ours,
-                headers=hdrs.get(name),
-            )
-            out[name].append(r)
-    return out
+
+    return _rotate(args, list(by_name), one)
 
 
 def _ratio(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, float]:
@@ -836,6 +843,19 @@ def bench_redis(args: argparse.Namespace, rep: Report, cores: Cores) -> None:
     )
 
 
+def bench_nats(args: argparse.Namespace, rep: Report, cores: Cores) -> None:
+    import nats_bench
+
+    data: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    with nats_bench.stack(cores) as st:
+        for kind in ("send_c32", "send_c1", "heartbeat"):
+            print(f"== nats {kind}", flush=True)
+            names, one = nats_bench.targets(kind, st, cores)
+            data[kind] = _rotate(args, names, one)
+        rep.data["nats"] = {"prefix": st.prefix, "subject": st.subject, **data}
+        nats_bench.report(rep, data, st.prefix, st.subject)
+
+
 def render(rep: Report, meta: dict[str, Any]) -> str:
     m = meta["machine"]
     floor = any(r["floor"] for r in rep.rows)
@@ -867,6 +887,15 @@ def render(rep: Report, meta: dict[str, Any]) -> str:
         lines += ["", f"## Profile: {name}", "", "```", text]
         lines += ["```"]
     return "\n".join(lines) + "\n"
+
+
+def nats_server() -> bool:
+    """Whether ``nats`` can run: a nats-server binary and nats-py."""
+    import importlib.util
+
+    import nats_bench
+
+    return nats_bench.server_path() is not None and importlib.util.find_spec("nats") is not None
 
 
 def main() -> int:
@@ -927,6 +956,11 @@ def main() -> int:
     if every and not args.redis and not shutil.which("redis-server"):
         selected.remove("redis")  # "all" without a Redis to run on
         print("redis-server not found: the redis benchmark is skipped", file=sys.stderr)
+    if every and not nats_server():
+        selected.remove("nats")
+        print("nats-server or nats-py not found: the nats benchmark is skipped", file=sys.stderr)
+    if "nats" in selected and not nats_server():
+        p.error("nats needs /usr/sbin/nats-server (apt-get install -y nats-server) and nats-py")
     if "redis" in selected and not (args.redis or shutil.which("redis-server")):
         p.error("redis needs redis-server (apt-get install -y redis-server) or --redis URL")
     if any(b not in ("route", "auth") for b in selected) and not shutil.which("wrk"):
@@ -993,6 +1027,9 @@ def main() -> int:
     if "redis" in selected:
         print("== redis", flush=True)
         bench_redis(args, rep, cores)
+    if "nats" in selected:
+        print("== nats", flush=True)
+        bench_nats(args, rep, cores)
     meta["elapsed_s"] = round(time.monotonic() - t0, 1)
     meta["quiet_wait_s"] = round(QUIET.waited_s, 1)
     meta["noisy_reruns"] = QUIET.reruns
