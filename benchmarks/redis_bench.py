@@ -56,6 +56,7 @@ from agent_reach.registry.memory import MemoryRegistry
 from agent_reach.registry.redis import STALENESS_BOUND_S, RedisRegistry
 from agent_reach.settings import GatewaySettings
 from agent_reach.wire.bodies import RegisterBody, decode
+from route_bench import decide
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -145,11 +146,10 @@ def figures(samples: list[int]) -> dict[str, float]:
 
 def time_calls(gw: Router, seq: list[str]) -> list[int]:
     now_ns = time.perf_counter_ns
-    plan, choose = gw.plan, gw.choose
     out = []
     for intent in seq:
         t0 = now_ns()
-        choose(plan(intent, None))
+        decide(gw, intent)
         out.append(now_ns() - t0)
     return out
 
@@ -214,7 +214,7 @@ async def decision(args: argparse.Namespace) -> dict[str, Any]:
         )
         for gw in (memory, reader):  # every tier cache warm
             for intent in intents:
-                gw.choose(gw.plan(intent, None))
+                decide(gw, intent)
         for r in range(args.runs):
             seq = rng.choices(intents, k=args.calls)
             gc.disable()

@@ -24,7 +24,8 @@ brings its own), as ``{"ok": false, "error": code, "detail": str(exc), ...}``.
     ├── Overloaded                       overloaded             (+ retry_after_s)
     ├── ConfigError                      config_error           (+ source, line): settings,
     │   ├── PolicyFileError                                      policy file, key directory,
-    │   └── KeyDirectoryError                                    intent dictionary
+    │   ├── KeyDirectoryError                                    intent dictionary
+    │   └── DictionaryError                                     (source "intents", + path)
     ├── BackendUnavailable               backend_unavailable    (a registry store, a bus)
     ├── InternalError                    internal_error         (a fault of ours, logged)
     ├── GatewayUnavailable               gateway_unavailable    (client side: no usable answer)
@@ -58,6 +59,7 @@ __all__ = [
     "BackendUnavailable",
     "ConfigError",
     "DeadlineExceeded",
+    "DictionaryError",
     "EndpointHeld",
     "EndpointNotRegistered",
     "Forbidden",
@@ -253,6 +255,27 @@ class PolicyFileError(ConfigError):
 
 class KeyDirectoryError(ConfigError):
     """The key directory cannot be used (:mod:`agent_reach.auth.keys`)."""
+
+
+class DictionaryError(ConfigError):
+    """The intent dictionary file cannot be used (:mod:`agent_reach.intents.dictionary`).
+
+    ``source`` is ``"intents"``, ``path`` the file, ``line`` the line at fault (None when the
+    fault is the whole file: too big, unreadable). ``str(exc)`` reads
+    ``"--intents <path> line <N>: <detail>"``; ``detail`` holds the message alone.
+    """
+
+    def __init__(self, detail: str, *, path: str, line: int | None) -> None:
+        super().__init__(detail, source="intents", line=line, path=path)
+
+    @property
+    def path(self) -> str:
+        """The dictionary file."""
+        return str(self.fields.get("path", ""))
+
+    def __str__(self) -> str:
+        where = f"--intents {self.path}" + ("" if self.line is None else f" line {self.line}")
+        return f"{where}: {self.detail}"
 
 
 class BackendUnavailable(AgentReachError):

@@ -62,6 +62,10 @@ async def handle(payload: Any, ctx: ReachContext) -> dict[str, Any]:
         "deadline_ms": ctx.deadline_ms,
         "sender": ctx.sender,
         "verified": ctx.verified,
+        "intent": ctx.intent,
+        "requested_intent": ctx.requested_intent,
+        "intent_text": ctx.intent_text,
+        "match": None if ctx.match is None else [ctx.match.method, ctx.match.confidence],
     }
 
 

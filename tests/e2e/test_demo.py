@@ -1,6 +1,9 @@
 """`agent-reach demo` (and `make run`'s --keep-running) as a new user runs them: with a
 nats-server (a private one, named by ``AGENT_REACH_NATS``) one agent serves over NATS; without
-one, the demo says NATS was skipped and why, and plays the rest over HTTP.
+one, the demo says NATS was skipped and why, and plays the rest over HTTP. Either way the
+gateway runs with the dictionary shipped in the package, and the last two scenarios ask in words
+only: one in Chinese reaches the weather agent by meaning (the semantic matcher, at or above the
+threshold), one out of scope is refused with the nearest tags, all under it.
 
 The demo starts its own gateway (in-memory registry) and picks each agent's transport itself, so
 neither of tests/support.py's switches changes anything here: under them this module is skipped
@@ -18,17 +21,22 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import date, timedelta
 from pathlib import Path
 
 import pytest
 
 from agent_reach.demo.stack import nats_unavailable
+from agent_reach.demo.weather import understand
 from tests.support import ROOT, NatsServer, free_port, http, own_processes, private_nats
 
 pytestmark = own_processes
 
 _GATEWAY = re.compile(r"gateway (http://127\.0\.0\.1:(\d+))")
 DEMO_AGENTS = ("weather-cn-01", "note-01", "scheduler-01")
+THRESHOLD = 0.8  # the gateway's default --confidence-threshold, which the demo runs with
+_MATCHED = re.compile(r"matched (\S+) \(method (\w+), confidence ([0-9.]+)\)")
+_NEAREST = re.compile(r"nearest tags: (.+)")
 
 
 def _refused(port: int) -> bool:
@@ -40,6 +48,48 @@ def _refused(port: int) -> bool:
 def nats() -> Iterator[NatsServer]:
     with private_nats() as server:
         yield server
+
+
+def scenario(out: str, title: str) -> str:
+    """The lines the demo printed for one scenario (from its title to the next blank line)."""
+    start = out.index(title)
+    end = out.find("\n\n", start)
+    return out[start : end if end >= 0 else len(out)]
+
+
+def nearest(part: str) -> list[tuple[str, float]]:
+    """The nearest tags a refusal printed, with their confidences."""
+    found = _NEAREST.search(part)
+    assert found, part
+    pairs = [item.rsplit(" ", 1) for item in found.group(1).split(", ")]
+    return [(tag, float(confidence)) for tag, confidence in pairs]
+
+
+def check_words(out: str, first: int, day: date) -> None:
+    """The two scenarios in words, numbered from ``first``: the Chinese request answered by the
+    weather agent by meaning; the joke refused with the nearest tags, all under the threshold.
+    ``day``: the date when the demo was started."""
+    words = scenario(out, f"{first}. Ask in words, no tag: send --text")
+    assert '"帮我查一下明天成都的天气" (no intent, no payload)' in words, words
+    assert "answered by agent://weather-cn-01" in words, words
+    match = _MATCHED.search(words)
+    assert match, words
+    assert (match.group(1), match.group(2)) == ("weather.query", "semantic"), words
+    assert THRESHOLD <= float(match.group(3)) <= 1.0, words
+    # the agent read the city and the day out of the words (it was given no payload)
+    tomorrow = {(day + timedelta(days=d)).isoformat() for d in (1, 2)}  # 2: past midnight
+    assert '"city": "成都"' in words and any(f'"date": "{d}"' in words for d in tomorrow), words
+    joke = scenario(out, f"{first + 1}. Out of scope, in words: send --text")
+    assert '"tell me a joke"' in joke, joke
+    assert "refused: no_capable_agent" in joke and "as expected" in joke, joke
+    near = nearest(joke)
+    assert 1 <= len(near) <= 3, joke
+    assert all(0.0 <= c < THRESHOLD for _, c in near), joke
+    assert [c for _, c in near] == sorted((c for _, c in near), reverse=True), joke
+    # the seed's refusal keeps its outcome, and now shows how near it came
+    unknown = scenario(out, "3. Refuse rather than misdeliver: send unknown.action")
+    assert "refused: no_capable_agent" in unknown and "as expected" in unknown, unknown
+    assert all(c < THRESHOLD for _, c in nearest(unknown)), unknown
 
 
 def demo(log_dir: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -57,10 +107,12 @@ def demo(log_dir: Path, **env: str) -> subprocess.CompletedProcess[str]:
 def test_demo_plays_the_scenarios_and_leaves_nothing_running(
     tmp_path: Path, nats: NatsServer
 ) -> None:
+    day = date.today()
     done = demo(tmp_path, AGENT_REACH_NATS=nats.url)
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
-    assert "5/5 scenarios as expected; on NATS: agent://air-nats-01" in out
+    assert "7/7 scenarios as expected; on NATS: agent://air-nats-01" in out
+    assert "Intents: dictionary " in out and "semantic matcher: " in out, out
     assert (
         f"NATS {nats.url}: agent://air-nats-01 (nats:agents.air-nats-01) over NATS,"
         " the others over HTTP"
@@ -92,6 +144,7 @@ def test_demo_plays_the_scenarios_and_leaves_nothing_running(
     assert "answered by agent://air-nats-01" in nats_part, out
     assert "delivered over NATS to nats:agents.air-nats-01" in nats_part, out
     assert '"aqi": ' in nats_part, out
+    check_words(out, 6, day)
     match = _GATEWAY.search(out)
     assert match, out
     assert _refused(int(match.group(2)))  # the gateway is gone
@@ -106,6 +159,7 @@ def test_without_nats_the_demo_says_why_and_plays_the_rest(tmp_path: Path) -> No
     closed = f"nats://127.0.0.1:{free_port()}"
     # AGENT_REACH_SERVE in the caller's shell: the demo's HTTP agents serve over HTTP anyway
     # (had they taken it, they could not serve, and the demo would not start)
+    day = date.today()
     done = demo(tmp_path, AGENT_REACH_NATS=closed, AGENT_REACH_SERVE=closed)
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
@@ -114,12 +168,32 @@ def test_without_nats_the_demo_says_why_and_plays_the_rest(tmp_path: Path) -> No
         f"NATS skipped: no nats-server answers on {closed} (Connection refused);"
         " every agent over HTTP"
     ), out
-    assert "4/4 scenarios as expected; NATS skipped" in out
+    assert "6/6 scenarios as expected; NATS skipped" in out
     assert "air.query" not in out and "delivered over NATS" not in out
+    check_words(out, 5, day)
     assert {p.name for p in tmp_path.iterdir()} == {
         "gateway.log",
         *(f"{n}.log" for n in DEMO_AGENTS),
     }
+
+
+def test_under_another_matcher_the_demo_says_so_and_skips_the_words_it_cannot_match(
+    tmp_path: Path,
+) -> None:
+    # as without the semantic extra, where the gateway falls back to the lexical matcher
+    done = demo(tmp_path, AGENT_REACH_NATS="", AGENT_REACH_MATCHER="lexical")
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    (line,) = [x for x in out.splitlines() if x.startswith("Intents:")]
+    assert line.endswith(
+        "lexical matcher: word overlap with the tags and their texts;"
+        " 'Ask in words, no tag' skipped"
+    ), line
+    assert "帮我查一下明天成都的天气" not in out  # not played
+    assert "5. Out of scope, in words" in out and "refused: no_capable_agent" in out
+    assert (
+        "5/5 scenarios as expected; NATS skipped; 'Ask in words, no tag' skipped (lexical matcher)"
+    ) in out
 
 
 def test_the_nats_probe_is_bounded_and_wants_a_nats_server() -> None:
@@ -195,6 +269,16 @@ def test_keep_running_serves_until_sigint(tmp_path: Path, nats: NatsServer) -> N
             "agent://air-nats-01": ("healthy", "nats:"),
         }
         assert http("GET", f"{url}/healthz")[1]["nats"]["connected"] is True
+        # the dictionary shipped in the package, in force: every demo tag known and served
+        assert "  intents     " in text and "intents.toml (--intents)" in text, text
+        assert f"agent-reach send --text '北京明天会下雨吗' --gateway {url}" in text, text
+        code, listing = http("GET", f"{url}/v1/intents")
+        assert code == 200 and listing["mode"] == "warn", listing
+        entries = {i["tag"]: i for i in listing["intents"]}
+        for tag in ("weather.query", "note.create", "schedule.plan", "air.query"):
+            assert entries[tag]["known"] and entries[tag]["routable"] == 1, entries[tag]
+            assert entries[tag]["description"] and entries[tag]["examples"], entries[tag]
+        assert entries["weather.query"]["aliases"] == ["weather.lookup", "weather.get"]
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=15) == 0
         assert _refused(port)
@@ -203,3 +287,23 @@ def test_keep_running_serves_until_sigint(tmp_path: Path, nats: NatsServer) -> N
             proc.kill()
             proc.wait()
         proc.stdout.close()
+
+
+@pytest.mark.parametrize(
+    ("words", "city", "days"),
+    [
+        ("帮我查一下明天成都的天气", "成都", 1),
+        ("what is the weather in Beijing tomorrow", "北京", 1),
+        ("上海后天会下雨吗", "上海", 2),
+        ("weather in shanghai the day after tomorrow", "上海", 2),
+        ("how hot is it in Chengdu", "成都", 0),
+        ("北京和上海今天的天气", "北京", 0),  # the first city named
+        ("the weather tomorrow", None, 1),
+        ("Beijingers say it rains", None, 0),  # Latin names as whole words only
+    ],
+)
+def test_the_weather_agent_reads_a_city_and_a_day_out_of_words(
+    words: str, city: str | None, days: int
+) -> None:
+    today = date(2025, 1, 2)
+    assert understand(words, today) == (city, (today + timedelta(days=days)).isoformat())

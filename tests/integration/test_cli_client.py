@@ -177,8 +177,10 @@ def test_send_reads_the_payload_from_stdin_and_prints_the_contract_json(gw: Proc
         "result",
         "attempts",
         "latency_ms",
+        "match",
     ]
     assert (body["ok"], body["intent"], body["endpoint_id"]) == (True, "cli.echo", ECHO)
+    assert body["match"] == {"method": "exact", "tag": "cli.echo", "confidence": 1.0}
     assert body["result"]["payload"] == {"n": [1, 2], "s": "é"}
     [attempt] = body["attempts"]
     assert set(attempt) == {"endpoint_id", "outcome", "latency_ms"}

@@ -48,9 +48,11 @@ def test_healthy_gateway_exits_0_and_says_each_check_passed(gw: Proc) -> None:
 
 
 def test_a_tag_mismatch_is_reported_with_evidence_and_exit_4(gw: Proc) -> None:
-    for _ in range(3):
-        code, body = http("POST", f"{gw.url}/v1/send", {"intent": "weather.querry"})
+    for _ in range(3):  # a typo: the matcher would catch it, so this caller forbids matching
+        send = {"intent": "weather.querry", "fallback": False}
+        code, body = http("POST", f"{gw.url}/v1/send", send)
         assert (code, body["error"]) == (404, "no_capable_agent")
+        assert body["suggestions"][0]["tag"] == "weather.query"
     done = doctor(gw.url)
     assert done.returncode == 4, done.stdout + done.stderr
     assert "weather.querry" in done.stdout and "weather.query" in done.stdout

@@ -98,7 +98,8 @@ def test_callers_asking_a_near_miss_of_the_declared_tag() -> None:
     with gateway() as gw:
         agent = start_agent(gw.url, "agent://doc-weather-01", "ok", intents="weather.query")
         try:
-            answers = send_all(gw, [{"intent": "weather.querry"}] * 3)
+            # callers that forbid matching by meaning (it would catch this typo)
+            answers = send_all(gw, [{"intent": "weather.querry", "fallback": False}] * 3)
             assert [(s, b["error"]) for s, b in answers] == [(404, "no_capable_agent")] * 3
             findings = doctor(gw)  # not told the intents: the gateway names them
             again = doctor(gw)  # doctor's own dry runs (/v1/route) are not counted as asked
@@ -122,7 +123,8 @@ def test_callers_asking_a_near_miss_of_the_declared_tag() -> None:
 
 
 def test_an_older_gateway_leaves_the_intents_to_the_operator() -> None:
-    with gateway() as gw:
+    # an older gateway: no /v1/diagnostics (doctor(older=True)), no matching by meaning
+    with gateway("--matcher", "none") as gw:
         agent = start_agent(gw.url, "agent://doc-weather-02", "ok", intents="weather.query")
         try:
             answers = send_all(gw, [{"intent": "weather.querry"}] * 2)

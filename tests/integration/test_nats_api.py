@@ -123,7 +123,7 @@ def test_each_operation_answers_over_nats_as_over_http(bus: Bus) -> None:
                 ("heartbeat", {"endpoint_id": "agent://parity-nobody"}, 404, None),
                 ("heartbeat", {}, 422, None),
                 ("send", {"intent": "parity.echo", "payload": {"城市": "成都"}}, 200, None),
-                ("send", {"intent": "parity.none"}, 404, None),
+                ("send", {"intent": "parity.none", "fallback": False}, 404, None),
                 ("send", {"intent": "parity.echo", "recipient_hint": "agent://nobody"}, 404, None),
                 ("send", {"intent": "parity.echo", "timeout_ms": 0}, 422, None),
                 ("send", b"\xff\xfe", 400, None),

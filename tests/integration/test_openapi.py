@@ -45,7 +45,10 @@ def test_the_schemas_are_the_wire_structs(gw: Proc) -> None:
     assert code == 200
     schemas = document["components"]["schemas"]
     send = schemas["SendBody"]
-    assert send["required"] == ["intent"]
+    # intent or intent_text: neither alone is required (the decoder checks that one is given)
+    assert send.get("required", []) == []
+    assert send["properties"]["intent_text"]["anyOf"][0]["maxLength"] == 2000
+    assert send["properties"]["fallback"]["default"] is True
     assert sorted(send["properties"]["priority"]["enum"]) == ["high", "low", "normal"]
     assert send["properties"]["timeout_ms"]["anyOf"][0]["maximum"] == 600_000
     assert set(schemas["RegisterBody"]["required"]) == {

@@ -207,7 +207,7 @@ async def test_an_answer_is_never_failed_over_not_even_a_5xx(
             await client.send("fo.echo", timeout_ms=3000, trace_id="trace_fo_502")
         assert failed.value.http_status == 502
         with pytest.raises(NoCapableAgent):  # 404
-            await client.send("fo.nobody", trace_id="trace_fo_404")
+            await client.send("fo.nobody", trace_id="trace_fo_404", fallback=False)
         assert client.gateway == gw1.url
     assert failovers(caplog, "client.gateway_failover") == []
     for trace_id in ("trace_fo_502", "trace_fo_404"):

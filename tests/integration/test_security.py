@@ -382,7 +382,7 @@ def test_rate_limit_per_sender(net: Net) -> None:
     retry_after = None
     for _ in range(120):
         status, answer, headers = http_full(
-            "POST", f"{net.gw}/v1/send", {"intent": "weather.none"}, token=burst
+            "POST", f"{net.gw}/v1/send", {"intent": "weather.none", "fallback": False}, token=burst
         )
         codes.append(status)
         if status == 429:
@@ -394,7 +394,8 @@ def test_rate_limit_per_sender(net: Net) -> None:
     assert retry_after is not None and int(retry_after) >= 1
     assert len(codes) - 1 <= 50 + 50 * elapsed + 1  # never more than the bucket allows
     # another sender is not held back by it
-    assert _send(net, net.client("agent://caller-other"), intent="weather.none")[0] == 404
+    other = net.client("agent://caller-other")
+    assert _send(net, other, intent="weather.none", fallback=False)[0] == 404
 
 
 # --- policy reload ---------------------------------------------------------------------------
@@ -810,9 +811,15 @@ def test_fallback_matches_stay_within_the_policy(tmp_path: Path) -> None:
 
         status, answer = route("weather.query.hourly")  # falls back to weather.query: allowed
         assert status == 200 and answer["chosen"] == "agent://near-1", answer
-        status, answer = route("alpha.beta.gamma")  # allowed itself; its fallback is not
-        assert (status, answer["error"]) == (403, "forbidden"), answer
-        assert "falls back" in answer["detail"]
+        assert answer["match"]["method"] == "semantic"
+        # allowed itself; its nearest tag, alpha.beta, is not: never chosen, never suggested
+        status, answer = route("alpha.beta.gamma")
+        if status == 200:  # a reachable tag was near enough
+            assert answer["chosen"] != "agent://near-2", answer
+            assert answer["match"]["tag"] in ("weather.query", "gamma.delta"), answer
+        else:
+            assert (status, answer["error"]) == (404, "no_capable_agent"), answer
+            assert "alpha.beta" not in [s["tag"] for s in answer["suggestions"]], answer
         status, answer = http("GET", f"{proc.url}/v1/route?intent=alpha.beta.gamma", token=operator)
         assert status == 200 and answer["chosen"] == "agent://near-2"  # the control
         # gamma.delta may be reached only at near-3: a fallback to it keeps that limit

@@ -182,3 +182,28 @@ def _pids_of(line: str) -> set[int]:
     match = re.search(r"pids ([\d ]+)\)", line)
     assert match, line
     return {int(p) for p in match[1].split()}
+
+
+def test_sighup_to_the_supervisor_reloads_the_dictionary_of_every_worker(tmp_path: Path) -> None:
+    path = tmp_path / "intents.toml"
+    path.write_text('[[intent]]\ntag = "alpha.one"\n')
+    prefix = f"test-{os.urandom(6).hex()}"
+    cmd = [*SERVE, "--registry", REDIS_URL, "--registry-prefix", prefix, "--workers", "2"]
+    proc, _line = start_supervisor([*cmd, "--intents", str(path)])
+    try:
+
+        def tags() -> set[str]:  # a fresh connection: either worker answers
+            code, body = http("GET", f"{proc.url}/v1/intents")
+            assert code == 200, body
+            return {entry["tag"] for entry in body["intents"]}
+
+        assert all(tags() == {"alpha.one"} for _ in range(10))
+        path.write_text('[[intent]]\ntag = "alpha.one"\n\n[[intent]]\ntag = "beta.two"\n')
+        proc.popen.send_signal(signal.SIGHUP)
+        # both workers re-read it: 20 fresh connections in a row all see the new entry
+        wait_until(lambda: all(tags() == {"alpha.one", "beta.two"} for _ in range(20)), 20)
+        assert proc.popen.poll() is None  # the supervisor lives on
+        assert len(children(proc.popen.pid)) == 2
+    finally:
+        proc.stop(timeout=15)
+        drop_prefix(prefix, REDIS_URL)

@@ -102,23 +102,23 @@ async def service(**settings: float) -> tuple[Router, FakeClock]:
 
 async def test_only_sends_refused_with_no_capable_agent_are_recorded() -> None:
     gw, clock = await service(heartbeat_interval=1.0)
-    gw.plan("weather.query", None)  # served: nothing recorded
+    await gw.route("weather.query", None)  # served: nothing recorded
     with pytest.raises(NoCapableAgent):
-        gw.plan("weather.querry", None)
+        await gw.route("weather.querry", None)
     clock.advance(2.5)
     with pytest.raises(NoCapableAgent):
-        gw.plan("weather.querry", None)
+        await gw.route("weather.querry", None)
     # a dry run (/v1/route: doctor calls it) is not a caller asking
     with pytest.raises(NoCapableAgent):
-        gw.explain_route("billing.charge", None, None)
+        await gw.route("billing.charge", None, dry_run=True)
     # recipient-hint refusals are not tag mismatches
     with pytest.raises(RecipientNotFound):
-        gw.plan("weather.querry", "agent://nobody")
+        await gw.route("weather.querry", "agent://nobody")
     with pytest.raises(RecipientIncapable):
-        gw.plan("weather.querry", "agent://w1")
+        await gw.route("weather.querry", "agent://w1")
     clock.advance(10.0)  # w1 is down now
     with pytest.raises(NoAvailableAgent):
-        gw.plan("weather.query", None)  # declared, but nobody available: not unrouted
+        await gw.route("weather.query", None)  # declared, but nobody available: not unrouted
     assert gw.diagnostics()["unrouted_intents"] == [
         {"intent": "weather.querry", "count": 2, "last_at": WALL + 2.5}
     ]

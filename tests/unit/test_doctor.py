@@ -831,10 +831,12 @@ async def test_gather_asks_the_intents_the_gateway_refused_and_takes_its_setting
     )
     # the operator's intents first, then the gateway's, most recently refused first
     assert s.asked == ("typo.mine", "typo.recent", "typo.old")
+    # refused and declared by nobody: explained as exact tags (the callers may have forbidden
+    # matching); the declared one as a send would be
     assert fake.paths[3:] == [
-        "/v1/route?intent=typo.mine",
-        "/v1/route?intent=typo.recent",
-        "/v1/route?intent=typo.old",
+        "/v1/route?intent=typo.mine&fallback=false",
+        "/v1/route?intent=typo.recent&fallback=false",
+        "/v1/route?intent=typo.old&fallback=false",
         "/v1/route?intent=x.y",
     ]
     assert s.diagnostics == diag(

@@ -1,105 +1,150 @@
-"""The fallback index: built off the request path when the known tags change, never replaced
-by an older build, and read at route time without building."""
+"""The fallback index: built in a worker thread when the known tags change (one build for a
+burst, never replaced by an older one), looked up off the loop with a bounded number running
+and waiting, and its answers cached until a new index comes."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Collection
 
-from agent_reach.core.names import is_intent
-from agent_reach.intents import MatchIndexHolder, SegmentPrefixMatcher
-from agent_reach.intents.lexical import SegmentPrefixIndex
-from agent_reach.intents.matcher import EMPTY_INDEX, TagTexts
+import pytest
+
+from agent_reach.errors import Overloaded
+from agent_reach.intents.matcher import EMPTY_INDEX, MatchIndexHolder, Scored, TagTexts
 
 
-class Counting(SegmentPrefixMatcher):
-    """The lexical matcher, counting its builds."""
+class WordIndex:
+    """Scores a tag 0.9 when the query holds its first segment; counts and can hold lookups."""
+
+    def __init__(self, known: Collection[str], texts: TagTexts, gate: threading.Event) -> None:
+        self.known = tuple(known)
+        self.texts = {tag: tuple(texts(tag)) for tag in known}
+        self.gate = gate
+        self.lookups = 0
+        self.threads: set[str] = set()
+
+    def match(self, intent: str | None, text: str | None, k: int = 4) -> Scored:
+        self.lookups += 1
+        self.threads.add(threading.current_thread().name)
+        assert self.gate.wait(5), "a test left a lookup held"
+        words = (text or intent or "").replace(".", " ").split()
+        return [(tag, 0.9) for tag in self.known if tag.split(".")[0] in words][:k]
+
+
+class Words:
+    name = "lexical"
 
     def __init__(self) -> None:
-        self.builds = 0
+        self.builds: list[tuple[str, ...]] = []
+        self.threads: set[str] = set()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.last: WordIndex | None = None
+        self.hold_builds = threading.Event()
+        self.hold_builds.set()
 
-    def build(self, known: Collection[str], texts: TagTexts) -> SegmentPrefixIndex:
-        self.builds += 1
-        return super().build(known, texts)
-
-
-class Slow:
-    """An asynchronous matcher whose builds finish when the test says, in any order."""
-
-    def __init__(self) -> None:
-        self.gates: list[asyncio.Event] = []
-
-    async def _build(self, known: tuple[str, ...], gate: asyncio.Event) -> SegmentPrefixIndex:
-        await gate.wait()
-        return SegmentPrefixIndex(known)
-
-    def build(self, known: Collection[str], texts: TagTexts) -> object:
-        gate = asyncio.Event()
-        self.gates.append(gate)
-        return self._build(tuple(known), gate)
+    def build(self, known: Collection[str], texts: TagTexts) -> WordIndex:
+        assert self.hold_builds.wait(5)
+        self.builds.append(tuple(sorted(known)))
+        self.threads.add(threading.current_thread().name)
+        self.last = WordIndex(known, texts, self.gate)
+        return self.last
 
 
-async def test_changes_in_a_burst_share_one_build_made_off_the_callers_path() -> None:
-    tags = {"weather.query.daily"}
-    matcher = Counting()
-    holder = MatchIndexHolder(matcher, lambda: tags, lambda tag: [])
+async def test_changes_in_a_burst_share_builds_made_off_the_loop_with_a_snapshot() -> None:
+    tags = {"weather.query"}
+    matcher = Words()
+    holder = MatchIndexHolder(matcher, lambda: set(tags), lambda tag: [f"about {tag}"])
     assert holder.index is EMPTY_INDEX  # nothing before the first build: exact matches only
     for n in range(50):
-        tags.add(f"weather.query.n{n}")
+        tags.add(f"weather.query{n}")
         holder.changed()
-    assert matcher.builds == 0  # not inside the change: soon after
-    await asyncio.sleep(0)
-    assert matcher.builds == 1
-    assert set(holder.index.scores("weather.query")) == tags
+    await holder.wait()
+    assert len(matcher.builds) <= 2  # the burst: the first change's build, then one more
+    assert matcher.builds[-1] == tuple(sorted(tags))
+    assert threading.current_thread().name not in matcher.threads  # a worker thread
+    assert matcher.last is not None and matcher.last.texts["weather.query"] == (
+        "about weather.query",
+    )
+    assert await holder.lookup(None, "weather in Chengdu") != []
 
 
-async def test_an_older_build_finishing_late_never_replaces_a_newer_index() -> None:
+async def test_an_older_build_never_replaces_the_index_of_a_later_change() -> None:
     tags = ["alpha.one"]
-    matcher = Slow()
+    matcher = Words()
     swaps: list[int] = []
     holder = MatchIndexHolder(matcher, lambda: list(tags), lambda tag: [], lambda: swaps.append(1))
-    holder.changed()
-    await asyncio.sleep(0)  # first build starts (tags: alpha.one)
-    tags.append("alpha.two")
-    holder.changed()
-    await asyncio.sleep(0)  # second build starts (tags: alpha.one, alpha.two)
-    assert len(matcher.gates) == 2
-    matcher.gates[1].set()
-    await holder.wait()
-    assert set(holder.index.scores("alpha.x")) == {"alpha.one", "alpha.two"}
-    matcher.gates[0].set()  # the first build ends last
-    await asyncio.sleep(0.01)
-    assert set(holder.index.scores("alpha.x")) == {"alpha.one", "alpha.two"}
-    assert swaps == [1]
-
-
-async def test_a_failing_build_keeps_the_index_in_force() -> None:
-    tags = ["beta.one"]
-    fail = False
-
-    class Flaky(SegmentPrefixMatcher):
-        async def _later(self, known: tuple[str, ...]) -> SegmentPrefixIndex:
-            if fail:
-                raise RuntimeError("model went away")
-            return SegmentPrefixIndex(known)
-
-        def build(self, known: Collection[str], texts: TagTexts) -> object:  # type: ignore[override]
-            return self._later(tuple(known))
-
-    holder = MatchIndexHolder(Flaky(), lambda: list(tags), lambda tag: [])
-    holder.changed()
-    await holder.wait()
-    assert set(holder.index.scores("beta.x")) == {"beta.one"}
-    fail = True
+    matcher.hold_builds.clear()
+    holder.changed()  # the build of ["alpha.one"] starts and is held
+    await asyncio.sleep(0.05)
     tags.append("beta.two")
+    holder.changed()  # taken by one more build once the first ends
+    matcher.hold_builds.set()
+    await holder.wait()
+    assert matcher.builds[-1] == ("alpha.one", "beta.two")
+    assert await holder.lookup(None, "beta") == [("beta.two", 0.9)]
+
+
+async def test_lookups_are_cached_until_a_new_index_comes() -> None:
+    tags = {"weather.query"}
+    matcher = Words()
+    holder = MatchIndexHolder(matcher, lambda: set(tags), lambda tag: [])
     holder.changed()
-    await asyncio.sleep(0.01)
-    assert set(holder.index.scores("beta.x")) == {"beta.one"}
+    await holder.wait()
+    first = matcher.last
+    assert first is not None
+    for _ in range(3):
+        assert await holder.lookup(None, "weather today") == [("weather.query", 0.9)]
+    assert first.lookups == 1
+    assert threading.current_thread().name not in first.threads
+    tags.add("weather.alerts")
+    holder.changed()
+    await holder.wait()
+    assert matcher.last is not first
+    assert len(await holder.lookup(None, "weather today")) == 2  # asked again: a new index
 
 
-def test_the_lexical_index_scores_only_tags_sharing_the_first_segment() -> None:
-    known = ["weather.forecast", "weather.query.daily", "note.create", "weatherx.query"]
-    index = SegmentPrefixMatcher().build(known, lambda tag: [])
-    assert index.scores("weather.query") == {"weather.forecast": 0.5, "weather.query.daily": 2 / 3}
-    assert index.scores("other.thing") == {}
-    assert all(is_intent(tag) for tag in index.scores("weather.query"))
+async def test_past_the_waiting_bound_a_lookup_is_refused_as_overloaded() -> None:
+    matcher = Words()
+    holder = MatchIndexHolder(
+        matcher, lambda: {"weather.query"}, lambda tag: [], max_running=1, max_waiting=3
+    )
+    holder.changed()
+    await holder.wait()
+    matcher.gate.clear()  # lookups block in their thread
+    held = [asyncio.create_task(holder.lookup(None, f"weather {n}")) for n in range(3)]
+    await asyncio.sleep(0.05)
+    with pytest.raises(Overloaded) as refused:
+        await holder.lookup(None, "weather 99")
+    assert refused.value.retry_after_s == 1
+    matcher.gate.set()
+    done = await asyncio.gather(*held)
+    assert all(answer == [("weather.query", 0.9)] for answer in done)
+    assert await holder.lookup(None, "weather 100") == [("weather.query", 0.9)]  # room again
+
+
+async def test_a_failing_build_keeps_the_previous_index() -> None:
+    tags = {"gamma.one"}
+
+    class Flaky(Words):
+        def build(self, known: Collection[str], texts: TagTexts) -> WordIndex:
+            if "boom.now" in known:
+                raise RuntimeError("model away")
+            return super().build(known, texts)
+
+    holder = MatchIndexHolder(Flaky(), lambda: set(tags), lambda tag: [])
+    holder.changed()
+    await holder.wait()
+    tags.add("boom.now")
+    holder.changed()
+    await holder.wait()  # returns: the build failed, logged
+    assert await holder.lookup(None, "gamma") == [("gamma.one", 0.9)]
+
+
+async def test_without_a_matcher_there_is_no_fallback() -> None:
+    holder = MatchIndexHolder(None, lambda: {"weather.query"}, lambda tag: [])
+    holder.changed()
+    await holder.wait()
+    assert holder.method is None
+    assert await holder.lookup(None, "weather") == []

@@ -20,6 +20,7 @@ from agent_reach.sdk.client import (
     RouteExplanation,
     Trace,
 )
+from agent_reach.wire.answers import MatchInfo
 
 NOW = 1_700_000_000.0
 
@@ -195,6 +196,7 @@ def test_bodies_are_the_contract_shapes() -> None:
         result={"city": "成都"},
         attempts=[Attempt("agent://a", "ok", 2.9)],
         latency_ms=3.4,
+        match=MatchInfo("exact", "test.echo", 1.0),
     )
     body = render.reply_body(reply)
     assert list(body) == [
@@ -206,7 +208,9 @@ def test_bodies_are_the_contract_shapes() -> None:
         "result",
         "attempts",
         "latency_ms",
+        "match",
     ]
+    assert body["match"] == {"method": "exact", "tag": "test.echo", "confidence": 1.0}
     assert body["ok"] is True
     assert body["attempts"] == [{"endpoint_id": "agent://a", "outcome": "ok", "latency_ms": 2.9}]
     assert '"成都"' in render.to_json(body)  # non-ASCII kept as is

@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 from agent_reach.core.health import INF, EndpointStats, derive
 from agent_reach.core.model import EndpointRecord, Status, Thresholds
 from agent_reach.core.names import is_endpoint_id, is_intent
-from agent_reach.core.routing import PROBE_SHARE, Tiers, build_tiers, fallback_tags, pick
-from agent_reach.intents import SegmentPrefixMatcher
+from agent_reach.core.routing import PROBE_SHARE, Tiers, build_tiers, pick
 
 T = Thresholds()  # 10 / 20 / 30 s, slow over 2000 ms, samples kept 60 s
 NOW = 10_000.0
@@ -362,61 +361,6 @@ def test_inflight_spreads_concurrent_load() -> None:
 
 
 # --- fallback matching ----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("intent", "tag", "score"),
-    [
-        ("weather.query", "weather.forecast", 0.5),
-        ("weather.query", "weather.query", 1.0),
-        ("weather", "weather.query", 0.5),
-        ("weather.query", "weather", 0.5),
-        ("weather.query", "weather.query.daily", 2 / 3),
-        ("a.b.c", "a.x.c", 1 / 3),  # only leading segments count
-        ("a.b.c.d", "a.b.x.d", 0.5),
-    ],
-)
-def test_segment_prefix_scores(intent: str, tag: str, score: float) -> None:
-    assert SegmentPrefixMatcher().scores(intent, [tag]) == {tag: pytest.approx(score)}
-
-
-def test_segment_prefix_leaves_out_unrelated_tags() -> None:
-    got = SegmentPrefixMatcher().scores("weather.query", ["note.create", "query", "weatherx"])
-    assert got == {}
-
-
-def test_segment_prefix_is_case_sensitive() -> None:
-    assert SegmentPrefixMatcher().scores("weather.query", ["Weather.query"]) == {}
-
-
-def test_fallback_tags_drops_below_threshold() -> None:
-    m = SegmentPrefixMatcher()
-    known = ["weather.forecast", "weather.query.daily", "note.create"]
-    assert fallback_tags(m.scores("weather.query", known), 0.8) == {}
-    assert fallback_tags(m.scores("weather.query", known), 0.5) == {
-        "weather.query.daily": pytest.approx(2 / 3)
-    }
-
-
-def test_fallback_tags_threshold_is_inclusive() -> None:
-    m = SegmentPrefixMatcher()
-    assert fallback_tags(m.scores("weather.query", ["weather.forecast"]), 0.5) == {
-        "weather.forecast": 0.5
-    }
-    assert fallback_tags(m.scores("weather.query", ["weather.forecast"]), 0.51) == {}
-
-
-def test_fallback_tags_keeps_ties_at_the_best_score() -> None:
-    m = SegmentPrefixMatcher()
-    known = ["weather.forecast", "weather.alerts", "weather", "note.create"]
-    got = fallback_tags(m.scores("weather.query", known), 0.3)
-    assert got == {"weather.forecast": 0.5, "weather.alerts": 0.5, "weather": 0.5}
-    got = fallback_tags(m.scores("a.b.c", ["a.b.x", "a.b.y", "a.x.c"]), 0.3)
-    assert got == {"a.b.x": pytest.approx(2 / 3), "a.b.y": pytest.approx(2 / 3)}
-
-
-def test_fallback_tags_with_no_known_tags() -> None:
-    assert fallback_tags(SegmentPrefixMatcher().scores("weather.query", []), 0.0) == {}
 
 
 # --- names ----------------------------------------------------------------------------------------

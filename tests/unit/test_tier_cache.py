@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from agent_reach.core.model import Outcome
 from agent_reach.core.routing import build_tiers
 from agent_reach.errors import ReachError
-from agent_reach.gateway.router import FALLBACK_CACHE_SIZE, Router
+from agent_reach.gateway.router import Router
 from agent_reach.registry.memory import MemoryRegistry
 from agent_reach.settings import GatewaySettings
 from agent_reach.testing import FakeClock
@@ -102,7 +102,7 @@ async def test_cached_tiers_equal_fresh_tiers(steps: list[tuple[object, ...]]) -
             clock.advance(step[1])  # type: ignore[arg-type]
         else:
             with contextlib.suppress(ReachError):  # refusals are fine: warming is the point
-                gw.plan(step[1], None)  # type: ignore[arg-type]
+                await gw.route(step[1], None)  # type: ignore[arg-type]
         now = gw.now()
         for intent in INTENTS:
             fresh = build_tiers(
@@ -110,14 +110,3 @@ async def test_cached_tiers_equal_fresh_tiers(steps: list[tuple[object, ...]]) -
             )
             cached = gw._intent_tiers(intent, now)
             assert snapshot(cached) == snapshot(fresh), (step, intent)
-
-
-async def test_caller_chosen_intents_cannot_grow_the_fallback_cache() -> None:
-    gw = Router(GatewaySettings(), MemoryRegistry(), FakeClock())
-    await gw.register(
-        RegisterBody(endpoint_id="agent://x", capabilities=["t.a"], endpoint_url="http://h/")
-    )
-    for i in range(FALLBACK_CACHE_SIZE + 500):
-        with contextlib.suppress(ReachError):
-            gw.plan(f"t.unknown{i}", None)
-    assert 0 < len(gw._fallback) <= FALLBACK_CACHE_SIZE

@@ -62,9 +62,26 @@ def agents(
         out.print(render.agents_table(listing, now=time.time(), width=out.width))
 
 
+_TEXT = click.option(
+    "--text",
+    "intent_text",
+    metavar="WORDS",
+    help="what you want, in words (any language): with it INTENT may be left out, and the "
+    "gateway's matcher finds the tag when no agent declares INTENT (docs/intents.md)",
+)
+_NO_FALLBACK = click.option(
+    "--no-fallback",
+    "no_fallback",
+    is_flag=True,
+    help="only an exact tag (or an alias of the dictionary): no match by meaning",
+)
+
+
 @click.command()
-@click.argument("intent")
+@click.argument("intent", required=False)
 @click.argument("payload", required=False, callback=_payload, metavar="[JSON]")
+@_TEXT
+@_NO_FALLBACK
 @click.option(
     "--to",
     "--recipient-hint",
@@ -94,8 +111,10 @@ def send(
     gateway: str,
     token: str | None,
     as_json: bool,
-    intent: str,
+    intent: str | None,
     payload: Any,
+    intent_text: str | None,
+    no_fallback: bool,
     recipient_hint: str | None,
     timeout_ms: int,
     priority: str,
@@ -103,17 +122,21 @@ def send(
     msg_id: str | None,
     sender: str | None,
 ) -> None:
-    """Send a request to the agent that serves INTENT.
+    """Send a request to the agent that serves INTENT (or what --text says).
 
     JSON is the payload (default {}; - reads it from stdin). Prints the agent's result, the
-    endpoint that answered, the attempts and the trace id.
+    endpoint that answered, how the tag matched, the attempts and the trace id.
     """
+    if intent is None and intent_text is None:
+        raise click.UsageError("give INTENT, --text WORDS or both")
     reply = reach(
         gateway,
         token,
         lambda client: client.send(
             intent,
             payload,
+            intent_text=intent_text,
+            fallback=not no_fallback,
             recipient_hint=recipient_hint,
             timeout_ms=timeout_ms,
             priority=cast(Priority, priority),
@@ -130,7 +153,9 @@ def send(
 
 
 @click.command()
-@click.argument("intent")
+@click.argument("intent", required=False)
+@_TEXT
+@_NO_FALLBACK
 @click.option(
     "--to",
     "--recipient-hint",
@@ -149,20 +174,30 @@ def route(
     gateway: str,
     token: str | None,
     as_json: bool,
-    intent: str,
+    intent: str | None,
+    intent_text: str | None,
+    no_fallback: bool,
     recipient_hint: str | None,
     timeout_ms: int | None,
 ) -> None:
-    """Explain the route a send of INTENT would take now.
+    """Explain the route a send of INTENT (or what --text says) would take now.
 
     A dry run: nothing is delivered. Shows the candidates with status, confidence and why each
     is eligible or not, the one that would be chosen, its per-try timeout and how many retries
     the deadline allows.
     """
+    if intent is None and intent_text is None:
+        raise click.UsageError("give INTENT, --text WORDS or both")
     explanation = reach(
         gateway,
         token,
-        lambda client: client.explain(intent, recipient_hint=recipient_hint, timeout_ms=timeout_ms),
+        lambda client: client.explain(
+            intent,
+            intent_text=intent_text,
+            fallback=not no_fallback,
+            recipient_hint=recipient_hint,
+            timeout_ms=timeout_ms,
+        ),
     )
     if as_json:
         click.echo(render.to_json(render.route_body(explanation)))

@@ -3,8 +3,12 @@
 ``serve`` starts a gateway and ``demo`` a whole stack; the client commands (``agents``,
 ``send``, ``route``, ``trace``, ``doctor``) are in :mod:`agent_reach.cli.client`, ``register``,
 ``heartbeat`` and ``deregister`` in :mod:`agent_reach.cli.endpoints`, the ``auth``
-group (keys, tokens, policy check) in :mod:`agent_reach.cli.auth`, and what they share (flags
+group (keys, tokens, policy check) in :mod:`agent_reach.cli.auth`, the ``intents`` group (the
+dictionary: list, check, match) in :mod:`agent_reach.cli.intents`, and what they share (flags
 read from ``AGENT_REACH_*``, :class:`ExitCode`) in :mod:`agent_reach.cli.common`.
+
+A serving gateway re-reads its intent dictionary (and, in token mode, its keys and policy) on
+SIGHUP, as ``POST /v1/reload`` does; a bad file is refused (logged) and the old one stays.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from agent_reach.cli.auth import auth
 from agent_reach.cli.client import COMMANDS as CLIENT_COMMANDS
 from agent_reach.cli.common import ExitCode, Group, env_name, option, stdout
 from agent_reach.cli.endpoints import COMMANDS as ENDPOINT_COMMANDS
+from agent_reach.cli.intents import intents
+from agent_reach.errors import AgentReachError
 from agent_reach.observability import logs
 from agent_reach.settings import GatewaySettings, redacted
 
@@ -268,8 +274,12 @@ def serve(reuse_port: bool, **flags: Any) -> None:
 
 
 def _check_access_files(settings: GatewaySettings) -> None:
-    """Token mode under --workers: refuse bad keys or policy once, in the supervisor, rather
-    than in every worker (each would fail the same way)."""
+    """Under --workers: refuse a bad intent dictionary, and in token mode bad keys or policy,
+    once, in the supervisor, rather than in every worker (each would fail the same way)."""
+    if settings.intents:
+        from agent_reach.intents.dictionary import load_dictionary
+
+        load_dictionary(settings.intents)  # DictionaryError: exit 2, naming the line
     if settings.open_mode:
         return
     from agent_reach.gateway.access import Access
@@ -333,16 +343,26 @@ async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None
         raise click.ClickException(
             f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}"
         ) from exc
+    # the signals are handled before the start line is printed: whoever waits for that line
+    # may signal at once
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    rereads: set[asyncio.Task[None]] = set()  # held until done (the loop keeps weak refs)
+
+    def on_hangup() -> None:
+        task = asyncio.ensure_future(_reread(node))
+        rereads.add(task)
+        task.add_done_callback(rereads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_hangup)
     port = runner.addresses[0][1] if runner.addresses else settings.port
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     url = f"http://{host}:{port}"
     registry = redacted(settings.registry)
     logs.log(logging.INFO, "gateway.listening", url=url, registry=registry)
     print(f"agent-reach gateway listening on {url} (registry {registry})", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
     finally:
@@ -351,6 +371,21 @@ async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None
         await asyncio.gather(runner.cleanup(), bus.close(SHUTDOWN_S) if bus else asyncio.sleep(0))
         await node.close()
         logs.log(logging.INFO, "gateway.stopped")
+
+
+async def _reread(node: Any) -> None:
+    """SIGHUP: re-read the dictionary, keys and policy as ``POST /v1/reload`` does. A refusal
+    is logged where it is made (``intent.dictionary_refused``, ``auth.reload_failed``) and the
+    old files stay in force."""
+    try:
+        answer = await node.service.reread()
+    except AgentReachError as exc:
+        logs.log(logging.WARNING, "gateway.reload_refused", signal="SIGHUP", error=str(exc))
+        return
+    except Exception:  # a bug must not end the process: the next SIGHUP tries again
+        logs.log(logging.ERROR, "gateway.reload_error", signal="SIGHUP", exc_info=True)
+        return
+    logs.log(logging.INFO, "gateway.reloaded", signal="SIGHUP", intents=answer.get("intents"))
 
 
 # --- demo --------------------------------------------------------------------------------------
@@ -394,5 +429,5 @@ def demo(host: str, port: int, keep_running: bool, log_dir: Path | None) -> None
     )
 
 
-for command in (*CLIENT_COMMANDS, *ENDPOINT_COMMANDS, auth):
+for command in (*CLIENT_COMMANDS, *ENDPOINT_COMMANDS, auth, intents):
     main.add_command(command)

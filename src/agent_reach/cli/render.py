@@ -39,6 +39,7 @@ from agent_reach.cli.values import (
 from agent_reach.doctor import Finding, Severity, worst
 from agent_reach.errors import AgentReachError, GatewayUnavailable, ReachError
 from agent_reach.sdk.client import AgentInfo, Attempt, Reply, RouteExplanation, Trace
+from agent_reach.wire.answers import MatchInfo
 
 __all__ = [
     "STATUSES",
@@ -213,6 +214,9 @@ def reply_view(reply: Reply) -> RenderableType:
     line = Text()
     line.append("endpoint ", style="dim")
     line.append(reply.endpoint_id, style="bold")
+    if reply.match is not None and reply.match.method != "exact":
+        line.append("  match ", style="dim")
+        line.append(match_label(reply.match))
     line.append("  attempts ", style="dim")
     line.append_text(attempts_text(reply.attempts, reply.endpoint_id))
     line.append("  total ", style="dim")
@@ -220,6 +224,11 @@ def reply_view(reply: Reply) -> RenderableType:
     line.append("  trace ", style="dim")
     line.append(reply.trace_id)
     return Group(JSON.from_data(reply.result, indent=2), line)
+
+
+def match_label(match: MatchInfo) -> str:
+    """``semantic weather.query 0.93``: how a request's tag was found."""
+    return f"{match.method} {match.tag} {match.confidence:.2f}"
 
 
 def error_text(exc: AgentReachError) -> Text:
@@ -244,6 +253,15 @@ def error_text(exc: AgentReachError) -> Text:
         out.append("\n")
     for key, value in exc.fields.items():
         if key in _REACH_FIELDS:
+            continue
+        if key == "suggestions" and isinstance(value, list) and value:
+            near = ", ".join(
+                f"{item.get('tag')} {item.get('confidence', 0):.2f}"
+                for item in value
+                if isinstance(item, dict)
+            )
+            out.append("nearest  ", style="dim")
+            out.append(f"{near}\n")
             continue
         out.append(f"{key}: ", style="dim")
         out.append(f"{field_value(value)}\n")
@@ -270,6 +288,9 @@ def route_view(route: RouteExplanation, *, width: int = 120) -> RenderableType:
     summary = Text()
     summary.append("intent ", style="dim")
     summary.append(route.intent, style="bold")
+    if route.match is not None and route.match.method != "exact":
+        summary.append("  match ", style="dim")
+        summary.append(match_label(route.match))
     if route.chosen is None:
         summary.append("  no endpoint would be chosen", style="red")
     else:

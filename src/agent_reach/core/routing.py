@@ -23,10 +23,9 @@ from dataclasses import dataclass, field
 from agent_reach.core.health import INF, EndpointStats, Health, derive
 from agent_reach.core.model import EndpointRecord, Status, Thresholds
 
-__all__ = ["PROBE_SHARE", "Tiers", "build_tiers", "fallback_tags", "pick"]
+__all__ = ["PROBE_SHARE", "Tiers", "build_tiers", "pick"]
 
 PROBE_SHARE = 0.02  # contract: at most 5 % of an intent's requests
-FALLBACK_TAGS = 16  # tags a fallback match may draw candidates from
 
 
 def _tier_of(h: Health) -> tuple[bool, bool, bool]:
@@ -156,20 +155,3 @@ def pick(
     if degraded:
         return _p2c(degraded, stats, now, rng)
     return None
-
-
-def fallback_tags(
-    scored: Mapping[str, float],
-    threshold: float,
-    limit: int = FALLBACK_TAGS,
-) -> dict[str, float]:
-    """The best-scoring tags of ``scored`` (a matcher's scores) at or above ``threshold``.
-
-    Ties at the best score are kept, up to ``limit`` tags (in sorted order), so that one
-    request cannot pull thousands of tags into a route.
-    """
-    scores = {tag: s for tag, s in scored.items() if s >= threshold}
-    if not scores:
-        return {}
-    best = max(scores.values())
-    return dict.fromkeys(sorted(t for t, s in scores.items() if s == best)[:limit], best)

@@ -1,14 +1,21 @@
 """``agent-reach demo`` and ``make run``: the stack, the seed's three scenarios, one more hop,
-and one agent on NATS when a nats-server answers.
+one agent on NATS when a nats-server answers, and two requests in words.
 
 The scenarios: a request routed by intent (``weather.query``), a side effect delivered once
 (``note.create``), a request refused rather than misdelivered (``unknown.action`` ->
-``no_capable_agent``), and an agent reaching two others through the gateway under one trace id
-(``schedule.plan``). With NATS (``$AGENT_REACH_NATS``, default ``nats://127.0.0.1:4222``,
-probed with a bound before anything starts) the gateway runs with ``--nats`` and one more
-scenario reaches an agent that serves over NATS (``air.query``); without it, one line says
-that NATS was skipped and why, and the rest is the same. ``run`` returns the exit code: 0 when
-every scenario ended as expected, 1 when one did not, 3 when the stack could not start.
+``no_capable_agent``, with the nearest tags), and an agent reaching two others through the
+gateway under one trace id (``schedule.plan``). With NATS (``$AGENT_REACH_NATS``, default
+``nats://127.0.0.1:4222``, probed with a bound before anything starts) the gateway runs with
+``--nats`` and one more scenario reaches an agent that serves over NATS (``air.query``);
+without it, one line says that NATS was skipped and why, and the rest is the same. Then two
+requests in words only (``intent_text``, no tag, no payload), matched against the demo's
+dictionary (``intents.toml``): one in Chinese that reaches the weather agent by meaning (the
+output says how it matched: method, tag, confidence), and one that nothing serves, refused with
+the nearest tags and their confidences. The first needs the semantic matcher: when the gateway
+runs another one (the semantic extra not installed), one line says so and it is skipped.
+Scenarios are numbered in the order played; the summary counts those played. ``run`` returns
+the exit code: 0 when every scenario ended as expected, 1 when one did not, 3 when the stack
+could not start.
 """
 
 from __future__ import annotations
@@ -37,10 +44,10 @@ from agent_reach.demo.stack import (
     start,
 )
 from agent_reach.errors import ReachError
-from agent_reach.sdk.client import SyncReachClient
+from agent_reach.sdk.client import EMPTY, SyncReachClient
 from agent_reach.settings import redacted
 
-__all__ = ["NATS_SCENARIOS", "SCENARIOS", "Scenario", "run"]
+__all__ = ["NATS_SCENARIOS", "SCENARIOS", "WORDS_SCENARIOS", "Scenario", "run"]
 
 _INDENT = 3  # a scenario's lines, under its title
 
@@ -49,9 +56,11 @@ class Scenario(NamedTuple):
     """One request of the demo and the outcome it should have."""
 
     title: str
-    intent: str
-    payload: dict[str, Any]
+    intent: str | None  # None: words only
+    payload: dict[str, Any] | None  # None: none sent
     expect: str  # "ok" or the contract error code expected
+    text: str | None = None  # the request in words (intent_text)
+    semantic: bool = False  # needs the semantic matcher (skipped under another)
 
 
 SCENARIOS = (
@@ -71,23 +80,45 @@ NATS_SCENARIOS = (
         "Over NATS, no inbound port", "air.query", {"city": "成都", "date": "2025-01-02"}, "ok"
     ),
 )
+# played last: requests in words only, matched against the demo's dictionary
+WORDS_SCENARIOS = (
+    Scenario(
+        "Ask in words, no tag", None, None, "ok", text="帮我查一下明天成都的天气", semantic=True
+    ),
+    Scenario("Out of scope, in words", None, None, "no_capable_agent", text="tell me a joke"),
+)
 
 
 def _play(
     client: SyncReachClient, n: int, sc: Scenario, out: Console, urls: dict[str, str]
 ) -> bool:
-    payload = escape(json.dumps(sc.payload, ensure_ascii=False))
-    out.print(f"\n[bold]{n}. {sc.title}[/]: send [cyan]{sc.intent}[/] {payload}")
+    asked = [f"[cyan]{sc.intent}[/]"] if sc.intent else []
+    if sc.text is not None:
+        asked.append(escape(f"--text {json.dumps(sc.text, ensure_ascii=False)}"))
+    if sc.payload is not None:
+        asked.append(escape(json.dumps(sc.payload, ensure_ascii=False)))
+    elif sc.intent is None:
+        asked.append("(no intent, no payload)")
+    out.print(f"\n[bold]{n}. {sc.title}[/]: send {' '.join(asked)}")
+    payload = EMPTY if sc.payload is None else sc.payload
     try:
-        reply = client.send(sc.intent, sc.payload, timeout_ms=5000)
+        reply = client.send(sc.intent, payload, intent_text=sc.text, timeout_ms=5000)
     except ReachError as exc:
         good = exc.code == sc.expect
         mark = "[green]as expected[/]" if good else f"[red]expected {sc.expect}[/]"
         out.print(f"   refused: [yellow]{exc.code}[/] ({escape(exc.detail)}) {mark}")
+        if "suggestions" in exc.fields:
+            out.print(f"   nearest tags: {_nearest(exc.fields['suggestions'])}")
         out.print(f"   trace {exc.trace_id}, attempts {len(exc.attempts)}")
         return good
     hops = " -> ".join(f"{a.endpoint_id} {a.outcome} {a.latency_ms:.1f} ms" for a in reply.attempts)
     out.print(f"   answered by [green]{reply.endpoint_id}[/] in {reply.latency_ms:.1f} ms ({hops})")
+    match = reply.match
+    if match is not None and match.method != "exact":
+        out.print(
+            f"   matched [cyan]{match.tag}[/] (method {match.method},"
+            f" confidence {match.confidence:.2f})"
+        )
     endpoint = urls.get(reply.endpoint_id, "")
     if endpoint.startswith("nats:"):
         shown = escape(endpoint)
@@ -102,6 +133,16 @@ def _play(
     if not good:
         out.print(f"   [red]expected {sc.expect}[/]")
     return good
+
+
+def _nearest(suggestions: Any) -> str:
+    """A refusal's suggestions as printed: ``tag confidence`` each, best first."""
+    listed = [
+        f"{escape(str(s.get('tag')))} {float(s.get('confidence', 0.0)):.2f}"
+        for s in (suggestions if isinstance(suggestions, list) else [])
+        if isinstance(s, dict)
+    ]
+    return ", ".join(listed) if listed else "none (no known tag resembles it)"
 
 
 def _waterfall(client: SyncReachClient, trace_id: str, out: Console) -> None:
@@ -126,6 +167,7 @@ def _serve_until_stopped(stack: Stack, out: Console, urls: dict[str, str]) -> No
     nats = ""
     if stack.nats:
         nats = f"  nats        {_shown(stack.nats)} (the gateway runs with --nats)\n"
+    intents = f"  intents     {escape(stack.intents)} (--intents)\n" if stack.intents else ""
     air = (
         f'  agent-reach send air.query \'{{"city": "成都"}}\' --gateway {url}   # over NATS\n'
         if stack.on_nats()
@@ -137,14 +179,16 @@ def _serve_until_stopped(stack: Stack, out: Console, urls: dict[str, str]) -> No
   gateway     {url}
   dashboard   {url}/
   metrics     {url}/metrics
-{nats}  logs        {stack.log_dir}/  (JSON lines, one file per process)
+{nats}{intents}  logs        {stack.log_dir}/  (JSON lines, one file per process)
 """
         + "".join(_agent_line(stack, eid, mod, urls) for eid, mod in stack.agents.items())
         + f"""
 Try:
   agent-reach agents --gateway {url}
   agent-reach send weather.query '{{"city": "成都"}}' --gateway {url}
-{air}  agent-reach route weather.query --gateway {url}
+{air}  agent-reach send --text '北京明天会下雨吗' --gateway {url}   # in words, any language
+  agent-reach route weather.query --gateway {url}
+  agent-reach intents --gateway {url}
   agent-reach doctor --gateway {url}
 
 Ctrl-C stops everything.""",
@@ -168,6 +212,19 @@ def _agent_line(stack: Stack, endpoint_id: str, module: str, urls: dict[str, str
 def _shown(servers: str) -> str:
     """NATS server addresses as printed: without their passwords."""
     return ",".join(redacted(url.strip()) for url in servers.split(","))
+
+
+def _skipped_for_matcher(stack: Stack) -> list[str]:
+    """The titles of the scenarios that the gateway's matcher cannot play (none: semantic)."""
+    return [] if stack.matcher == "semantic" else [s.title for s in WORDS_SCENARIOS if s.semantic]
+
+
+def _matcher_line(stack: Stack) -> str:
+    """The gateway's dictionary and matcher (in its own words), and what is skipped for it."""
+    where = escape(stack.intents) if stack.intents else "none"
+    note = escape(stack.matcher_note or f"matcher {stack.matcher or 'unknown'}")
+    skipped = "".join(f"; {title!r} skipped" for title in _skipped_for_matcher(stack))
+    return f"Intents: dictionary {where}; {note}{skipped}"
 
 
 def _nats_servers(given: str | None) -> tuple[str | None, str]:
@@ -214,12 +271,16 @@ def run(
                 out.print(f"NATS {shown}: {escape(on_nats)} over NATS, the others over HTTP")
             else:
                 out.print(f"NATS skipped: {escape(skipped)}; every agent over HTTP")
-            scenarios = SCENARIOS + (NATS_SCENARIOS if servers else ())
+            out.print(_matcher_line(stack))
+            unplayable = _skipped_for_matcher(stack)
+            words = tuple(sc for sc in WORDS_SCENARIOS if sc.title not in unplayable)
+            scenarios = SCENARIOS + (NATS_SCENARIOS if servers else ()) + words
             results = [_play(client, n, sc, out, urls) for n, sc in enumerate(scenarios, 1)]
         ok = all(results)
         out.print(
             f"\n{sum(results)}/{len(results)} scenarios as expected"
             + (f"; on NATS: {', '.join(stack.on_nats())}" if servers else "; NATS skipped")
+            + "".join(f"; {title!r} skipped ({stack.matcher} matcher)" for title in unplayable)
             + ("" if ok else " [red](see the logs)[/]")
         )
         if keep_running:

@@ -8,11 +8,23 @@ the gateway runs with ``--nats URL`` and the agents of :data:`NATS_AGENTS` serve
 (``AGENT_REACH_SERVE=URL`` in their environment: no inbound port, a ``nats:SUBJECT`` endpoint);
 the agents of :data:`AGENTS` always serve over HTTP (``AGENT_REACH_SERVE`` is taken out of their
 environment, whatever the caller's shell holds). Without NATS only :data:`AGENTS` run.
+
+The gateway runs with ``--intents`` on the dictionary shipped in this package
+(:data:`DICTIONARY`, ``intents.toml``, read through :mod:`importlib.resources`, so that it works
+from a wheel as from a checkout) and the default matcher. :func:`start` returns once every agent
+is registered and, with a fallback matcher on, once the matcher answers (its first index, built
+off the request path as the gateway starts, is in force): a request in words played at once is
+matched, not refused for want of an index. ``Stack.matcher`` is the matcher the gateway says it
+runs (its ``intent.matcher`` log line: ``semantic``, ``lexical`` or ``none``; the lexical one
+when the semantic extra is not installed) and ``Stack.matcher_note`` its note.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.resources
 import importlib.util
+import json
 import os
 import signal
 import socket
@@ -23,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from agent_reach.errors import GatewayUnavailable
+from agent_reach.errors import GatewayUnavailable, NoCapableAgent
 from agent_reach.gateway.children import die_with_parent, listening_url
 from agent_reach.sdk.client import SyncReachClient
 from agent_reach.settings import SERVE_ENV, redacted
@@ -31,6 +43,7 @@ from agent_reach.settings import SERVE_ENV, redacted
 __all__ = [
     "AGENTS",
     "DEFAULT_NATS",
+    "DICTIONARY",
     "NATS_AGENTS",
     "NATS_ENV",
     "SERVE_ENV",
@@ -50,6 +63,10 @@ AGENTS = {
 NATS_AGENTS = {"agent://air-nats-01": "agent_reach.demo.air"}
 DEFAULT_NATS = "nats://127.0.0.1:4222"
 NATS_ENV = "AGENT_REACH_NATS"  # the NATS servers, for the demo as for `agent-reach serve`
+DICTIONARY = "intents.toml"  # the demo's intent dictionary, a resource of this package
+# words that every matcher of a gateway with the demo's dictionary scores once its index is in
+# force (the lexical one too: they are the words of the tag weather.query)
+_READY_PROBE = "weather query"
 
 
 class StackError(Exception):
@@ -65,6 +82,10 @@ class Stack:
         self.nats = nats  # the NATS servers the gateway and the NATS agents use, if any
         self.agents: dict[str, str] = {}  # endpoint id -> module, of every agent started
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.intents = ""  # the dictionary file the gateway runs with (--intents)
+        self.matcher = ""  # the fallback matcher the gateway runs: semantic, lexical or none
+        self.matcher_note = ""  # ... and what its start line says of it
+        self._files = contextlib.ExitStack()  # keeps the dictionary's file while the stack runs
 
     def on_nats(self) -> list[str]:
         """The endpoint ids of the agents started to serve over NATS."""
@@ -115,6 +136,26 @@ class Stack:
         for proc in procs:
             if proc.stdout is not None:
                 proc.stdout.close()
+        self._files.close()
+
+    def use_dictionary(self) -> str:
+        """The path of the shipped dictionary (:data:`DICTIONARY`), now :attr:`intents`: the
+        file itself from an unpacked install, else a copy that lives until :meth:`stop`."""
+        resource = importlib.resources.files("agent_reach.demo") / DICTIONARY
+        self.intents = str(self._files.enter_context(importlib.resources.as_file(resource)))
+        return self.intents
+
+    def read_matcher(self) -> None:
+        """Fill :attr:`matcher` and :attr:`matcher_note` from the gateway's ``intent.matcher``
+        log line (written before it listens)."""
+        for line in (self.log_dir / "gateway.log").read_text(errors="replace").splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and entry.get("event") == "intent.matcher":
+                self.matcher = str(entry.get("matcher", ""))
+                self.matcher_note = str(entry.get("note", ""))
 
 
 def _environment(changes: Mapping[str, str | None]) -> dict[str, str]:
@@ -190,6 +231,8 @@ def start(
     args = ["-m", "agent_reach", "serve", "--host", host, "--port", str(port)]
     args += ["--nats", nats] if nats else []
     try:
+        if "--intents" not in serve_args:
+            args += ["--intents", stack.use_dictionary()]
         gw = stack.spawn(
             "gateway",
             [*args, *serve_args],
@@ -203,6 +246,7 @@ def start(
                 + (" is the port taken? does NATS answer?)" if nats else " is the port taken?)")
             )
         stack.url = url
+        stack.read_matcher()
         agents: list[tuple[str, str, str | None]] = [(e, m, None) for e, m in AGENTS.items()]
         if nats:
             agents += [(eid, module, nats) for eid, module in NATS_AGENTS.items()]
@@ -215,6 +259,8 @@ def start(
                 env={SERVE_ENV: serve},
             )
         _wait_registered(stack, deadline)
+        if stack.matcher not in ("", "none"):
+            _wait_matcher(stack, deadline)
     except BaseException:
         stack.stop()
         raise
@@ -236,4 +282,28 @@ def _wait_registered(stack: Stack, deadline: float) -> None:
             if time.monotonic() > deadline:
                 missing = ", ".join(sorted(set(stack.agents) - listed))
                 raise StackError(f"not registered in time: {missing} (logs in {stack.log_dir})")
+            time.sleep(0.05)
+
+
+def _wait_matcher(stack: Stack, deadline: float) -> None:
+    """Until the gateway's matcher scores words (a dry run of :data:`_READY_PROBE` is matched,
+    or refused with suggestions): before its first index is in force, it has none to give."""
+    with SyncReachClient(stack.url, timeout_s=2.0) as client:
+        while True:
+            try:
+                client.explain(None, intent_text=_READY_PROBE)
+                return
+            except NoCapableAgent as exc:
+                if exc.fields.get("suggestions"):
+                    return
+            except GatewayUnavailable:
+                pass
+            gone = stack.exited()
+            if gone is not None:
+                raise StackError(f"{gone} exited (see {stack.log_dir}/{gone}.log)")
+            if time.monotonic() > deadline:
+                raise StackError(
+                    f"the gateway's {stack.matcher} matcher did not answer in time"
+                    f" (see {stack.log_dir}/gateway.log)"
+                )
             time.sleep(0.05)

@@ -18,7 +18,9 @@ The checks, in this order (each one that finds nothing says so with one ``ok`` f
 1. ``empty_registry``: no agent is registered, so agents fail to register.
 2. ``intent_unserved``: callers ask for intents that no agent declares (``no_capable_agent``);
    for each intent the caller uses that the snapshot explains, the declared tags that nearly
-   match it (a typo, a dotted prefix, the same segments in another order, the same last segment).
+   match it (a typo, a dotted prefix, the same segments in another order, the same last segment)
+   and the nearest known tags by the gateway's own matcher, with their confidences (the
+   ``suggestions`` of its ``no_capable_agent`` answer, or of ``/v1/diagnostics``).
 3. ``unrouted_agent``: an agent that intent routing does not choose now (suspect or down, with its
    heartbeat age against the interval and ``/v1/route``'s reason), routes after others (degraded),
    or was never asked for (no request on any of its tags while the gateway answered others).

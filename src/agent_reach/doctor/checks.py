@@ -20,6 +20,7 @@ from agent_reach.doctor.snapshot import (
     UNROUTABLE,
     Snapshot,
     UnroutedIntent,
+    suggestions,
 )
 from agent_reach.doctor.traffic import retry_storm, sporadic_timeouts
 
@@ -142,6 +143,16 @@ def _unserved(s: Snapshot) -> list[Finding]:
             f" {tag!r} ({why})"
             for tag, why in misses
         ]
+        # the gateway's own matcher: the no_capable_agent answer's suggestions, else those of
+        # /v1/diagnostics
+        nearest = suggestions(answer.get("suggestions")) or (
+            tally.suggestions if tally is not None else ()
+        )
+        if nearest:
+            evidence.append(
+                "nearest known tags (the gateway's matcher, below the threshold): "
+                + ", ".join(f"{tag} ({c:.2f})" for tag, c in nearest)
+            )
         if misses:
             tag = misses[0][0]
             step = (
@@ -150,6 +161,14 @@ def _unserved(s: Snapshot) -> list[Finding]:
                 f"{tag!r}. Matching is on the whole tag, case-sensitive (a fallback match needs "
                 f"{threshold}): make the callers send the declared tag, or make the agent declare "
                 "the one callers use."
+            )
+        elif nearest:
+            listed = ", ".join(repr(tag) for tag, _ in nearest)
+            step = (
+                f"No agent declares {intent!r}; the nearest known tags are {listed}: make the "
+                "callers send one of those (or an alias of the dictionary, or their words as "
+                f"intent_text), or start an agent that serves {intent!r}. GET /v1/intents "
+                "lists the dictionary."
             )
         else:
             step = (

@@ -66,8 +66,12 @@ async def gather(
     busy = {s.labels.get("intent") for s in metrics if s.name in (REQUESTS, ATTEMPTS) and s.value}
     order = list(dict.fromkeys([*asked, *(t for t in declared if t in busy), *declared]))
     routes: dict[str, Mapping[str, Any]] = {}
+    refused_now = {u.intent for u in refused} - set(declared)
     for intent in order[:route_limit]:
-        routes[intent] = await _explain(get_json, intent, timeout_ms)
+        # an intent callers were refused, and nobody declares: explained as an exact tag (the
+        # callers may have forbidden matching; the matcher's nearest tags come with the answer)
+        exact = intent in refused_now
+        routes[intent] = await _explain(get_json, intent, timeout_ms, exact=exact)
     skipped = len(set(declared) - routes.keys())
     if diagnostics is not None:
         heartbeat_interval = diagnostics.heartbeat_interval_s
@@ -108,8 +112,12 @@ async def _diagnostics(get_json: GetJson) -> Diagnostics | None:
         ) from None
 
 
-async def _explain(get_json: GetJson, intent: str, timeout_ms: int | None) -> Mapping[str, Any]:
+async def _explain(
+    get_json: GetJson, intent: str, timeout_ms: int | None, *, exact: bool = False
+) -> Mapping[str, Any]:
     query = {"intent": intent} | ({"timeout_ms": str(timeout_ms)} if timeout_ms else {})
+    if exact:
+        query["fallback"] = "false"
     try:
         answer = await get_json(f"/v1/route?{urlencode(query)}")
     except GatewayUnavailable:

@@ -27,6 +27,7 @@ __all__ = [
     "Snapshot",
     "UnroutedIntent",
     "parse_metrics",
+    "suggestions",
 ]
 
 # --- what the gateway exports (docs/operations.md) ------------------------------------------
@@ -73,6 +74,8 @@ class UnroutedIntent:
     intent: str
     count: int  # requests refused with no_capable_agent (since the gateway started)
     last_at: float  # unix seconds of the latest one
+    # the nearest known tags by the gateway's matcher, best first: (tag, confidence)
+    suggestions: tuple[tuple[str, float], ...] = ()
 
 
 def _number(answer: Mapping[str, Any], key: str) -> float:
@@ -88,7 +91,25 @@ def _unrouted(item: Any) -> UnroutedIntent:
     count = item.get("count")
     if isinstance(count, bool) or not isinstance(count, int):
         raise ValueError(f"unrouted_intents: count is not a whole number: {count!r}")
-    return UnroutedIntent(item["intent"], count, _number(item, "last_at"))
+    return UnroutedIntent(
+        item["intent"], count, _number(item, "last_at"), suggestions(item.get("suggestions"))
+    )
+
+
+def suggestions(items: Any) -> tuple[tuple[str, float], ...]:
+    """``[{"tag", "confidence"}, ...]`` (of ``/v1/diagnostics`` or a ``no_capable_agent``
+    answer) as pairs, best first; what is not of that shape is left out (a gateway without a
+    dictionary or matcher sends none)."""
+    if not isinstance(items, list):
+        return ()
+    return tuple(
+        (i["tag"], float(i["confidence"]))
+        for i in items
+        if isinstance(i, dict)
+        and isinstance(i.get("tag"), str)
+        and isinstance(i.get("confidence"), int | float)
+        and not isinstance(i.get("confidence"), bool)
+    )
 
 
 @dataclass(frozen=True, slots=True)

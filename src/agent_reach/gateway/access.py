@@ -451,17 +451,16 @@ class Access:
             if not delivery.allowed:
                 self.deny(caller, action, hint, delivery.reason)
             return subject, None
-        policy = self.policy
+        return subject, RouteScope(self.policy.allowed_endpoints(subject, intent))
 
-        def reachable_tag(tag: str) -> bool:  # a fallback match must be reachable too
-            return policy.may_reach(subject, tag).allowed
-
-        def deliverable(tag: str, endpoint_id: str) -> bool:  # with that tag's endpoint limits
-            return policy.may_deliver(subject, tag, endpoint_id).allowed
-
-        return subject, RouteScope(
-            policy.allowed_endpoints(subject, intent), reachable_tag, deliverable
-        )
+    def reachable(self, caller: Principal) -> Callable[[str], bool] | None:
+        """The tags the policy lets ``caller`` send to (None: any), for a fallback match to
+        choose among before :meth:`check_send` judges the tag it chose."""
+        claims = caller.claims
+        if claims is None or claims.kind is Kind.OPERATOR:
+            return None
+        policy, subject = self.policy, claims.subject
+        return lambda tag: policy.may_reach(subject, tag).allowed
 
     def may_read_trace(
         self, caller: Principal, trace_id: str, events: list[dict[str, Any]]

@@ -31,7 +31,9 @@ from agent_reach.errors import (
     AllAttemptsFailed,
     DeadlineExceeded,
     InternalError,
+    NoCapableAgent,
 )
+from agent_reach.gateway.matching import Match
 from agent_reach.gateway.metrics import GatewayMetrics
 from agent_reach.gateway.router import RoutePlan, Router, RouteScope
 from agent_reach.gateway.traces import TraceStore
@@ -63,6 +65,7 @@ class _Run:
     payload: bytes
     opened: OpenTrace
     assertion: Callable[[str, float], str] | None
+    match_header: str = ""  # X-Reach-Match
     retries_allowed: int = 0
     same_count: int = 0  # retries of an endpoint already tried
 
@@ -108,13 +111,19 @@ class Reacher:
         opened: OpenTrace,
         received_at: float,
         scope: RouteScope | None = None,
+        *,
+        admit: Callable[[str], tuple[str | None, RouteScope | None]] | None = None,
+        reachable: Callable[[str], bool] | None = None,
     ) -> Reply:
         """Deliver ``body`` (its msg_id and trace_id filled in); raise an AgentReachError
         carrying msg_id, trace_id and attempts. Every ending, a fault of ours included (an
         InternalError, logged with its traceback), is counted, traced and logged.
 
         ``received_at`` is the monotonic time the request arrived: the deadline counts from it.
-        ``scope`` (token mode) keeps the candidates the policy lets this sender reach.
+        Token mode: ``scope`` keeps the candidates the policy lets this sender reach with the
+        requested intent; a request matched to another tag (alias, fallback) is judged again
+        by ``admit(tag)`` (the sender and the scope for that tag), and a fallback chooses only
+        among the tags ``reachable`` accepts.
         """
         assert body.msg_id is not None
         msg_id, trace_id, span = body.msg_id, opened.trace_id, opened.span
@@ -127,6 +136,7 @@ class Reacher:
                 "received",
                 msg_id=msg_id,
                 intent=body.intent,
+                intent_text=body.intent_text,
                 sender=body.sender,
                 recipient_hint=body.recipient_hint,
                 priority=body.priority,
@@ -137,25 +147,48 @@ class Reacher:
             )
             if span is not None:
                 span.planning()
-            plan = self.router.plan(body.intent, body.recipient_hint, scope=scope)
+            router = self.router
+            match = await router.resolve(
+                body.intent,
+                body.intent_text,
+                fallback=body.fallback,
+                hint=body.recipient_hint,
+                reachable=reachable,
+            )
+            if admit is not None and match.tag != body.intent:
+                body.sender, scope = admit(match.tag)
+            plan = router.plan(match, body.recipient_hint, scope=scope)
             # a registered tag, so that callers cannot grow the metrics' label set at will
-            intent_label = next(iter(plan.confidence))
+            intent_label = plan.intent
+            self._matched(match)
             payload = encode(
                 DeliveryBody(
                     msg_id=msg_id,
                     trace_id=trace_id,
                     sender=body.sender,
                     recipient_hint=body.recipient_hint,
-                    intent=body.intent,
+                    intent=plan.intent,
                     payload=body.payload,
                     priority=body.priority,
                     timeout_ms=timeout_ms,
+                    requested_intent=body.intent,
+                    intent_text=body.intent_text,
                 )
             )
             assertion = None
             if self.signer is not None:
-                assertion = self._assertion(self.signer, body, msg_id, payload)
-            run = _Run(plan, deadline, timeout_ms, msg_id, trace_id, payload, opened, assertion)
+                assertion = self._assertion(self.signer, body, plan.intent, msg_id, payload)
+            run = _Run(
+                plan,
+                deadline,
+                timeout_ms,
+                msg_id,
+                trace_id,
+                payload,
+                opened,
+                assertion,
+                match.header(),
+            )
             endpoint_id, answer = await self._attempts(run, attempts)
         except AgentReachError as exc:
             self._failed(body, opened, exc, attempts, intent_label, received_at)
@@ -175,7 +208,7 @@ class Reacher:
         self._finish(intent_label, "ok", elapsed)
         self._trace(trace_id, "answer", ok=True, endpoint_id=endpoint_id, latency_ms=elapsed)
         self.traces.request_done(
-            self._wall(), trace_id, msg_id, body.intent, "ok", attempts, elapsed
+            self._wall(), trace_id, msg_id, plan.intent, "ok", attempts, elapsed
         )
         if span is not None:
             span.answered("ok", span_answer(trace_id, endpoint_id, attempts))
@@ -184,12 +217,22 @@ class Reacher:
             logging.INFO,
             "reach.completed",
             msg_id=msg_id,
-            intent=body.intent,
+            intent=plan.intent,
             endpoint_id=endpoint_id,
             attempts=len(attempts),
             latency_ms=elapsed,
         )
-        return Reply(msg_id, trace_id, body.intent, endpoint_id, answer, attempts, elapsed)
+        return Reply(
+            msg_id, trace_id, plan.intent, endpoint_id, answer, attempts, elapsed, match.info()
+        )
+
+    def _matched(self, match: Match) -> None:
+        """Count the match; a deprecated tag still routes, with a log line and a count."""
+        self.metrics.matches.labels(match.method).inc()
+        entry = self.router.dictionary.entries.get(match.tag)
+        if entry is not None and entry.deprecated:
+            self.metrics.deprecated_requests.inc()
+            log(logging.INFO, "intent.deprecated", tag=match.tag, replaced_by=entry.replaced_by)
 
     def _failed(
         self,
@@ -206,6 +249,8 @@ class Reacher:
         exc.fields.update(msg_id=msg_id, trace_id=trace_id, attempts=attempts)
         elapsed = (self.clock.monotonic() - received_at) * 1000.0
         self._finish(intent_label, exc.code, elapsed)
+        if isinstance(exc, NoCapableAgent) and exc.fields.get("suggestions"):
+            self.metrics.refused_with_suggestions.inc()
         self._trace(
             trace_id,
             "answer",
@@ -215,7 +260,7 @@ class Reacher:
             latency_ms=round(elapsed, 3),
         )
         self.traces.request_done(
-            self._wall(), trace_id, msg_id or "", body.intent, exc.code, attempts, elapsed
+            self._wall(), trace_id, msg_id or "", body.intent or "", exc.code, attempts, elapsed
         )
         opened.done = True
         if span is not None:
@@ -234,7 +279,7 @@ class Reacher:
         )
 
     def _assertion(
-        self, signer: TokenService, body: SendBody, msg_id: str, payload: bytes
+        self, signer: TokenService, body: SendBody, intent: str, msg_id: str, payload: bytes
     ) -> Callable[[str, float], str]:
         """What signs this request's deliveries: (recipient, seconds left) -> assertion."""
 
@@ -243,7 +288,7 @@ class Reacher:
                 return signer.sign_delivery(
                     sender=body.sender,
                     recipient=recipient,
-                    intent=body.intent,
+                    intent=intent,
                     msg_id=msg_id,
                     body=payload,
                     expires_at=self._wall() + remaining_s,
@@ -292,6 +337,7 @@ class Reacher:
             run.trace_id,
             "route",
             chosen=target,
+            match=plan.match.event(),
             per_try_timeout_ms=per_try,
             max_retries=run.retries_allowed,
             **self._tier_summary(plan),
@@ -306,7 +352,7 @@ class Reacher:
                     "agent_reach.per_try_timeout_ms": per_try,
                     "agent_reach.max_retries": run.retries_allowed,
                     "agent_reach.recipient_hint": plan.hint,
-                    "agent_reach.fallback": plan.intent not in plan.confidence,
+                    "agent_reach.match": plan.match.method,
                 }
             )
 
@@ -326,6 +372,7 @@ class Reacher:
             "X-Reach-Msg-Id": run.msg_id,
             "X-Reach-Attempt": str(n),
             "X-Reach-Deadline-Ms": str(int(timeout_s * 1000)),
+            "X-Reach-Match": run.match_header,
             "traceparent": run.opened.parent,
         }
         if run.assertion is not None:
@@ -368,7 +415,7 @@ class Reacher:
         attempts.append(Attempt(target, outcome, round(latency_ms, 3)))
         if delivery.resent:
             self.metrics.resends.inc()
-        self.metrics.attempt_done(next(iter(run.plan.confidence)), outcome, latency_ms / 1000.0)
+        self.metrics.attempt_done(run.plan.intent, outcome, latency_ms / 1000.0)
         self._trace(
             run.trace_id,
             "attempt",
@@ -464,8 +511,6 @@ class Reacher:
         }
         if len(t.healthy) + len(t.degraded) <= _TRACE_CANDIDATES:
             out["candidates"] = {"healthy": list(t.healthy), "degraded": list(t.degraded)}
-        if plan.intent not in plan.confidence:
-            out["fallback"] = {"tags": sorted(plan.confidence)[:4], "matched": len(plan.confidence)}
         return out
 
 

@@ -1,7 +1,9 @@
 """Explaining a route without delivering (``GET /v1/route``) and the diagnostics answer.
 
 Read-only over a :class:`~agent_reach.gateway.router.Router`: the same plan and choice a send
-would make now, with every candidate's status and why it is (not) eligible.
+would make now, with every candidate's status and why it is (not) eligible. The diagnostics
+answer names, for each intent refused as ``no_capable_agent``, the nearest known tags
+(:func:`with_suggestions`, awaited: the matcher runs off the event loop).
 """
 
 from __future__ import annotations
@@ -10,28 +12,35 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from agent_reach.core.model import Status
+from agent_reach.errors import Overloaded
+from agent_reach.wire.answers import IntentInfo, IntentsAnswer
 
 if TYPE_CHECKING:
+    from agent_reach.gateway.matching import Match
     from agent_reach.gateway.router import RoutePlan, Router, RouteScope
+    from agent_reach.intents.dictionary import IntentDictionary
 
-__all__ = ["candidates", "diagnostics", "explain_route"]
+__all__ = ["candidates", "diagnostics", "explain_route", "with_suggestions"]
 
 
 def explain_route(
     router: Router,
-    intent: str,
+    match: Match,
     hint: str | None,
     timeout_ms: int | None,
     scope: RouteScope | None = None,
 ) -> dict[str, Any]:
     """The ``/v1/route`` answer: the route a send would take now, delivering nothing."""
-    plan = router.plan(intent, hint, dry_run=True, scope=scope)
+    plan = router.plan(match, hint, scope=scope)
     chosen = router.choose(plan)
     per_try = router.per_try_ms(chosen) if chosen else None
     timeout = timeout_ms or router.settings.default_timeout_ms
     return {
         "ok": True,
-        "intent": intent,
+        "intent": plan.intent,
+        "match": match.info(),
+        # beyond the contract: the other tags the matcher ranked (agent-reach intents match)
+        "runners_up": [{"tag": tag, "confidence": round(c, 4)} for tag, c in match.runners_up],
         "chosen": chosen,
         "per_try_timeout_ms": per_try,
         "max_retries": router.max_retries(timeout, per_try) if per_try else 0,
@@ -40,14 +49,16 @@ def explain_route(
 
 
 def candidates(router: Router, plan: RoutePlan, chosen: str | None) -> list[dict[str, Any]]:
-    """Every candidate of ``plan`` with its status and why it is (not) eligible."""
+    """Every candidate of ``plan`` with its status, its match and why it is (not) eligible."""
     now = router.now()
     if plan.hint is not None:
         ids: Collection[str] = (plan.hint,)
-    elif plan.fallback_ids:
-        ids = plan.fallback_ids
+    elif plan.ids:
+        ids = plan.ids
     else:
         ids = router.registry.by_intent(plan.intent)
+    match = plan.match
+    info = match.info()
     out = []
     for endpoint_id in ids:
         record = router.registry.get(endpoint_id)
@@ -56,7 +67,6 @@ def candidates(router: Router, plan: RoutePlan, chosen: str | None) -> list[dict
         h = router.health(record, now)
         stats = router.stats.get(endpoint_id)
         avg, p95 = stats.latency_stats() if stats else (None, None)
-        tag = next((t for t in plan.confidence if t in record.capabilities), plan.intent)
         if plan.hint is not None:
             eligible = h.status is not Status.DOWN
             reason = f"named by recipient_hint; {h.reason}" if eligible else f"down: {h.reason}"
@@ -65,18 +75,19 @@ def candidates(router: Router, plan: RoutePlan, chosen: str | None) -> list[dict
             reason = h.reason if eligible else f"{h.status.value}: {h.reason}"
             if h.status is Status.SUSPECT:
                 reason += " (reachable only through recipient_hint)"
-        if tag != plan.intent:
-            reason += f"; fallback match on {tag!r}"
+        if match.method not in ("exact", "hint"):
+            reason += f"; {match.method} match on {match.tag!r}"
         out.append(
             {
                 "endpoint_id": endpoint_id,
                 "status": h.status.value,
-                "confidence": plan.confidence.get(tag, 1.0),
+                "confidence": info.confidence,
                 "avg_latency_ms": None if avg is None else round(avg, 3),
                 "p95_latency_ms": None if p95 is None else round(p95, 3),
                 "eligible": eligible,
                 "reason": reason,
                 "chosen": endpoint_id == chosen,
+                "match": info,
             }
         )
     return out
@@ -98,3 +109,60 @@ def diagnostics(router: Router) -> dict[str, Any]:
         "confidence_threshold": float(s.confidence_threshold),
         "unrouted_intents": router.unrouted.to_list(),
     }
+
+
+async def with_suggestions(router: Router, answer: dict[str, Any]) -> dict[str, Any]:
+    """The diagnostics ``answer`` with, on each unrouted intent, ``suggestions``: the nearest
+    known tags (``{"tag", "confidence"}``, at most 3, best first; :meth:`Router.suggest`). The
+    lookups run one after the other; when the matcher is overloaded the rest go without."""
+    for item in answer.get("unrouted_intents", ()):
+        try:
+            item["suggestions"] = await router.suggest(item["intent"], None)
+        except Overloaded:
+            break
+    return answer
+
+
+def intents_listing(router: Router, dictionary: IntentDictionary, mode: str) -> IntentsAnswer:
+    """The ``GET /v1/intents`` answer: the registration mode, every dictionary entry (file
+    order) and every registered tag outside it (sorted), each with the endpoints declaring it
+    and those routable (healthy or degraded) now."""
+    registry = router.registry
+    now = router.now()
+    routable: dict[str, bool] = {}  # endpoint id -> healthy or degraded now
+
+    def counts(tag: str) -> tuple[int, int]:
+        ids = registry.by_intent(tag)
+        n = 0
+        for endpoint_id in ids:
+            ok = routable.get(endpoint_id)
+            if ok is None:
+                record = registry.get(endpoint_id)
+                ok = record is not None and router.health(record, now).status in (
+                    Status.HEALTHY,
+                    Status.DEGRADED,
+                )
+                routable[endpoint_id] = ok
+            n += ok
+        return len(ids), n
+
+    out = []
+    for entry in dictionary:
+        served, n = counts(entry.tag)
+        out.append(
+            IntentInfo(
+                entry.tag,
+                entry.description,
+                list(entry.aliases),
+                list(entry.examples),
+                entry.deprecated,
+                entry.replaced_by,
+                known=True,
+                served_by=served,
+                routable=n,
+            )
+        )
+    for tag in sorted(t for t in registry.intents() if t not in dictionary):
+        served, n = counts(tag)
+        out.append(IntentInfo(tag, served_by=served, routable=n))
+    return IntentsAnswer(mode, out)

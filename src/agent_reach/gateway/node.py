@@ -10,9 +10,13 @@ nothing else: it reads ``node.service`` for the use cases and ``node.settings`` 
 needs to listen, and never builds a part of its own (docs/architecture.md, "Adding an edge").
 
 Invariants:
-- Building does no I/O; :meth:`start` loads keys and policy (a ConfigError stops the start),
-  opens the registry (BackendUnavailable when its store cannot be reached) and the transports,
-  then starts the loops. :meth:`close` is idempotent and safe after a failed start.
+- Building does no I/O; :meth:`start` loads the intent dictionary, keys and policy (a
+  ConfigError stops the start: DictionaryError names the line at fault), opens the registry
+  (BackendUnavailable when its store cannot be reached) and the transports, then starts the
+  loops. :meth:`close` is idempotent and safe after a failed start.
+- The dictionary in force is :attr:`Node.dictionary` (the router reads the same one as
+  ``router.dictionary``); a reload builds a new one and swaps both at once, or, refused, leaves
+  the old one in force (:meth:`Node.read_dictionary`, :meth:`Node.use_dictionary`).
 - Every background loop sleeps through the node's clock, catches per iteration (logged with
   context) and lets cancellation pass.
 """
@@ -34,6 +38,8 @@ from agent_reach.gateway.monitor import run_purger, run_ticker
 from agent_reach.gateway.router import Router
 from agent_reach.gateway.service import Service
 from agent_reach.gateway.traces import TraceStore
+from agent_reach.intents import matcher_for
+from agent_reach.intents.dictionary import EMPTY_DICTIONARY, IntentDictionary, load_dictionary
 from agent_reach.observability.logs import log
 from agent_reach.registry import RegistryBackend, open_registry
 from agent_reach.settings import GatewaySettings
@@ -43,6 +49,8 @@ if TYPE_CHECKING:
     from agent_reach.transport.nats import NatsTransport
 
 __all__ = ["Node"]
+
+START_INDEX_WAIT_S = 10.0  # how long start() waits for the fallback matcher's first index
 
 
 class Node:
@@ -81,7 +89,9 @@ class Node:
         if settings.nats_servers and mux is not None:
             self.nats = _nats_transport(settings, clock)
             mux.add("nats", self.nats)
-        self.router = Router(settings, self.registry, clock, rng=rng)
+        # the fallback matcher of --matcher (None: none); the note says what it fell back to
+        matcher, self.matcher_note = matcher_for(settings.matcher)
+        self.router = Router(settings, self.registry, clock, rng=rng, matcher=matcher)
         self.metrics = GatewayMetrics(self.router.status_counts, self.registry.state)
         self.metrics.follow(self.registry)  # drops the series of tags no longer declared
         self.traces = TraceStore(settings.trace_capacity)
@@ -107,6 +117,8 @@ class Node:
             wall=clock.wall,
             signer=self.access.tokens,
         )
+        # the intent dictionary in force (docs/intents.md): read at start, swapped on reload
+        self.dictionary: IntentDictionary = EMPTY_DICTIONARY
         self.service = Service(self)
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -124,11 +136,55 @@ class Node:
             return self.nats.refusal(url)
         return None
 
+    def read_dictionary(self) -> IntentDictionary:
+        """The dictionary of ``--intents``, read and checked now (the empty one without the
+        flag); DictionaryError naming the line at fault. Changes nothing."""
+        path = self.settings.intents
+        return EMPTY_DICTIONARY if not path else load_dictionary(path)
+
+    def use_dictionary(self, dictionary: IntentDictionary) -> bool:
+        """Put ``dictionary`` in force (the node's and the router's, at once); a changed one
+        has the fallback index rebuilt (its tags and texts). Whether it changed."""
+        changed = dictionary != self.dictionary
+        self.dictionary = dictionary
+        if changed or self.router.dictionary is not dictionary:
+            self.router.dictionary = dictionary  # the router rebuilds its index for it
+        return changed
+
     async def start(self) -> None:
-        """Load keys and policy, open the registry and the transports, start the loops."""
+        """Load the dictionary, keys and policy, open the registry and the transports, start
+        the loops."""
+        # DictionaryError: the gateway does not start (read off the loop: a big file takes
+        # seconds to check)
+        dictionary = await asyncio.to_thread(self.read_dictionary)
+        self.use_dictionary(dictionary)
+        if self.settings.intents:
+            log(
+                logging.INFO,
+                "intent.dictionary_loaded",
+                path=self.settings.intents,
+                entries=len(dictionary),
+                aliases=len(dictionary.aliases),
+                mode=self.settings.effective_intent_mode,
+            )
         self.access.load()
         await self.registry.start()
         await self.transport.start()
+        # the first index of the fallback matcher: the dictionary's tags and the registry's
+        log(
+            logging.INFO
+            if self.router.matches.method == self.settings.matcher
+            else logging.WARNING,
+            "intent.matcher",
+            asked=self.settings.matcher,
+            matcher=self.router.matches.method or "none",
+            note=self.matcher_note,
+        )
+        self.router.matches.changed()
+        # the first index before the gateway listens (words sent at once find the tags), for
+        # START_INDEX_WAIT_S at most: a big registry's first build goes on in the background
+        if not await self.router.matches.wait(START_INDEX_WAIT_S):
+            log(logging.WARNING, "intent.index_pending", waited_s=START_INDEX_WAIT_S)
         self._tasks = [
             asyncio.create_task(run_ticker(self.router, self.metrics), name="agent-reach-ticker"),
             asyncio.create_task(run_purger(self.router), name="agent-reach-purger"),

@@ -25,18 +25,18 @@ from agent_reach.clock import Clock
 from agent_reach.core.health import EndpointStats, Health, LivenessClock, derive
 from agent_reach.core.model import EndpointRecord, Outcome, Status
 from agent_reach.core.retry import RetryBudget, max_retries, per_try_timeout_ms
-from agent_reach.core.routing import Tiers, build_tiers, fallback_tags, pick
+from agent_reach.core.routing import Tiers, build_tiers, pick
 from agent_reach.errors import (
     EndpointNotRegistered,
     Forbidden,
     NoAvailableAgent,
-    NoCapableAgent,
-    RecipientIncapable,
     RecipientNotFound,
 )
 from agent_reach.gateway import explain
 from agent_reach.gateway.diagnostics import UnroutedIntents
-from agent_reach.intents import FallbackMatcher, MatchIndexHolder, SegmentPrefixMatcher
+from agent_reach.gateway.matching import Match, resolve, suggestions
+from agent_reach.intents.dictionary import EMPTY_DICTIONARY, IntentDictionary
+from agent_reach.intents.matcher import FallbackMatcher, MatchIndexHolder
 from agent_reach.observability.logs import log
 from agent_reach.registry.base import RegistryBackend, RegistryChange
 from agent_reach.settings import GatewaySettings
@@ -47,29 +47,25 @@ __all__ = ["RoutePlan", "RouteScope", "Router"]
 STALL_TICK_S = 0.25
 _JUST_SEEN = Health(Status.HEALTHY, "healthy", math.inf)  # only its status is read
 FAILURE_PENALTY_MS = 2000.0  # what a failed attempt costs in the load-aware score
-FALLBACK_CACHE_SIZE = 4096  # fallback answers kept (bounded: the keys are callers' strings)
 
 
 @dataclass(frozen=True, slots=True)
 class RouteScope:
     """Where a sender's request may go (token mode): the endpoints the policy lets it reach
-    with the requested intent, the tags of a fallback match it may reach, and whether it may
-    reach an endpoint with such a tag (tag, endpoint). None: no limit of that kind."""
+    with the matched tag (None: no limit)."""
 
     endpoint: Callable[[str], bool] | None = None
-    tag: Callable[[str], bool] | None = None
-    deliver: Callable[[str, str], bool] | None = None
 
 
 @dataclass(slots=True)
 class RoutePlan:
-    """Where a request may go: a fixed hinted endpoint, or an intent's tiers."""
+    """Where a request may go: a fixed hinted endpoint, or the matched tag's tiers."""
 
-    intent: str
+    intent: str  # the tag routed on (the match's)
     hint: str | None
     tiers: Tiers | None
-    confidence: dict[str, float]  # tag -> confidence (1.0 for an exact match)
-    fallback_ids: tuple[str, ...] = ()  # candidates of a fallback match (not cached)
+    match: Match
+    ids: tuple[str, ...] = ()  # the candidates a scope kept (empty: every endpoint of the tag)
 
 
 class Router:
@@ -89,20 +85,15 @@ class Router:
         self.registry = registry
         self.clock = clock
         self.rng = rng or random.Random()
-        # fallback matches come from an index of the known tags, rebuilt off the request path
-        # when they change; a new index drops the cached fallback answers
-        self.matches = MatchIndexHolder(
-            matcher or SegmentPrefixMatcher(),
-            registry.intents,
-            self._tag_texts,
-            on_swap=self._fallback_clear,
-        )
+        self._dictionary: IntentDictionary = EMPTY_DICTIONARY
+        # fallback matches come from an index of the known tags (the dictionary's and every
+        # registered one), rebuilt off the request path when they or their texts change
+        self.matches = MatchIndexHolder(matcher, self._known_tags, self._tag_texts)
         interval = settings.heartbeat_interval
         self.liveness = LivenessClock(STALL_TICK_S, min(1.0, interval / 2))
         self.stats: dict[str, EndpointStats] = {}
         self.budget = RetryBudget(settings.retry_budget_ratio, settings.retry_budget_min_per_s)
         self._tiers: dict[str, Tiers] = {}
-        self._fallback: dict[str, dict[str, float]] = {}
         self.unrouted = UnroutedIntents()  # intents refused with no_capable_agent
         registry.bind(self.now)  # records' last_seen are on this gateway's liveness clock
         registry.subscribe(self._on_change)
@@ -157,18 +148,34 @@ class Router:
                 and after.last_seen - before.last_seen <= self.thresholds.degraded_after
             ):
                 return  # a timely heartbeat keeps the tier (slowness is not its business)
-        if before is None or after is None or before.capabilities != after.capabilities:
+        if (
+            before is None
+            or after is None
+            or before.capabilities != after.capabilities
+            or before.description != after.description
+        ):
             self.matches.changed()
         intents = {*(before.capabilities if before else ()), *(after.capabilities if after else ())}
         self._replace_member(endpoint_id, intents)
 
-    def _fallback_clear(self) -> None:
-        self._fallback.clear()
+    @property
+    def dictionary(self) -> IntentDictionary:
+        """The intent dictionary in force (empty without ``--intents``)."""
+        return self._dictionary
+
+    @dictionary.setter
+    def dictionary(self, dictionary: IntentDictionary) -> None:
+        """A new dictionary (start, reload): the matcher's index is rebuilt for it."""
+        self._dictionary = dictionary
+        self.matches.changed()
+
+    def _known_tags(self) -> set[str]:
+        return {*self.registry.intents(), *self._dictionary.tags()}
 
     def _tag_texts(self, tag: str) -> list[str]:
-        """The agents' descriptions of the endpoints declaring ``tag`` (for matchers that
-        compare words)."""
-        out = []
+        """The dictionary's description and examples of ``tag``, and the agents' descriptions
+        of the endpoints declaring it (for matchers that compare words)."""
+        out = list(self._dictionary.texts(tag))
         for endpoint_id in self.registry.by_intent(tag):
             record = self.registry.get(endpoint_id)
             if record is not None and record.description:
@@ -291,102 +298,96 @@ class Router:
             tiers.expire(now, rederive)
         return tiers
 
-    def plan(
+    async def resolve(
         self,
-        intent: str,
-        hint: str | None,
+        intent: str | None,
+        text: str | None,
         *,
+        fallback: bool = True,
+        hint: str | None = None,
+        reachable: Callable[[str], bool] | None = None,
+        dry_run: bool = False,
+    ) -> Match:
+        """The tag a request goes to: :func:`agent_reach.gateway.matching.resolve`."""
+        return await resolve(
+            self,
+            intent,
+            text,
+            fallback=fallback,
+            hint=hint,
+            reachable=reachable,
+            dry_run=dry_run,
+        )
+
+    async def route(
+        self,
+        intent: str | None,
+        hint: str | None = None,
+        *,
+        text: str | None = None,
+        fallback: bool = True,
         dry_run: bool = False,
         scope: RouteScope | None = None,
     ) -> RoutePlan:
-        """Validate where ``intent`` may go; raise the contract's routing errors.
+        """:meth:`resolve` then :meth:`plan`, for callers with no policy to apply between
+        them (tests, tools)."""
+        match = await self.resolve(intent, text, fallback=fallback, hint=hint, dry_run=dry_run)
+        return self.plan(match, hint, scope=scope)
 
-        ``intent`` is a valid tag (checked at the edge). A refusal with ``no_capable_agent`` is
-        noted in :attr:`unrouted` unless ``dry_run`` (``/v1/route``, which doctor itself calls).
-        ``scope`` (token mode: where the policy lets this sender's requests go) keeps only the
-        candidates, and the fallback tags, it accepts; when it accepts none: ``forbidden``.
+    async def suggest(self, intent: str | None, text: str | None = None) -> list[dict[str, Any]]:
+        """The nearest known tags to ``intent`` (or the words ``text``): at most 3, best
+        first, ``{"tag", "confidence"}`` (strict registrations, doctor)."""
+        if self.matches.method is None:
+            return []
+        return suggestions(await self.matches.lookup(intent, text), None)
+
+    def plan(
+        self,
+        match: Match,
+        hint: str | None,
+        *,
+        scope: RouteScope | None = None,
+    ) -> RoutePlan:
+        """The endpoints ``match``'s tag may go to now; raise the contract's routing errors.
+
+        ``scope`` (token mode: the endpoints the policy lets this sender reach with the tag)
+        keeps only the candidates it accepts; when it accepts none: ``forbidden``.
         """
-        allowed = None if scope is None else scope.endpoint
-        registry = self.registry
+        tag = match.tag
         now = self.now()
         if hint is not None:
-            record = registry.get(hint)
+            record = self.registry.get(hint)
             if record is None:
                 raise RecipientNotFound(f"recipient_hint {hint} is not registered")
-            if intent not in record.capabilities:
-                raise RecipientIncapable(f"{hint} does not declare intent {intent!r}")
             h = self.health(record, now)
             if h.status is Status.DOWN:
                 raise NoAvailableAgent(f"{hint} is down: {h.reason}")
-            return RoutePlan(intent, hint, None, {intent: 1.0})
-        if registry.by_intent(intent) and allowed is None:
-            tiers = self._intent_tiers(intent, now)
-            confidence = {intent: 1.0}
-            ids: tuple[str, ...] = ()
-        elif registry.by_intent(intent):
-            assert allowed is not None
-            confidence = {intent: 1.0}
-            ids = tuple(e for e in registry.by_intent(intent) if allowed(e))
+            return RoutePlan(tag, hint, None, match)
+        allowed = None if scope is None else scope.endpoint
+        ids: tuple[str, ...] = ()
+        if allowed is None:
+            tiers = self._intent_tiers(tag, now)
+        else:
+            ids = tuple(e for e in self.registry.by_intent(tag) if allowed(e))
             if not ids:
                 raise Forbidden(
-                    f"the policy lets this sender reach {intent!r} only at endpoints that do"
+                    f"the policy lets this sender reach {tag!r} only at endpoints that do"
                     " not declare it"
                 )
-            tiers = build_tiers(ids, registry.get, self.stats, now, self.thresholds)
-        else:
-            cached = self._fallback.get(intent)
-            if cached is None:
-                cached = fallback_tags(
-                    self.matches.index.scores(intent), self.settings.confidence_threshold
-                )
-                if len(self._fallback) >= FALLBACK_CACHE_SIZE:  # keys are callers' strings
-                    self._fallback.clear()
-                self._fallback[intent] = cached
-            confidence = cached
-            if confidence and scope is not None and scope.tag is not None:
-                tag_ok = scope.tag
-                confidence = {tag: c for tag, c in confidence.items() if tag_ok(tag)}
-                if not confidence:
-                    raise Forbidden(
-                        f"no agent declares {intent!r}, and the policy does not let this sender"
-                        " reach the intents it falls back to"
-                    )
-            if not confidence:
-                if not dry_run:
-                    self.unrouted.note(intent, self.clock.wall())
-                raise NoCapableAgent(f"no agent declares intent {intent!r}")
-            deliver = None if scope is None else scope.deliver
-            ids = tuple(
-                dict.fromkeys(
-                    e
-                    for tag in confidence
-                    for e in registry.by_intent(tag)
-                    if deliver is None or deliver(tag, e)  # the tag's own endpoint limits
-                )
-            )
-            if allowed is not None or (deliver is not None and not ids):
-                ids = tuple(e for e in ids if allowed is None or allowed(e))
-                if not ids:
-                    raise Forbidden(
-                        f"the policy lets this sender reach {intent!r} only at endpoints that"
-                        " do not declare it"
-                    )
-            tiers = build_tiers(ids, registry.get, self.stats, now, self.thresholds)
+            tiers = build_tiers(ids, self.registry.get, self.stats, now, self.thresholds)
         if not tiers.healthy and not tiers.degraded:
             raise NoAvailableAgent(
-                f"{tiers.unavailable} agent(s) declare {intent!r} but none is healthy or degraded"
+                f"{tiers.unavailable} agent(s) declare {tag!r} but none is healthy or degraded"
             )
-        return RoutePlan(intent, None, tiers, confidence, ids)
+        return RoutePlan(tag, None, tiers, match, ids)
 
     def refresh(self, plan: RoutePlan) -> Tiers | None:
         """The plan's tiers re-derived now (statuses are checked again before each retry)."""
         if plan.tiers is None:
             return None
         now = self.now()
-        if plan.fallback_ids:
-            return build_tiers(
-                plan.fallback_ids, self.registry.get, self.stats, now, self.thresholds
-            )
+        if plan.ids:
+            return build_tiers(plan.ids, self.registry.get, self.stats, now, self.thresholds)
         return self._intent_tiers(plan.intent, now)
 
     def choose(self, plan: RoutePlan, tried: Collection[str] = ()) -> str | None:
@@ -422,13 +423,13 @@ class Router:
 
     def explain_route(
         self,
-        intent: str,
+        match: Match,
         hint: str | None,
         timeout_ms: int | None,
         scope: RouteScope | None = None,
     ) -> dict[str, Any]:
         """The ``/v1/route`` answer (:func:`agent_reach.gateway.explain.explain_route`)."""
-        return explain.explain_route(self, intent, hint, timeout_ms, scope)
+        return explain.explain_route(self, match, hint, timeout_ms, scope)
 
     def diagnostics(self) -> dict[str, Any]:
         """The ``/v1/diagnostics`` answer (:func:`agent_reach.gateway.explain.diagnostics`)."""

@@ -16,6 +16,8 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,11 +25,15 @@ from typing import TYPE_CHECKING, Any
 from agent_reach.core.names import is_endpoint_id
 from agent_reach.errors import (
     AgentReachError,
+    ConfigError,
+    DictionaryError,
     EndpointHeld,
     EndpointNotRegistered,
     InvalidRequest,
+    Overloaded,
     TraceNotFound,
 )
+from agent_reach.gateway import explain
 from agent_reach.gateway.principal import (
     ENDPOINTS,
     OPERATORS,
@@ -35,8 +41,9 @@ from agent_reach.gateway.principal import (
     REGISTRANTS,
     SENDERS,
 )
-from agent_reach.observability.logs import TRACE_ID
-from agent_reach.wire.answers import Reply
+from agent_reach.intents.dictionary import strict_refusal
+from agent_reach.observability.logs import TRACE_ID, log
+from agent_reach.wire.answers import IntentsAnswer, Reply
 from agent_reach.wire.bodies import (
     EndpointIdBody,
     RegisterBody,
@@ -51,8 +58,9 @@ from agent_reach.wire.ids import new_id
 
 if TYPE_CHECKING:
     from agent_reach.gateway.node import Node
+    from agent_reach.gateway.router import RouteScope
 
-__all__ = ["Caller", "Service", "with_ids"]
+__all__ = ["Caller", "Service", "delivery_refusal", "with_ids"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +97,7 @@ class Service:
         self.metrics = node.metrics
         self.traces = node.traces
         self.reacher = node.reacher
+        self._rereading = asyncio.Lock()  # one reload at a time: the last read is in force
 
     # --- open mode's guard, for what is not a use case (static files, metrics) -------------
 
@@ -110,6 +119,7 @@ class Service:
         access = self.access
         grant = access.check_register(principal, body.endpoint_id, body.capabilities)
         access.limit_registration(principal, body.endpoint_id)
+        unknown = await self._check_tags(body)  # strict: UnknownIntent, nothing registered
         await access.check_endpoint_url(principal, body.endpoint_id, body.endpoint_url)
         try:
             record = await self.router.register(body, owner=grant.owner)
@@ -117,12 +127,47 @@ class Service:
             access.denied(principal.who, "register", body.endpoint_id, exc.detail)
             raise
         self.metrics.registrations.inc()
+        if unknown:  # warn mode: registered, and said
+            self.metrics.unknown_intents.labels("warn").inc()
+            log(
+                logging.WARNING,
+                "intent.unknown",
+                endpoint_id=record.endpoint_id,
+                tags=list(unknown),
+                mode="warn",
+            )
         return {
             "ok": True,
             "endpoint_id": record.endpoint_id,
             "heartbeat_interval_s": float(self.settings.heartbeat_interval),
             **grant.fields(),
         }
+
+    async def _check_tags(self, body: RegisterBody) -> tuple[str, ...]:
+        """The registration modes of the dictionary: the tags of ``body`` that are not canonical
+        tags of it (an alias is not) in warn mode; none in open mode; in strict mode such tags
+        are refused (UnknownIntent with ``intents`` and the nearest known ``suggestions``)."""
+        mode = self.settings.effective_intent_mode
+        if mode == "open":
+            return ()
+        dictionary = self.node.dictionary
+        unknown = tuple(t for t in dict.fromkeys(body.capabilities) if t not in dictionary)
+        if not unknown or mode != "strict":
+            return unknown
+        self.metrics.unknown_intents.labels("strict").inc()
+        log(
+            logging.WARNING,
+            "intent.unknown",
+            endpoint_id=body.endpoint_id,
+            tags=list(unknown),
+            mode="strict",
+            refused=True,
+        )
+        try:
+            near = await self.router.suggest(unknown[0], None)
+        except Overloaded:  # the matcher is busy: refused all the same, without its words
+            near = []
+        raise strict_refusal(dictionary, unknown, near)
 
     async def heartbeat(self, caller: Caller, body: EndpointIdBody | bytes) -> dict[str, Any]:
         """Note a heartbeat. In token mode, an id the policy no longer lets claim its intents
@@ -179,6 +224,13 @@ class Service:
         now = router.now()
         return {"agents": [router.describe(r, now) for r in self.registry.records()]}
 
+    def intents(self, caller: Caller) -> IntentsAnswer:
+        """``GET /v1/intents``: :func:`agent_reach.gateway.explain.intents_listing`."""
+        self.access.authenticate(caller, READERS, "list intents")
+        return explain.intents_listing(
+            self.router, self.node.dictionary, self.settings.effective_intent_mode
+        )
+
     def agent(self, caller: Caller, name: str) -> dict[str, Any]:
         """One endpoint by NAME (``agent://NAME``); EndpointNotRegistered when unknown."""
         self.access.authenticate(caller, READERS, "read an agent")
@@ -206,17 +258,30 @@ class Service:
         token = TRACE_ID.set(opened.trace_id)
         try:
             if caller.delivery:
-                raise InvalidRequest(
-                    "this request is a gateway's delivery (X-Reach-Attempt): an endpoint_url "
-                    "points at a gateway's /v1/send, and the gateway will not deliver to itself",
-                    field="X-Reach-Attempt",
+                raise delivery_refusal()
+            access = self.access
+            principal = access.authenticate(caller, SENDERS, "send")
+            access.limit(principal)
+            scope = None
+            if body.intent is not None:  # judged on what was asked first, as in v1
+                body.sender, scope = access.check_send(
+                    principal, body.sender, body.intent, body.recipient_hint
                 )
-            principal = self.access.authenticate(caller, SENDERS, "send")
-            self.access.limit(principal)
-            body.sender, scope = self.access.check_send(
-                principal, body.sender, body.intent, body.recipient_hint
+            admit = None
+            if principal.claims is not None:  # token mode: a match to another tag is judged too
+                sender, hint = body.sender, body.recipient_hint
+
+                def admit(tag: str) -> tuple[str | None, RouteScope | None]:
+                    return access.check_send(principal, sender, tag, hint)
+
+            result = await reacher.send(
+                body,
+                opened,
+                received_at,
+                scope,
+                admit=admit,
+                reachable=access.reachable(principal),
             )
-            result = await reacher.send(body, opened, received_at, scope)
         except AgentReachError as exc:
             opened.refused(exc)
             exc.fields.setdefault("msg_id", msg_id)
@@ -227,19 +292,30 @@ class Service:
             TRACE_ID.reset(token)
         return result
 
-    def explain(self, caller: Caller, query: RouteQuery | Mapping[str, str]) -> dict[str, Any]:
+    async def explain(
+        self, caller: Caller, query: RouteQuery | Mapping[str, str]
+    ) -> dict[str, Any]:
         """The route a send would take now (``/v1/route``), delivering nothing. ``query`` may
         come as the query string's values (converted after the caller is authenticated)."""
         try:
-            principal = self.access.authenticate(caller, READERS, "route")
+            access = self.access
+            principal = access.authenticate(caller, READERS, "route")
             if not isinstance(query, RouteQuery):
                 query = convert(dict(query), RouteQuery)
-            _sender, scope = self.access.check_send(
-                principal, None, query.intent, query.recipient_hint, action="route"
+            hint = query.recipient_hint
+            if query.intent is not None:
+                access.check_send(principal, None, query.intent, hint, action="route")
+            match = await self.router.resolve(
+                query.intent,
+                query.intent_text,
+                fallback=query.fallback,
+                hint=hint,
+                reachable=access.reachable(principal),
+                dry_run=True,
             )
-            return self.router.explain_route(
-                query.intent, query.recipient_hint, query.timeout_ms, scope
-            )
+            self.metrics.matches.labels(match.method).inc()
+            _sender, scope = access.check_send(principal, None, match.tag, hint, action="route")
+            return self.router.explain_route(match, hint, query.timeout_ms, scope)
         except AgentReachError as exc:
             with_ids(exc)
             raise
@@ -276,11 +352,11 @@ class Service:
             "endpoints": counts,
         }
 
-    def diagnostics(self, caller: Caller) -> dict[str, Any]:
+    async def diagnostics(self, caller: Caller) -> dict[str, Any]:
         """The settings that decide health and retries, and the intents callers asked that no
-        agent declares (operators)."""
+        agent declares with the nearest known tags (operators)."""
         self.access.authenticate(caller, OPERATORS, "read diagnostics")
-        return self.router.diagnostics()
+        return await explain.with_suggestions(self.router, self.router.diagnostics())
 
     def keys(self) -> dict[str, Any]:
         """The public keys (JWKS) tokens and deliveries are signed with; public."""
@@ -294,13 +370,58 @@ class Service:
         return self.access.issue(principal, body)
 
     async def reload(self, caller: Caller) -> dict[str, Any]:
-        """Re-read the key directory and the policy file (operators); a changed policy is
-        enforced on the ids registered."""
-        principal = self.access.authenticate(caller, OPERATORS, "reload keys and policy")
-        self.access.admin(principal, "reload", "keys+policy")
+        """Re-read the intent dictionary, the key directory and the policy file (operators;
+        anyone in open mode): :meth:`reread`."""
+        principal = self.access.authenticate(caller, OPERATORS, "reload")
+        self.access.admin(principal, "reload", "intents+keys+policy")
+        return await self.reread()
+
+    async def reread(self) -> dict[str, Any]:
+        """Re-read what the gateway was started with (``POST /v1/reload``, SIGHUP): the intent
+        dictionary, and in token mode the keys and the policy (a changed policy is enforced on
+        the ids registered). A bad dictionary is refused first (ConfigError, source
+        ``intents``, naming the line) and nothing is reloaded; the old one stays. The file is
+        read in a worker thread (a big one takes seconds to check)."""
+        async with self._rereading:
+            return await self._reread()
+
+    async def _reread(self) -> dict[str, Any]:
+        node = self.node
+        try:
+            dictionary = await asyncio.to_thread(node.read_dictionary)
+        except DictionaryError as exc:
+            log(
+                logging.ERROR,
+                "intent.dictionary_refused",
+                path=exc.path,
+                line=exc.line,
+                error=exc.detail,
+                entries_in_force=len(node.dictionary),
+            )
+            raise ConfigError(
+                f"the intent dictionary is not reloaded, the old one stays "
+                f"({len(node.dictionary)} entries): {exc}",
+                source="intents",
+                line=exc.line,
+                path=exc.path,
+            ) from None
         answer = self.access.reload()
         if answer.get("policy_changed"):
             answer["evicted"] = await self.enforce_policy()
+        changed = node.use_dictionary(dictionary)
+        if self.settings.intents:
+            log(
+                logging.INFO,
+                "intent.dictionary_reloaded",
+                path=self.settings.intents,
+                entries=len(dictionary),
+                changed=changed,
+            )
+        answer["intents"] = {
+            "path": self.settings.intents,
+            "entries": len(dictionary),
+            "changed": changed,
+        }
         return answer
 
     def health(self) -> dict[str, Any]:
@@ -327,6 +448,16 @@ class Service:
                 "unreadable_messages": link.unreadable,
             }
         return answer
+
+
+def delivery_refusal() -> InvalidRequest:
+    """The answer to a gateway's delivery (``X-Reach-Attempt``) sent to a gateway's send: an
+    endpoint URL points at ``/v1/send``, and nothing is delivered (no loop)."""
+    return InvalidRequest(
+        "this request is a gateway's delivery (X-Reach-Attempt): an endpoint_url "
+        "points at a gateway's /v1/send, and the gateway will not deliver to itself",
+        field="X-Reach-Attempt",
+    )
 
 
 def with_ids(exc: AgentReachError) -> AgentReachError:

@@ -3,7 +3,8 @@
 The supervisor (this process) reserves the port with ``SO_REUSEPORT`` (so ``--port 0`` works
 too), starts N ordinary ``serve`` processes that bind the same port with ``SO_REUSEPORT`` (the
 kernel spreads connections across them), prints one line when all of them listen, restarts a
-worker that dies (at most one restart a second), and passes SIGINT/SIGTERM on to all of them.
+worker that dies (at most one restart a second), and passes SIGINT/SIGTERM (and SIGHUP: reload
+the dictionary) on to all of them.
 Each worker is a whole gateway with its own local view of the shared registry; nothing else is
 shared between them.
 """
@@ -87,11 +88,19 @@ def supervise(settings: GatewaySettings, argv: Sequence[str]) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    workers: list[subprocess.Popen[bytes]] = []
+
+    def reload_all(*_: object) -> None:  # SIGHUP: each worker re-reads its files itself
+        for w in workers:
+            if w.poll() is None:
+                w.send_signal(signal.SIGHUP)
+
+    signal.signal(signal.SIGHUP, reload_all)
 
     def spawn() -> subprocess.Popen[bytes]:
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, preexec_fn=die_with_parent)
 
-    workers = [spawn() for _ in range(settings.workers)]
+    workers.extend(spawn() for _ in range(settings.workers))
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         urls = [listening_url(w, deadline, stop) for w in workers]

@@ -1,80 +1,107 @@
 """Fallback matching: a precomputed index of the known tags, and the route-time lookup.
 
-A :class:`FallbackMatcher` builds a :class:`MatchIndex` from the tags the gateway knows (and
-the texts that describe them); building may be slow or asynchronous (an embedding model
-encoding every tag's text), so it happens off the request path, when the known tags change.
-The route-time lookup, :meth:`MatchIndex.scores`, is a fast pure function of the index.
+A :class:`FallbackMatcher` builds a :class:`MatchIndex` from the tags the gateway knows (the
+dictionary's and every registered one) and the texts that describe them; a lookup,
+:meth:`MatchIndex.match`, gives the best tags for a caller's words (or a tag it asked for) with
+calibrated confidences. Both may be slow (an embedding model), so neither runs on the event
+loop: :class:`MatchIndexHolder` runs builds and lookups in worker threads.
 
 Invariants:
-- The router reads :attr:`MatchIndexHolder.index` and never builds. A change of the known tags
-  schedules one build (changes in a burst share it); a build started before a later change
-  never replaces the index of that later change (builds are versioned).
-- Until the first build finishes the index is empty: no fallback match, only exact ones.
-- A failing build is logged and the previous index stays in force.
+- The router awaits :meth:`MatchIndexHolder.lookup` and never builds. A change of the known
+  tags or their texts schedules one build (changes during a build are taken by one more build
+  after it); a build started before a later change never replaces the index of that change.
+- Builds see a snapshot: the known tags and their texts are read on the event loop and handed
+  to the worker thread as plain values (the registry's view is not thread-safe).
+- Until the first build finishes the index is empty: no fallback match, only exact and alias
+  ones. A failing build is logged and the previous index stays in force.
+- A lookup's cost does not grow with the requests in flight: at most ``max_running`` run at
+  once (the model's work is CPU-bound: more would only queue in threads), at most
+  ``max_waiting`` wait for them; past that a lookup is refused with
+  :class:`~agent_reach.errors.Overloaded` at once. Answers are cached (bounded, keyed by the
+  caller's words; dropped when a new index comes).
+- A lookup made while a build of a newer change runs waits for it, up to ``fresh_wait_s`` (1 s),
+  so that a tag registered a moment ago is found; past that it uses the index in force.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
 
+from agent_reach.errors import Overloaded
 from agent_reach.observability.logs import log
 
-__all__ = ["EMPTY_INDEX", "FallbackMatcher", "MatchIndex", "MatchIndexHolder", "TagTexts"]
+__all__ = [
+    "EMPTY_INDEX",
+    "FallbackMatcher",
+    "MatchIndex",
+    "MatchIndexHolder",
+    "Scored",
+    "TagTexts",
+]
 
-# the texts describing a tag (agents' descriptions; a dictionary's description and examples)
+# the texts describing a tag (a dictionary's description and examples; agents' descriptions)
 TagTexts = Callable[[str], Sequence[str]]
+# a lookup's answer: (tag, calibrated confidence), best first
+Scored = list[tuple[str, float]]
+
+LOOKUP_K = 4  # tags a lookup keeps: the best, and runners-up for the trace and suggestions
 
 
 class MatchIndex(Protocol):
-    """What a matcher built from the known tags; read at route time."""
+    """What a matcher built from the known tags; looked up at route time, off the loop."""
 
-    def scores(self, intent: str, text: str | None = None) -> dict[str, float]:
-        """Confidence in ``[0, 1]`` for each known tag that relates to the requested
-        ``intent`` (or to the caller's words ``text``, when given). Tags with no relation may
-        be left out. Pure, deterministic and fast: it runs on the request path."""
+    def match(self, intent: str | None, text: str | None, k: int = LOOKUP_K) -> Scored:
+        """The best ``k`` known tags for the caller's words ``text`` (or, when ``text`` is
+        None, the tag ``intent`` read as words), best first, each with its calibrated
+        confidence in ``[0, 1]``: matches at or above 0.8 go to the right tag at least 97 % of
+        the time on held-out data (CONTRACT.md v1.1, "Matching"). May block (an embedding);
+        must be thread-safe."""
         ...
 
 
 class FallbackMatcher(Protocol):
     """Builds the index fallback matches are looked up in."""
 
-    def build(self, known: Collection[str], texts: TagTexts) -> MatchIndex | Awaitable[MatchIndex]:
-        """The index of the tags ``known``; ``texts(tag)`` gives the texts describing one.
+    name: str  # the match method it reports: "semantic" or "lexical"
 
-        May return the index, or an awaitable of it when building needs async work (it then
-        runs as a task, off every request). Must not keep a reference to ``known``.
-        """
+    def build(self, known: Collection[str], texts: TagTexts) -> MatchIndex:
+        """The index of the tags ``known``; ``texts(tag)`` gives the texts describing one.
+        May block for seconds (embedding every text): it runs in a worker thread. Must not
+        keep a reference to ``known``."""
         ...
 
 
 class _EmptyIndex:
-    def scores(self, intent: str, text: str | None = None) -> dict[str, float]:
-        return {}
+    def match(self, intent: str | None, text: str | None, k: int = LOOKUP_K) -> Scored:
+        return []
 
 
 EMPTY_INDEX: MatchIndex = _EmptyIndex()
 
 
 class MatchIndexHolder:
-    """The current index of one matcher, rebuilt when :meth:`changed` says the tags changed.
+    """The current index of one matcher (None: fallback off), rebuilt when :meth:`changed`
+    says the known tags or their texts changed, and looked up with :meth:`lookup`.
 
-    ``known`` and ``texts`` read the gateway's current tags (the registry's view, and a
-    dictionary once there is one); ``on_swap`` runs after a new index is in force (the router
-    drops its cached fallback answers). Builds run on the event loop that calls
-    :meth:`changed`: a synchronous build in a callback of its own (soon, not inside the
-    registry's listener), an asynchronous one as a task.
+    ``known`` and ``texts`` read the gateway's current tags and texts on the event loop;
+    ``on_swap`` runs after a new index is in force.
     """
 
     def __init__(
         self,
-        matcher: FallbackMatcher,
+        matcher: FallbackMatcher | None,
         known: Callable[[], Collection[str]],
         texts: TagTexts,
         on_swap: Callable[[], None] = lambda: None,
+        *,
+        max_running: int = 2,
+        max_waiting: int = 64,
+        cache_size: int = 4096,
+        fresh_wait_s: float = 1.0,
     ) -> None:
         self.matcher = matcher
         self.index: MatchIndex = EMPTY_INDEX
@@ -82,63 +109,107 @@ class MatchIndexHolder:
         self._texts = texts
         self._on_swap = on_swap
         self._version = 0  # bumped by every change
-        self._built = -1  # the version of the index in force
-        self._scheduled = False
+        self._built = -1 if matcher is not None else 0  # the version of the index in force
         self._task: asyncio.Task[None] | None = None
+        self._running = asyncio.Semaphore(max_running)
+        self._max_waiting = max_waiting
+        self._waiting = 0
+        self._cache: OrderedDict[tuple[str | None, str | None], Scored] = OrderedDict()
+        self._cache_size = cache_size
+        self.fresh_wait_s = fresh_wait_s
 
-    def build_now(self) -> None:
-        """Build at once, synchronously (start-up, tests); an async build is awaited by
-        :meth:`wait` instead."""
-        self._scheduled = False
-        version = self._version
-        try:
-            result = self.matcher.build(tuple(self._known()), self._texts)
-        except Exception:  # the old index stays; the next change tries again
-            log(logging.ERROR, "intents.index_failed", exc_info=True)
-            return
-        if inspect.isawaitable(result):
-            self._task = asyncio.ensure_future(self._finish(version, result))
-            return
-        self._swap(version, result)
+    @property
+    def method(self) -> str | None:
+        """The match method of this holder's matcher (None: fallback off)."""
+        return None if self.matcher is None else self.matcher.name
+
+    # --- building ----------------------------------------------------------------------------
 
     def changed(self) -> None:
-        """The known tags (or their texts) changed: schedule one rebuild."""
+        """The known tags (or their texts) changed: schedule a rebuild (soon, on the loop)."""
+        if self.matcher is None:
+            return
         self._version += 1
-        if self._scheduled:
-            return
-        self._scheduled = True
-        try:
-            asyncio.get_running_loop().call_soon(self.build_now)
-        except RuntimeError:  # no loop (a synchronous caller, a test): build here
-            self.build_now()
-
-    async def wait(self) -> None:
-        """Until a build of the latest change has ended (for start-up and tests); when it
-        failed, the previous index stays in force (logged)."""
-        if self._built == self._version:
-            return
         if self._task is None or self._task.done():
-            self.build_now()
-        if self._task is not None and not self._task.done():
-            await self._task
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop yet: the first wait() builds
+                return
+            self._task = loop.create_task(self._build_until_current(), name="agent-reach-index")
 
-    async def _finish(self, version: int, pending: Awaitable[MatchIndex]) -> None:
-        try:
-            index = await pending
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # the old index stays; the next change tries again
-            log(logging.ERROR, "intents.index_failed", exc_info=True)
-            return
-        self._swap(version, index)
+    async def wait(self, timeout_s: float | None = None) -> bool:
+        """Until the index of the latest change is in force (start-up, tests), or
+        ``timeout_s`` passed (the build goes on); whether it is. When a build failed, the
+        previous index stays (logged) and this returns."""
+        if self.matcher is None or self._built == self._version:
+            return True
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._build_until_current())
+        await asyncio.wait([self._task], timeout=timeout_s)
+        return self._built == self._version
 
-    def _swap(self, version: int, index: MatchIndex) -> None:
-        if version < self._built:
-            return  # an older build finished late: the newer index stays
-        self.index, self._built = index, version
-        self._on_swap()
+    async def _build_until_current(self) -> None:
+        matcher = self.matcher
+        assert matcher is not None
+        while self._built < self._version:
+            version = self._version
+            known = tuple(self._known())
+            texts = {tag: tuple(self._texts(tag)) for tag in known}  # read here, on the loop
+            try:
+                index = await asyncio.to_thread(matcher.build, known, _lookup(texts))
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the old index stays; the next change tries again
+                log(logging.ERROR, "intents.index_failed", matcher=matcher.name, exc_info=True)
+                return
+            if version >= self._built:
+                self.index, self._built = index, version
+                self._cache.clear()
+                self._on_swap()
+                log(logging.DEBUG, "intents.index_built", matcher=matcher.name, tags=len(known))
 
     def close(self) -> None:
         """Cancel a build in progress."""
         if self._task is not None:
             self._task.cancel()
+
+    # --- looking up --------------------------------------------------------------------------
+
+    async def lookup(self, intent: str | None, text: str | None) -> Scored:
+        """The index's best tags for ``text`` (or ``intent``), from the cache or a worker
+        thread; [] while there is no index. Overloaded when ``max_waiting`` lookups wait."""
+        if self.matcher is None:
+            return []
+        key = (intent if text is None else None, text)
+        cached = self._cache.get(key)
+        if cached is not None:
+            self._cache.move_to_end(key)
+            return cached
+        if self._waiting >= self._max_waiting:
+            raise Overloaded(
+                f"{self._waiting} fallback matches are waiting for the matcher", retry_after_s=1
+            )
+        self._waiting += 1
+        try:
+            task = self._task
+            if self._built < self._version and task is not None and not task.done():
+                # a build of a newer change is running (an agent just registered): a lookup
+                # waits for it a little, rather than miss the tags it brings
+                await asyncio.wait([task], timeout=self.fresh_wait_s)
+            index = self.index
+            async with self._running:
+                scored = await asyncio.to_thread(index.match, key[0], key[1], LOOKUP_K)
+        finally:
+            self._waiting -= 1
+        if index is self.index:  # an answer of an index replaced meanwhile is not kept
+            self._cache[key] = scored
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return scored
+
+
+def _lookup(texts: dict[str, tuple[str, ...]]) -> TagTexts:
+    def of(tag: str) -> Sequence[str]:
+        return texts.get(tag, ())
+
+    return of

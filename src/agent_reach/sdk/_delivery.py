@@ -53,7 +53,7 @@ from agent_reach.observability.logs import TRACE_ID, log
 from agent_reach.observability.otel import agent_tracer
 from agent_reach.observability.tracecontext import TRACEPARENT, TraceParent, parse_traceparent
 from agent_reach.sdk._dedup import RecentResults, RunOnce
-from agent_reach.sdk.context import ReachContext, Reject
+from agent_reach.sdk.context import Match, ReachContext, Reject
 from agent_reach.wire.ids import new_id
 from agent_reach.wire.status import status_for
 
@@ -136,6 +136,8 @@ class _Delivery(msgspec.Struct):
     sender: str | None = None
     payload: Any = None
     priority: str = "normal"
+    requested_intent: str | None = None
+    intent_text: str | None = None
 
 
 _decoder = msgspec.json.Decoder(_Delivery)
@@ -304,6 +306,9 @@ class Dispatcher:
             endpoint_id=self.endpoint_id,
             traceparent=received.header if received is not None else None,
             verified=self.verifier is not None,
+            match=Match.parse(headers.get("x-reach-match")),
+            requested_intent=d.requested_intent,
+            intent_text=d.intent_text,
             _agent=self._owner,
             _span=span,
         )

@@ -45,7 +45,7 @@ from agent_reach.errors import (
 )
 from agent_reach.sdk._failover import CONNECT_TIMEOUT_S, describe, unusable
 from agent_reach.settings import NatsGateway, nats_gateway, not_over_nats, redacted
-from agent_reach.transport.natslink import NatsLink
+from agent_reach.transport.natslink import LINK_LOST, NatsLink
 from agent_reach.wire.status import STATUS_HEADER, reach_status
 
 __all__ = ["NatsGatewayPool"]
@@ -186,13 +186,7 @@ class NatsGatewayPool:
             ) from None
         except (nats_errors.BadSubjectError, nats_errors.BadHeaderError) as exc:
             raise InvalidRequest(f"{subject} was not sent over NATS: {describe(exc)}") from None
-        except (
-            nats_errors.ConnectionClosedError,
-            nats_errors.ConnectionReconnectingError,
-            nats_errors.ConnectionDrainingError,
-            nats_errors.OutboundBufferLimitError,
-            nats_errors.StaleConnectionError,
-        ) as exc:
+        except LINK_LOST as exc:
             raise GatewayUnavailable(
                 f"lost the connection to NATS at {self.where()} ({describe(exc)}): {subject}"
                 " was not sent",

@@ -48,9 +48,11 @@ EMPTY: Any = msgspec.UNSET  # "no payload given": sent as {} (an explicit None i
 
 
 def send_body(
-    intent: str,
+    intent: str | None,
     payload: Any,
     *,
+    intent_text: str | None = None,
+    fallback: bool = True,
     msg_id: str,
     trace_id: str,
     sender: str | None,
@@ -58,10 +60,15 @@ def send_body(
     priority: Priority,
     timeout_ms: int,
 ) -> SendBody:
-    """The ``POST /v1/send`` body; ``payload`` is any JSON (:data:`EMPTY`: ``{}``)."""
+    """The ``POST /v1/send`` body; ``payload`` is any JSON (:data:`EMPTY`: ``{}``).
+    InvalidRequest when neither ``intent`` nor ``intent_text`` is given."""
     raw = msgspec.Raw(b"{}" if payload is EMPTY else msgspec.json.encode(payload))
+    if intent is None and intent_text is None:
+        raise InvalidRequest("give intent, intent_text or both", field="intent")
     return SendBody(
         intent=intent,
+        intent_text=intent_text,
+        fallback=fallback,
         msg_id=msg_id,
         trace_id=trace_id,
         sender=sender,

@@ -247,9 +247,11 @@ class ReachClient:
 
     async def send(
         self,
-        intent: str,
+        intent: str | None,
         payload: Any = EMPTY,
         *,
+        intent_text: str | None = None,
+        fallback: bool = True,
         recipient_hint: str | None = None,
         timeout_ms: int | None = None,
         priority: Priority = "normal",
@@ -259,6 +261,12 @@ class ReachClient:
         traceparent: str | None = None,
     ) -> Reply:
         """Reach the agent that serves ``intent``; return its answer or raise a typed error.
+
+        ``intent_text`` is what the caller wants in words (any language): with it, ``intent``
+        may be None, and the gateway's fallback matcher picks the tag when no agent declares
+        ``intent`` exactly or by alias (``fallback=False`` forbids that). ``Reply.match`` says
+        how the tag was found; a ``NoCapableAgent`` carries the nearest tags as
+        ``suggestions``.
 
         Raises the :class:`~agent_reach.errors.ReachError` of the answer's code
         (``NoCapableAgent``, ``DeadlineExceeded``, ``AllAttemptsFailed``, ...), which carries
@@ -278,6 +286,8 @@ class ReachClient:
         body = send_body(
             intent,
             payload,
+            intent_text=intent_text,
+            fallback=fallback,
             msg_id=ids["msg_id"],
             trace_id=ids["trace_id"],
             sender=sender or self.sender,
@@ -332,13 +342,26 @@ class ReachClient:
         return await self._json("GET", f"/v1/agents/{name}", AgentInfo)
 
     async def explain(
-        self, intent: str, *, recipient_hint: str | None = None, timeout_ms: int | None = None
+        self,
+        intent: str | None,
+        *,
+        intent_text: str | None = None,
+        fallback: bool = True,
+        recipient_hint: str | None = None,
+        timeout_ms: int | None = None,
     ) -> RouteExplanation:
-        """The route a send of ``intent`` would take now (a dry run: nothing is delivered).
+        """The route a send of ``intent`` (or ``intent_text``) would take now (a dry run:
+        nothing is delivered); ``match`` says how the tag was found.
 
-        Raises the same typed error a send would (``NoCapableAgent``, ...).
+        Raises the same typed error a send would (``NoCapableAgent``, with ``suggestions``).
         """
-        params = {"intent": intent}
+        params: dict[str, str] = {}
+        if intent is not None:
+            params["intent"] = intent
+        if intent_text is not None:
+            params["intent_text"] = intent_text
+        if not fallback:
+            params["fallback"] = "false"
         if recipient_hint is not None:
             params["recipient_hint"] = recipient_hint
         if timeout_ms is not None:

@@ -19,7 +19,33 @@ if TYPE_CHECKING:
 # kept back from an onward reach's deadline: time to build this agent's own answer and send it
 ONWARD_MARGIN_MS = 50.0
 
-__all__ = ["ReachContext", "Reject"]
+__all__ = ["Match", "ReachContext", "Reject"]
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """How the gateway matched the request to this agent's tag (``X-Reach-Match``)."""
+
+    method: str  # exact, alias, semantic, lexical, hint
+    confidence: float
+
+    @classmethod
+    def parse(cls, header: str | None) -> Match | None:
+        """``METHOD;confidence=0.93``; None for a missing or unreadable header."""
+        if not header:
+            return None
+        method, _, rest = header.partition(";")
+        key, _, value = rest.partition("=")
+        method = method.strip()
+        if not method.isascii() or not method.isalpha() or key.strip() != "confidence":
+            return None
+        try:
+            confidence = float(value)
+        except ValueError:
+            return None
+        if not 0.0 <= confidence <= 1.0:
+            return None
+        return cls(method.lower(), confidence)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +60,11 @@ class ReachContext:
     the W3C header the delivery carried (None without a valid one). ``verified`` is True when
     the agent verifies deliveries (token mode): then ``sender``, ``intent`` and the payload are
     what the gateway signed, not merely what the network brought.
+
+    ``intent`` is the tag this agent declared, the one the handler was chosen by; how the
+    gateway matched the caller's request to it is ``match`` (``X-Reach-Match``: method
+    ``exact``, ``alias``, ``semantic``, ``lexical`` or ``hint``, and its confidence), and what the
+    caller asked is ``requested_intent`` and ``intent_text`` (None when it sent none).
     """
 
     msg_id: str
@@ -47,6 +78,9 @@ class ReachContext:
     endpoint_id: str = ""
     traceparent: str | None = None
     verified: bool = False
+    match: Match | None = None
+    requested_intent: str | None = None
+    intent_text: str | None = None
     # the agent that received the request, for helpers built on it (agent-to-agent reach)
     _agent: Agent | None = field(default=None, repr=False, compare=False)
     # the delivery's OpenTelemetry span (None while export is off): onward reaches are its children

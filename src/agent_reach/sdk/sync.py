@@ -90,7 +90,7 @@ class SyncReachClient:
         self._thread.join(timeout=5)
         self._loop.close()
 
-    def send(self, intent: str, payload: Any = EMPTY, **options: Any) -> Reply:
+    def send(self, intent: str | None, payload: Any = EMPTY, **options: Any) -> Reply:
         """:meth:`ReachClient.send`, blocking."""
         return self._run(self.client.send(intent, payload, **options))
 
@@ -102,7 +102,7 @@ class SyncReachClient:
         """:meth:`ReachClient.agent`, blocking."""
         return self._run(self.client.agent(endpoint_id))
 
-    def explain(self, intent: str, **options: Any) -> RouteExplanation:
+    def explain(self, intent: str | None, **options: Any) -> RouteExplanation:
         """:meth:`ReachClient.explain`, blocking."""
         return self._run(self.client.explain(intent, **options))
 

@@ -31,7 +31,7 @@ from agent_reach.clock import Clock
 from agent_reach.core.model import Outcome
 from agent_reach.errors import InternalError
 from agent_reach.transport.base import Delivery, agent_answer
-from agent_reach.transport.natslink import NatsLink, NatsState
+from agent_reach.transport.natslink import LINK_LOST, NatsLink, NatsState
 from agent_reach.wire.status import STATUS_HEADER, reach_status
 
 __all__ = ["NatsState", "NatsTransport", "subject_refusal"]
@@ -175,13 +175,7 @@ class NatsTransport:
                 reached=False,
                 eject=True,
             )
-        except (
-            nats_errors.ConnectionClosedError,
-            nats_errors.ConnectionReconnectingError,
-            nats_errors.ConnectionDrainingError,
-            nats_errors.OutboundBufferLimitError,
-            nats_errors.StaleConnectionError,
-        ) as exc:
+        except LINK_LOST as exc:
             return _unlinked(f"not delivered: NATS connection lost ({exc})")
         except (nats_errors.BadSubjectError, nats_errors.BadHeaderError) as exc:
             return _unlinked(f"not delivered: {exc}")

@@ -48,9 +48,17 @@ from agent_reach.errors import BackendUnavailable, ConfigError
 from agent_reach.observability.logs import log
 from agent_reach.settings import redacted
 
-__all__ = ["Answer", "NatsLink", "NatsState", "Responder", "check_server"]
+__all__ = ["LINK_LOST", "Answer", "NatsLink", "NatsState", "Responder", "check_server"]
 
 REVIVE_MAX_S = 30.0  # the longest wait between tries of a new connection
+# what nats-py raises for a request when the link is not there to carry it: nothing went out
+LINK_LOST: tuple[type[Exception], ...] = (
+    nats_errors.ConnectionClosedError,
+    nats_errors.ConnectionReconnectingError,
+    nats_errors.ConnectionDrainingError,
+    nats_errors.OutboundBufferLimitError,
+    nats_errors.StaleConnectionError,
+)
 
 # what a responder's handler returns: the reply's body and headers
 Answer = tuple[bytes, Mapping[str, str]]

@@ -15,11 +15,15 @@ __all__ = [
     "Attempt",
     "Candidate",
     "HeartbeatAnswer",
+    "IntentInfo",
+    "IntentsAnswer",
     "IssuedToken",
+    "MatchInfo",
     "Ok",
     "Registration",
     "Reply",
     "RouteExplanation",
+    "Suggestion",
     "Trace",
 ]
 
@@ -32,6 +36,23 @@ class Attempt(msgspec.Struct, frozen=True):
     latency_ms: float
 
 
+class MatchInfo(msgspec.Struct, frozen=True):
+    """How the request's tag was found: ``method`` is exact, alias, semantic, lexical or
+    hint; ``tag`` the tag routed on; ``confidence`` in [0, 1] (1.0 for exact, alias, hint)."""
+
+    method: str
+    tag: str
+    confidence: float
+
+
+class Suggestion(msgspec.Struct, frozen=True):
+    """A tag near what a refused request asked for, with its confidence (below the
+    threshold)."""
+
+    tag: str
+    confidence: float
+
+
 class Reply(msgspec.Struct, frozen=True):
     """A successful send: the agent's ``result`` and how it was reached."""
 
@@ -42,6 +63,7 @@ class Reply(msgspec.Struct, frozen=True):
     result: Any
     attempts: list[Attempt]
     latency_ms: float
+    match: MatchInfo | None = None  # None only from gateways older than contract v1.1
     ok: bool = True  # the gateway's success answers say so; last, so it may be left out
 
 
@@ -75,6 +97,7 @@ class Candidate(msgspec.Struct, frozen=True):
     avg_latency_ms: float | None = None
     p95_latency_ms: float | None = None
     chosen: bool = False
+    match: MatchInfo | None = None
 
 
 class RouteExplanation(msgspec.Struct, frozen=True):
@@ -85,6 +108,8 @@ class RouteExplanation(msgspec.Struct, frozen=True):
     candidates: list[Candidate]
     per_try_timeout_ms: float | None = None
     max_retries: int = 0
+    match: MatchInfo | None = None
+    runners_up: list[Suggestion] = msgspec.field(default_factory=list)
 
 
 class Trace(msgspec.Struct, frozen=True):
@@ -129,3 +154,28 @@ class IssuedToken(msgspec.Struct, frozen=True):
     subject: str
     token: str
     expires_at: float
+
+
+class IntentInfo(msgspec.Struct, frozen=True):
+    """One tag of ``GET /v1/intents``: a dictionary entry (``known``) or a tag some agent
+    registered outside the dictionary (``known`` false, no texts). ``served_by`` counts the
+    registered endpoints declaring it, ``routable`` those healthy or degraded now; a deprecated
+    entry says what replaces it (``replaced_by``)."""
+
+    tag: str
+    description: str = ""
+    aliases: list[str] = []
+    examples: list[str] = []
+    deprecated: bool = False
+    replaced_by: str | None = None
+    known: bool = False
+    served_by: int = 0
+    routable: int = 0
+
+
+class IntentsAnswer(msgspec.Struct, frozen=True):
+    """``GET /v1/intents``: the registration mode (open, warn, strict) and every dictionary
+    entry (file order), then every registered tag outside the dictionary (sorted)."""
+
+    mode: str
+    intents: list[IntentInfo]

@@ -80,10 +80,29 @@ class EndpointIdBody(msgspec.Struct, forbid_unknown_fields=True):
     endpoint_id: EndpointId
 
 
-class SendBody(msgspec.Struct, forbid_unknown_fields=True):
-    """``POST /v1/send``: only ``intent`` is required."""
+MAX_INTENT_TEXT = 2000  # characters of intent_text (CONTRACT.md v1.1, "Matching")
+IntentText = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_INTENT_TEXT)]
 
-    intent: Intent
+
+def check_intent_text(intent: str | None, text: str | None) -> None:
+    """ValueError (a 422 naming the field, through msgspec) for a request that names neither
+    an intent nor words, or whose words are blank or hold control characters."""
+    if text is None:
+        if intent is None:
+            raise ValueError("give intent, intent_text or both - at `$.intent`")
+        return
+    if not text.strip():
+        raise ValueError("intent_text is blank - at `$.intent_text`")
+    if any((ord(c) < 32 and c not in "\t\n\r") or ord(c) == 127 for c in text):
+        raise ValueError("intent_text holds control characters - at `$.intent_text`")
+
+
+class SendBody(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """``POST /v1/send``: ``intent``, or ``intent_text`` (the caller's words), or both."""
+
+    intent: Intent | None = None
+    intent_text: IntentText | None = None
+    fallback: bool = True  # false: no match but an exact one
     msg_id: Token | None = None
     trace_id: Token | None = None
     sender: EndpointId | None = None
@@ -91,6 +110,9 @@ class SendBody(msgspec.Struct, forbid_unknown_fields=True):
     payload: msgspec.Raw = msgspec.field(default_factory=lambda: _EMPTY_OBJECT)
     priority: Literal["low", "normal", "high"] = "normal"
     timeout_ms: Annotated[int, msgspec.Meta(ge=1, le=MAX_TIMEOUT_MS)] | None = None
+
+    def __post_init__(self) -> None:
+        check_intent_text(self.intent, self.intent_text)
 
 
 MAX_TOKEN_TTL_S = 30 * 86400.0
@@ -118,8 +140,10 @@ class TokenRequest(msgspec.Struct, forbid_unknown_fields=True):
     ttl_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_TOKEN_TTL_S)] | None = None
 
 
-class DeliveryBody(msgspec.Struct, omit_defaults=False):
-    """What the gateway POSTs to an agent: the request with msg_id and trace_id filled in."""
+class DeliveryBody(msgspec.Struct, omit_defaults=True):
+    """What the gateway POSTs to an agent: the request with msg_id and trace_id filled in.
+    ``intent`` is the tag the agent declared (the matched one); ``requested_intent`` and
+    ``intent_text`` are what the caller sent (left out when it sent none)."""
 
     msg_id: str
     trace_id: str
@@ -129,6 +153,8 @@ class DeliveryBody(msgspec.Struct, omit_defaults=False):
     payload: msgspec.Raw
     priority: str
     timeout_ms: int
+    requested_intent: str | None = None
+    intent_text: str | None = None
 
 
 def _codes(cls: type[ReachError]) -> set[str]:
@@ -183,11 +209,16 @@ def decode(body: bytes, kind: type[T]) -> T:
 
 
 class RouteQuery(msgspec.Struct, forbid_unknown_fields=True):
-    """Query of ``GET /v1/route``."""
+    """Query of ``GET /v1/route``: as a send's, ``intent`` or ``intent_text`` or both."""
 
-    intent: Intent
+    intent: Intent | None = None
+    intent_text: IntentText | None = None
+    fallback: bool = True
     recipient_hint: EndpointId | None = None
     timeout_ms: Annotated[int, msgspec.Meta(ge=1, le=MAX_TIMEOUT_MS)] | None = None
+
+    def __post_init__(self) -> None:
+        check_intent_text(self.intent, self.intent_text)
 
 
 def convert(values: dict[str, str], kind: type[T]) -> T:

