@@ -330,9 +330,10 @@ class GatewaySettings:
                 f"intent-mode {self.intent_mode} needs a dictionary: --intents FILE",
                 source="intent-mode",
             )
-        if self.matcher not in ("semantic", "lexical", "none"):
+        if self.matcher not in ("semantic", "lexical", "none") and ":" not in self.matcher:
             raise ConfigError(
-                f"matcher must be semantic, lexical or none, got {self.matcher!r}",
+                f"matcher must be semantic, lexical, none or MODULE:CALLABLE, got"
+                f" {self.matcher!r}",
                 source="matcher",
             )
         if self.overhead_reserve_ms < 0:

@@ -209,7 +209,7 @@ def test_semantic_without_the_model_falls_back_to_lexical_and_says_so(
 
 
 def test_an_unknown_matcher_name_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match="semantic, lexical or none"):
+    with pytest.raises(ConfigError, match="semantic, lexical, none or MODULE:CALLABLE"):
         matcher_for("fuzzy")
 
 
@@ -219,3 +219,17 @@ def test_importing_the_intents_package_loads_no_model() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_a_matcher_of_ones_own_is_named_module_colon_callable() -> None:
+    matcher, note = matcher_for("agent_reach.intents.lexical:LexicalMatcher")
+    assert isinstance(matcher, LexicalMatcher)
+    assert "agent_reach.intents.lexical:LexicalMatcher" in note
+    for spec, why in (
+        ("no_such_module_here:make", "ModuleNotFoundError"),
+        ("agent_reach.intents.lexical:no_such_name", "AttributeError"),
+        ("agent_reach.intents.lexical:tag_words", "TypeError"),  # needs an argument
+        ("builtins:object", "not a FallbackMatcher"),
+    ):
+        with pytest.raises(ConfigError, match=why):
+            matcher_for(spec)

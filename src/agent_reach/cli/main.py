@@ -134,10 +134,12 @@ def main() -> None:
 )
 @option(
     "matcher",
-    click.Choice(["semantic", "lexical", "none"]),
+    str,
     "semantic",
     "the fallback matcher when no tag matches exactly or by alias: semantic (local "
-    "multilingual embeddings; lexical when the semantic extra is not installed), lexical, none",
+    "multilingual embeddings; lexical when the semantic extra is not installed), lexical, none, "
+    "or MODULE:CALLABLE (a matcher of your own, docs/matching.md)",
+    metavar="NAME",
 )
 @option(
     "purge-after",

