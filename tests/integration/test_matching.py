@@ -129,15 +129,16 @@ def test_what_nobody_serves_is_refused_with_the_nearest_tags(
     assert metric(stack, "agent_reach_refused_with_suggestions_total") == before + 1
 
 
-def test_fallback_false_forbids_every_match_but_exact_and_alias(stack: Proc) -> None:
+def test_fallback_false_forbids_every_non_exact_match(stack: Proc) -> None:
     words = "what is the weather in Chengdu tomorrow"
     status, answer = send(stack, intent_text=words, fallback=False)
     assert (status, answer["error"]) == (404, "no_capable_agent")
-    # the near tags are still shown (any confidence: none was allowed)
-    assert answer["suggestions"][0]["tag"] == "weather.query"
-    assert answer["suggestions"][0]["confidence"] >= 0.8
+    assert all(s["confidence"] < 0.8 for s in answer["suggestions"])  # below, as always
+    # an alias is not exact either (CONTRACT.md v1.1: false forbids every non-exact match)
     status, answer = send(stack, intent="weather.get", fallback=False, payload={"city": "x"})
-    assert (status, answer["match"]["method"]) == (200, "alias")
+    assert (status, answer["error"]) == (404, "no_capable_agent")
+    status, answer = send(stack, intent="weather.query", fallback=False, payload={"city": "x"})
+    assert (status, answer["match"]["method"]) == (200, "exact")
 
 
 def test_the_dry_run_shows_the_match_on_the_route_and_every_candidate(stack: Proc) -> None:

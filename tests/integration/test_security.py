@@ -333,6 +333,13 @@ def test_send_refusals_deliver_nothing(net: Net) -> None:
         (None, {"intent": "weather.query"}, 401, "bearer token"),
         (_tampered(caller), {"intent": "weather.query"}, 401, "signature"),
         (caller, {"intent": "weather.query", "sender": "agent://caller-2"}, 403, "not the token"),
+        # words only: the sender is judged before anything is matched (or traced)
+        (
+            caller,
+            {"intent_text": "weather in Chengdu", "sender": "agent://caller-2"},
+            403,
+            "not the token",
+        ),
         (caller, {"intent": "note.delete"}, 403, "note.delete"),
         (caller, {"intent": "note.create", "recipient_hint": "agent://note-b"}, 403, "note-b"),
         (enroll, {"intent": "weather.query"}, 403, "enroll token cannot send"),
@@ -794,7 +801,9 @@ def test_fallback_matches_stay_within_the_policy(tmp_path: Path) -> None:
         '[[claim]]\nendpoints = ["agent://*"]\nintents = ["*"]\n',
     )
     operator = s.operator
-    with gateway(*s.flags, "--confidence-threshold", "0.5") as proc:
+    # a tag read as words is matched only at a low confidence (docs/intents.md): this test is
+    # about the policy around a fallback, so it takes what the matcher ranks first
+    with gateway(*s.flags, "--confidence-threshold", "0.01") as proc:
         enroll = s.token(Kind.ENROLL, "enroll", endpoints=["agent://*"], intents=["*"])
         for name, intent in (
             ("near-1", "weather.query"),

@@ -6,12 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 import pytest
 
 from agent_reach.errors import Overloaded
 from agent_reach.intents.matcher import EMPTY_INDEX, MatchIndexHolder, Scored, TagTexts
+
+
+async def until(predicate: Callable[[], bool], bound: float = 5.0) -> None:
+    """Wait for ``predicate`` (polled), failing after ``bound`` seconds."""
+    deadline = asyncio.get_running_loop().time() + bound
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "not within the bound"
+        await asyncio.sleep(0.005)
 
 
 class WordIndex:
@@ -77,7 +85,7 @@ async def test_an_older_build_never_replaces_the_index_of_a_later_change() -> No
     holder = MatchIndexHolder(matcher, lambda: list(tags), lambda tag: [], lambda: swaps.append(1))
     matcher.hold_builds.clear()
     holder.changed()  # the build of ["alpha.one"] starts and is held
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0)
     tags.append("beta.two")
     holder.changed()  # taken by one more build once the first ends
     matcher.hold_builds.set()
@@ -114,7 +122,7 @@ async def test_past_the_waiting_bound_a_lookup_is_refused_as_overloaded() -> Non
     await holder.wait()
     matcher.gate.clear()  # lookups block in their thread
     held = [asyncio.create_task(holder.lookup(None, f"weather {n}")) for n in range(3)]
-    await asyncio.sleep(0.05)
+    await until(lambda: matcher.last is not None and matcher.last.lookups == 1)
     with pytest.raises(Overloaded) as refused:
         await holder.lookup(None, "weather 99")
     assert refused.value.retry_after_s == 1
@@ -148,3 +156,24 @@ async def test_without_a_matcher_there_is_no_fallback() -> None:
     await holder.wait()
     assert holder.method is None
     assert await holder.lookup(None, "weather") == []
+
+
+async def test_a_cancelled_lookup_keeps_its_slot_until_its_thread_is_done() -> None:
+    matcher = Words()
+    holder = MatchIndexHolder(matcher, lambda: {"weather.query"}, lambda tag: [], max_running=1)
+    holder.changed()
+    await holder.wait()
+    index = matcher.last
+    assert index is not None
+    matcher.gate.clear()
+    first = asyncio.create_task(holder.lookup(None, "weather one"))
+    await until(lambda: index.lookups == 1)  # in its thread, held by the gate
+    first.cancel()
+    second = asyncio.create_task(holder.lookup(None, "weather two"))
+    await asyncio.sleep(0.1)  # an observation window: nothing may start in it
+    assert index.lookups == 1  # the cancelled one still runs: the second waits for its slot
+    matcher.gate.set()
+    assert await second == [("weather.query", 0.9)]
+    assert index.lookups == 2
+    with pytest.raises(asyncio.CancelledError):
+        await first

@@ -435,14 +435,7 @@ class Access:
             return sender, None
         if claims.kind is Kind.OPERATOR:  # dry runs only (send does not take operator tokens)
             return sender, None
-        subject = claims.subject
-        if sender is not None and sender != subject:
-            self.deny(
-                caller,
-                action,
-                intent,
-                f"sender {sender} is not the token's subject {subject}",
-            )
+        subject = self.sender_of(caller, sender, action, intent)
         allowed = self.policy.may_reach(subject, intent)
         if not allowed.allowed:
             self.deny(caller, action, intent, allowed.reason)
@@ -453,14 +446,35 @@ class Access:
             return subject, None
         return subject, RouteScope(self.policy.allowed_endpoints(subject, intent))
 
-    def reachable(self, caller: Principal) -> Callable[[str], bool] | None:
-        """The tags the policy lets ``caller`` send to (None: any), for a fallback match to
-        choose among before :meth:`check_send` judges the tag it chose."""
+    def sender_of(self, caller: Principal, sender: str | None, action: str, target: str) -> str:
+        """Token mode: the request's sender, the token's subject; Forbidden (with an audit
+        line about ``target``) when the request names another one."""
+        assert caller.claims is not None
+        subject = caller.claims.subject
+        if sender is not None and sender != subject:
+            self.deny(
+                caller, action, target, f"sender {sender} is not the token's subject {subject}"
+            )
+        return subject
+
+    def reachable(
+        self, caller: Principal, by_intent: Callable[[str], Collection[str]]
+    ) -> Callable[[str], bool] | None:
+        """The tags the policy lets ``caller`` send to, at one endpoint at least of those that
+        declare them (``by_intent``), for a fallback match to choose among before
+        :meth:`check_send` judges the tag it chose (None: any tag)."""
         claims = caller.claims
         if claims is None or claims.kind is Kind.OPERATOR:
             return None
         policy, subject = self.policy, claims.subject
-        return lambda tag: policy.may_reach(subject, tag).allowed
+
+        def reachable(tag: str) -> bool:
+            if not policy.may_reach(subject, tag).allowed:
+                return False
+            allowed = policy.allowed_endpoints(subject, tag)
+            return allowed is None or any(allowed(e) for e in by_intent(tag))
+
+        return reachable
 
     def may_read_trace(
         self, caller: Principal, trace_id: str, events: list[dict[str, Any]]

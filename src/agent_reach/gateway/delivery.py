@@ -14,6 +14,7 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -148,13 +149,19 @@ class Reacher:
             if span is not None:
                 span.planning()
             router = self.router
-            match = await router.resolve(
-                body.intent,
-                body.intent_text,
-                fallback=body.fallback,
-                hint=body.recipient_hint,
-                reachable=reachable,
-            )
+            try:  # a fallback awaits the matcher: within the request's deadline, like the rest
+                async with asyncio.timeout(deadline.remaining(self.clock.monotonic())):
+                    match = await router.resolve(
+                        body.intent,
+                        body.intent_text,
+                        fallback=body.fallback,
+                        hint=body.recipient_hint,
+                        reachable=reachable,
+                    )
+            except TimeoutError:
+                raise DeadlineExceeded(
+                    f"the match of the request's words did not finish within {timeout_ms} ms"
+                ) from None
             if admit is not None and match.tag != body.intent:
                 body.sender, scope = admit(match.tag)
             plan = router.plan(match, body.recipient_hint, scope=scope)

@@ -9,17 +9,19 @@ that one tag (:meth:`agent_reach.gateway.router.Router.plan`).
 Invariants:
 - Each step runs only when the steps before it found no endpoint declaring the tag: exact (an
   endpoint declares ``intent``), alias (the dictionary maps ``intent`` to a canonical tag an
-  endpoint declares; confidence 1.0), fallback (only when ``fallback`` is true: the matcher's
-  best tag that an endpoint declares, at or above ``--confidence-threshold``).
+  endpoint declares; confidence 1.0), fallback (the matcher's best tag that an endpoint
+  declares, at or above ``--confidence-threshold``). ``fallback`` false forbids every
+  non-exact match, the alias step included (CONTRACT.md v1.1).
 - The exact and alias steps cost two dictionary lookups; only the fallback step awaits the
   matcher (a worker thread, bounded: :class:`~agent_reach.intents.matcher.MatchIndexHolder`).
-- A refusal with ``no_capable_agent`` carries ``suggestions``: the nearest tags (at most 3,
-  best first) below the threshold, or any when fallback was forbidden, so the caller sees how
-  close it came.
-- ``reachable`` (token mode: the tags the policy lets this sender reach) is applied before a
-  fallback tag is chosen, so a match never lands on a tag the sender may not reach while a
-  reachable one was near enough, and such a tag is never suggested either (it would tell the
-  sender what exists beyond its reach).
+- A refusal with ``no_capable_agent`` carries ``suggestions``: the nearest tags below the
+  threshold (at most 3, best first), so the caller sees how close it came. A lookup made only
+  for them (``fallback`` false) that finds the matcher overloaded leaves them out rather than
+  turn the refusal into a 503.
+- ``reachable`` (token mode: the tags the policy lets this sender reach) is applied to the
+  matcher's answer first, so a match never lands on a tag the sender may not reach while a
+  reachable one was near enough, and such a tag is never a runner-up or a suggestion either
+  (that would tell the sender what exists beyond its reach).
 """
 
 from __future__ import annotations
@@ -28,7 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agent_reach.errors import InvalidRequest, NoCapableAgent, RecipientIncapable, RecipientNotFound
+from agent_reach.errors import (
+    InvalidRequest,
+    NoCapableAgent,
+    Overloaded,
+    RecipientIncapable,
+    RecipientNotFound,
+)
 from agent_reach.wire.answers import MatchInfo
 
 if TYPE_CHECKING:
@@ -107,25 +115,32 @@ async def resolve(
     if intent is not None:
         if registry.by_intent(intent):
             return Match("exact", intent, 1.0)
-        canonical = dictionary.canonical(intent)
+        canonical = dictionary.canonical(intent) if fallback else None
         if canonical is not None and canonical != intent and registry.by_intent(canonical):
             return Match("alias", canonical, 1.0)
     holder = router.matches
     method = holder.method
     threshold = router.settings.confidence_threshold
-    scored = await holder.lookup(intent, text) if method is not None else []
+    scored: list[tuple[str, float]] = []
+    if method is not None:
+        try:
+            scored = await holder.lookup(intent, text)
+        except Overloaded:
+            if fallback:
+                raise  # the match itself could not be made: come back later
+            # only the suggestions were wanted: the refusal goes out without them
+    if reachable is not None:  # a tag the sender may not reach is neither chosen nor shown
+        scored = [item for item in scored if reachable(item[0])]
     if fallback and method is not None:
         for tag, confidence in scored:
             if confidence < threshold:
                 break
-            if registry.by_intent(tag) and (reachable is None or reachable(tag)):
+            if registry.by_intent(tag):
                 rest = tuple(item for item in scored if item[0] != tag)
                 return Match(method, tag, confidence, rest)
     if not dry_run and intent is not None:
         router.unrouted.note(intent, router.clock.wall())
-    if reachable is not None:  # a tag the sender may not reach is not even suggested
-        scored = [item for item in scored if reachable(item[0])]
-    near = suggestions(scored, threshold if fallback else None)
+    near = suggestions(scored, threshold)
     if intent is not None:
         detail = f"no agent declares intent {intent!r}"
     else:
@@ -133,8 +148,7 @@ async def resolve(
     if near:
         best = near[0]
         detail += f"; the nearest tag is {best['tag']!r} at confidence {best['confidence']:.2f}"
-        if fallback:
-            detail += f", under the threshold {threshold:g}"
+        detail += f", under the threshold {threshold:g}"
     raise NoCapableAgent(detail, suggestions=near)
 
 

@@ -26,6 +26,7 @@ from agent_reach.core.names import is_endpoint_id
 from agent_reach.errors import (
     AgentReachError,
     ConfigError,
+    DeadlineExceeded,
     DictionaryError,
     EndpointHeld,
     EndpointNotRegistered,
@@ -267,6 +268,9 @@ class Service:
                 body.sender, scope = access.check_send(
                     principal, body.sender, body.intent, body.recipient_hint
                 )
+            elif principal.claims is not None:  # (a send never takes an operator token)
+                # words only: the sender is judged before anything is matched or traced
+                body.sender = access.sender_of(principal, body.sender, "send", "intent_text")
             admit = None
             if principal.claims is not None:  # token mode: a match to another tag is judged too
                 sender, hint = body.sender, body.recipient_hint
@@ -280,7 +284,7 @@ class Service:
                 received_at,
                 scope,
                 admit=admit,
-                reachable=access.reachable(principal),
+                reachable=access.reachable(principal, self.registry.by_intent),
             )
         except AgentReachError as exc:
             opened.refused(exc)
@@ -305,14 +309,21 @@ class Service:
             hint = query.recipient_hint
             if query.intent is not None:
                 access.check_send(principal, None, query.intent, hint, action="route")
-            match = await self.router.resolve(
-                query.intent,
-                query.intent_text,
-                fallback=query.fallback,
-                hint=hint,
-                reachable=access.reachable(principal),
-                dry_run=True,
-            )
+            timeout_ms = query.timeout_ms or self.settings.default_timeout_ms
+            try:  # the matcher's work is bounded as a send's would be
+                async with asyncio.timeout(timeout_ms / 1000.0):
+                    match = await self.router.resolve(
+                        query.intent,
+                        query.intent_text,
+                        fallback=query.fallback,
+                        hint=hint,
+                        reachable=access.reachable(principal, self.registry.by_intent),
+                        dry_run=True,
+                    )
+            except TimeoutError:
+                raise DeadlineExceeded(
+                    f"the match of the words did not finish within {timeout_ms} ms"
+                ) from None
             self.metrics.matches.labels(match.method).inc()
             _sender, scope = access.check_send(principal, None, match.tag, hint, action="route")
             return self.router.explain_route(match, hint, query.timeout_ms, scope)

@@ -168,6 +168,10 @@ class MatchIndexHolder:
                 self._on_swap()
                 log(logging.DEBUG, "intents.index_built", matcher=matcher.name, tags=len(known))
 
+    def _release(self, future: asyncio.Future[Scored]) -> None:
+        self._running.release()
+        _retrieve(future)
+
     def close(self) -> None:
         """Cancel a build in progress."""
         if self._task is not None:
@@ -197,8 +201,18 @@ class MatchIndexHolder:
                 # waits for it a little, rather than miss the tags it brings
                 await asyncio.wait([task], timeout=self.fresh_wait_s)
             index = self.index
-            async with self._running:
-                scored = await asyncio.to_thread(index.match, key[0], key[1], LOOKUP_K)
+            await self._running.acquire()
+            try:
+                running = asyncio.get_running_loop().run_in_executor(
+                    None, index.match, key[0], key[1], LOOKUP_K
+                )
+            except BaseException:
+                self._running.release()
+                raise
+            # the slot is held until the thread is done, even when this lookup is cancelled
+            # (its caller gone): at most max_running model runs at once, whatever happens
+            running.add_done_callback(self._release)
+            scored = await asyncio.shield(running)
         finally:
             self._waiting -= 1
         if index is self.index:  # an answer of an index replaced meanwhile is not kept
@@ -206,6 +220,13 @@ class MatchIndexHolder:
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         return scored
+
+
+def _retrieve(future: asyncio.Future[Scored]) -> None:
+    """Read a finished lookup's exception, so an abandoned one is not reported as unretrieved
+    (its caller, cancelled, got nothing; the exception was a matcher's fault, logged there)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _lookup(texts: dict[str, tuple[str, ...]]) -> TagTexts:

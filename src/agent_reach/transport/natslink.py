@@ -31,6 +31,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -47,6 +48,7 @@ from agent_reach.clock import Clock, SystemClock
 from agent_reach.errors import BackendUnavailable, ConfigError
 from agent_reach.observability.logs import log
 from agent_reach.settings import redacted
+from agent_reach.wire.status import STATUS_HEADER
 
 __all__ = ["LINK_LOST", "Answer", "NatsLink", "NatsState", "Responder", "check_server"]
 
@@ -348,34 +350,19 @@ class NatsLink:
         waiting longer after each failure."""
         wait = self.reconnect_wait_s
         while True:
+            nc: Client | None = None
             try:
                 nc = await self._connect()
-                for responder in self._responders:
+                for responder in list(self._responders):  # unserve() may remove some meanwhile
                     await self._subscribe(nc, responder)
-            except BackendUnavailable as exc:
-                log(
-                    logging.WARNING,
-                    "nats.connect_failed",
-                    link=self.name,
-                    error=exc.detail,
-                    retry_in_s=wait,
-                )
-            except (OSError, nats_errors.Error) as exc:  # a subscription refused: again
-                log(
-                    logging.WARNING,
-                    "nats.connect_failed",
-                    link=self.name,
-                    error=repr(exc),
-                    retry_in_s=wait,
-                )
-            except Exception:  # a fault of ours: logged, and the link is still tried again
-                log(
-                    logging.ERROR,
-                    "nats.replace_failed",
-                    link=self.name,
-                    exc_info=True,
-                    retry_in_s=wait,
-                )
+                    if responder not in self._responders:  # unserved while subscribing
+                        await self._leave_quietly(responder)
+            except BaseException as exc:
+                if nc is not None:  # not in use: nothing may be left connected or subscribed
+                    await self._discard(nc)
+                if not isinstance(exc, Exception):
+                    raise  # cancelled (close()): the link is being closed
+                self._replace_failed(exc, wait)
             else:
                 self._earlier_reconnects += int(dead.stats["reconnects"]) + 1
                 self._nc = nc
@@ -383,6 +370,30 @@ class NatsLink:
                 return
             await self._clock.sleep(wait)
             wait = min(wait * 2, REVIVE_MAX_S)
+
+    def _replace_failed(self, exc: Exception, wait: float) -> None:
+        """A try of :meth:`_replace` failed: logged as what it was."""
+        if isinstance(exc, BackendUnavailable):
+            error = exc.detail
+        elif isinstance(exc, OSError | nats_errors.Error):  # a subscription refused: again
+            error = repr(exc)
+        else:  # a fault of ours: logged with its traceback, and the link is still tried again
+            log(
+                logging.ERROR,
+                "nats.replace_failed",
+                link=self.name,
+                exc_info=True,  # called in the except block: the exception in hand
+                retry_in_s=wait,
+            )
+            return
+        log(logging.WARNING, "nats.connect_failed", link=self.name, error=error, retry_in_s=wait)
+
+    async def _leave_quietly(self, responder: Responder) -> None:
+        """Drop the subscription of a responder unserved while :meth:`_replace` made it."""
+        sub, responder.sub = responder.sub, None
+        if sub is not None:
+            with contextlib.suppress(nats_errors.Error):
+                await sub.unsubscribe()
 
     async def _discard(self, nc: Client) -> None:
         """Close a client, within ``connect_timeout_s``; a failure is logged, not raised (the
@@ -523,4 +534,4 @@ def _too_large(size: int, limit: int) -> Answer:
     done), small enough to go."""
     detail = f"answer of {size} bytes over the NATS server's max_payload of {limit}"
     body = b'{"ok":false,"error":"payload_too_large","detail":"' + detail.encode() + b'"}'
-    return body, {"Reach-Status": "413", "Content-Type": "application/json"}
+    return body, {STATUS_HEADER: "413", "Content-Type": "application/json"}

@@ -93,8 +93,8 @@ def check_intent_text(intent: str | None, text: str | None) -> None:
         return
     if not text.strip():
         raise ValueError("intent_text is blank - at `$.intent_text`")
-    if any((ord(c) < 32 and c not in "\t\n\r") or ord(c) == 127 for c in text):
-        raise ValueError("intent_text holds control characters - at `$.intent_text`")
+    if any((ord(c) < 32 and c not in "\t\n\r") or 127 <= ord(c) < 160 for c in text):
+        raise ValueError("intent_text holds control characters - at `$.intent_text`")  # C0, C1
 
 
 class SendBody(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

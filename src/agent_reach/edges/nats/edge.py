@@ -28,19 +28,18 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
-from agent_reach.errors import AgentReachError, BackendUnavailable, InternalError, PayloadTooLarge
+from agent_reach.errors import AgentReachError, InternalError, Overloaded, PayloadTooLarge
 from agent_reach.gateway.node import Node
 from agent_reach.gateway.service import Caller, with_ids
 from agent_reach.observability.logs import log
 from agent_reach.wire.bodies import SendBody, decode, encode
-from agent_reach.wire.status import headers_for, status_for
+from agent_reach.wire.status import STATUS_HEADER, headers_for, status_for
 
 __all__ = ["OPERATIONS", "NatsEdge"]
 
 # keys (the public JWKS) is beyond the contract: agents that verify deliveries with nothing but
 # NATS fetch it there
 OPERATIONS = ("register", "heartbeat", "deregister", "send", "keys")
-STATUS_HEADER = "Reach-Status"
 MAX_INFLIGHT = 4096  # requests in hand per operation, past which the answer is 503 at once
 _JSON = {"Content-Type": "application/json"}
 
@@ -53,7 +52,7 @@ def _render(exc: AgentReachError) -> Answer:
 
 
 def _busy() -> Answer:
-    return _render(BackendUnavailable("this gateway has too many NATS requests in hand"))
+    return _render(Overloaded("this gateway has too many NATS requests in hand", retry_after_s=1))
 
 
 class NatsEdge:
