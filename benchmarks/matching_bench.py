@@ -37,6 +37,7 @@ KINDS = ("exact", "alias", "fallback cached", "fallback fresh")
 CACHED = "what is the weather in Chengdu tomorrow"
 FRESH = "what is the weather in Chengdu tomorrow, asked {n} times"
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+REFUSED: dict[str, int] = {}  # fallback sends refused below the threshold, by kind
 
 
 def body(kind: str, n: int) -> bytes:
@@ -68,6 +69,12 @@ def one_kind(conn: http.client.HTTPConnection, kind: str, calls: int, start_n: i
         resp = conn.getresponse()
         answer = json.loads(resp.read())
         out.append((time.perf_counter() - t0) * 1000.0)
+        if kind.startswith("fallback") and resp.status == 404:
+            # refused below the threshold: the same lookup's cost, counted apart
+            if answer.get("error") != "no_capable_agent":
+                raise SystemExit(f"{kind}: {resp.status} {answer}")
+            REFUSED[kind] = REFUSED.get(kind, 0) + 1
+            continue
         if resp.status != 200:
             raise SystemExit(f"{kind}: {resp.status} {answer}")
         if kind.startswith("fallback") and answer["match"]["method"] != "semantic":
@@ -156,6 +163,7 @@ def main() -> int:
     exact_p50 = [x["p50"] for x in runs["exact"]]
     print(f"matching_bench: {source_revision()}, {machine()}, {args.rounds} rounds x {args.calls}")
     print(f"gateway RSS with the model loaded: {rss:.0f} MB")
+    print(f"fallback sends refused below the threshold (their cost counted the same): {REFUSED}")
     print("| kind | p50 ms | p99 ms | added p50 over exact, ms | gateway CPU per request, µs |")
     print("|---|---|---|---|---|")
     for kind in KINDS:

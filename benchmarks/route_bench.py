@@ -6,7 +6,7 @@ into ``RegisterBody`` (as the HTTP edge does) and passed to ``await Router.regis
 
 Measured (each "run" is one batch; the caller takes medians over runs):
 
-- ``warm``: ``resolve(intent)`` + ``plan`` + ``choose`` (the exact path) on random intents, timed
+- ``warm``: ``settle(intent)`` + ``plan`` + ``choose`` (the exact path) on random intents, timed
   one call at a time with ``time.perf_counter_ns`` (the timer pair itself costs ``timer_ns``).
   Heartbeat interval 3600 s, so no status changes by time during the benchmark: the steady
   state of fresh endpoints, the per-intent tier cache warm.
@@ -97,16 +97,11 @@ async def build_gateway(
 
 
 def decide(gw: Router, intent: str) -> str | None:
-    """One route decision on the exact path: resolve (driven by hand: an exact tag never
-    awaits, so no event loop is timed), plan, choose."""
-    pending = gw.resolve(intent, None)
-    try:
-        pending.send(None)
-    except StopIteration as done:
-        match = done.value
-    else:  # pragma: no cover - the exact path awaited: not what this measures
-        pending.close()
-        raise RuntimeError(f"the route decision of {intent!r} awaited")
+    """One route decision on the exact path, as a send makes it: settle (the exact tag, no
+    await), plan, choose."""
+    match = gw.settle(intent, None)
+    if match is None:  # pragma: no cover - every intent of the benchmark is declared
+        raise RuntimeError(f"{intent!r} is not declared")
     return gw.choose(gw.plan(match, None))
 
 

@@ -42,9 +42,10 @@ from agent_reach.wire.answers import MatchInfo
 if TYPE_CHECKING:
     from agent_reach.gateway.router import Router
 
-__all__ = ["MAX_SUGGESTIONS", "Match", "resolve", "suggestions"]
+__all__ = ["MAX_SUGGESTIONS", "Match", "match_by_meaning", "resolve", "settle", "suggestions"]
 
 MAX_SUGGESTIONS = 3
+MAX_KEPT_EXACT = 65536  # exact matches a router keeps (one per tag), then forgets at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,19 +85,14 @@ def suggestions(scored: list[tuple[str, float]], below: float | None) -> list[di
     return [{"tag": tag, "confidence": round(c, 4)} for tag, c in near[:MAX_SUGGESTIONS]]
 
 
-async def resolve(
-    router: Router,
-    intent: str | None,
-    text: str | None,
-    *,
-    fallback: bool = True,
-    hint: str | None = None,
-    reachable: Callable[[str], bool] | None = None,
-    dry_run: bool = False,
-) -> Match:
-    """The tag a request goes to, or the contract's refusal (module docstring)."""
+def settle(
+    router: Router, intent: str | None, hint: str | None = None, *, fallback: bool = True
+) -> Match | None:
+    """The steps that need no matcher, on the request path without an await: the hinted
+    endpoint's tag, the exact tag, the alias; None when the fallback must decide. Raises the
+    hint's refusals. An exact match's :class:`Match` is one per tag, kept (two dictionary
+    lookups is the whole cost the exact path pays for matching)."""
     registry = router.registry
-    dictionary = router.dictionary
     if hint is not None:
         if intent is None:
             raise InvalidRequest(
@@ -108,16 +104,57 @@ async def resolve(
             raise RecipientNotFound(f"recipient_hint {hint} is not registered")
         if intent in record.capabilities:
             return Match("hint", intent, 1.0)
-        canonical = dictionary.canonical(intent)
+        canonical = router.dictionary.canonical(intent)
         if canonical is not None and canonical in record.capabilities:
             return Match("hint", canonical, 1.0)
         raise RecipientIncapable(f"{hint} does not declare intent {intent!r}")
-    if intent is not None:
-        if registry.by_intent(intent):
-            return Match("exact", intent, 1.0)
-        canonical = dictionary.canonical(intent) if fallback else None
-        if canonical is not None and canonical != intent and registry.by_intent(canonical):
-            return Match("alias", canonical, 1.0)
+    if intent is None:
+        return None
+    if registry.by_intent(intent):
+        kept = router.exact_matches
+        exact = kept.get(intent)
+        if exact is None:
+            if len(kept) >= MAX_KEPT_EXACT:  # tags come and go: bounded
+                kept.clear()
+            exact = kept[intent] = Match("exact", intent, 1.0)
+        return exact
+    canonical = router.dictionary.canonical(intent) if fallback else None
+    if canonical is not None and canonical != intent and registry.by_intent(canonical):
+        return Match("alias", canonical, 1.0)
+    return None
+
+
+async def resolve(
+    router: Router,
+    intent: str | None,
+    text: str | None,
+    *,
+    fallback: bool = True,
+    hint: str | None = None,
+    reachable: Callable[[str], bool] | None = None,
+    dry_run: bool = False,
+) -> Match:
+    """The tag a request goes to, or the contract's refusal (module docstring)."""
+    settled = settle(router, intent, hint, fallback=fallback)
+    if settled is not None:
+        return settled
+    return await match_by_meaning(
+        router, intent, text, fallback=fallback, reachable=reachable, dry_run=dry_run
+    )
+
+
+async def match_by_meaning(
+    router: Router,
+    intent: str | None,
+    text: str | None,
+    *,
+    fallback: bool = True,
+    reachable: Callable[[str], bool] | None = None,
+    dry_run: bool = False,
+) -> Match:
+    """The fallback step (after :func:`settle` found nothing), or ``no_capable_agent`` with
+    the suggestions."""
+    registry = router.registry
     holder = router.matches
     method = holder.method
     threshold = router.settings.confidence_threshold

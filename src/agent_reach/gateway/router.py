@@ -34,7 +34,7 @@ from agent_reach.errors import (
 )
 from agent_reach.gateway import explain
 from agent_reach.gateway.diagnostics import UnroutedIntents
-from agent_reach.gateway.matching import Match, resolve, suggestions
+from agent_reach.gateway.matching import Match, resolve, settle, suggestions
 from agent_reach.intents.dictionary import EMPTY_DICTIONARY, IntentDictionary
 from agent_reach.intents.matcher import FallbackMatcher, MatchIndexHolder
 from agent_reach.observability.logs import log
@@ -86,6 +86,7 @@ class Router:
         self.clock = clock
         self.rng = rng or random.Random()
         self._dictionary: IntentDictionary = EMPTY_DICTIONARY
+        self.exact_matches: dict[str, Match] = {}  # one Match per exact tag (matching.settle)
         # fallback matches come from an index of the known tags (the dictionary's and every
         # registered one), rebuilt off the request path when they or their texts change
         self.matches = MatchIndexHolder(matcher, self._known_tags, self._tag_texts)
@@ -297,6 +298,12 @@ class Router:
 
             tiers.expire(now, rederive)
         return tiers
+
+    def settle(
+        self, intent: str | None, hint: str | None = None, *, fallback: bool = True
+    ) -> Match | None:
+        """The match found without the matcher: :func:`agent_reach.gateway.matching.settle`."""
+        return settle(self, intent, hint, fallback=fallback)
 
     async def resolve(
         self,
