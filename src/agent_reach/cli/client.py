@@ -73,7 +73,7 @@ _NO_FALLBACK = click.option(
     "--no-fallback",
     "no_fallback",
     is_flag=True,
-    help="only an exact tag (or an alias of the dictionary): no match by meaning",
+    help="only an exact tag: no alias of the dictionary, no match by meaning",
 )
 
 

@@ -86,7 +86,7 @@ def check(file: Path, as_json: bool) -> None:
 @click.option(
     "--no-fallback",
     is_flag=True,
-    help="as a caller sending fallback: false (exact and alias matches only)",
+    help="as a caller sending fallback: false (an exact match only)",
 )
 @client_options
 def match(
