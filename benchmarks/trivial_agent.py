@@ -22,6 +22,7 @@ import json
 import signal
 import socket
 import urllib.request
+from collections.abc import Awaitable, Callable
 
 BODY = b'{"ok":true,"answer":"pong"}'
 RESPONSE = (
@@ -129,11 +130,10 @@ async def main(args: argparse.Namespace) -> None:
         await stop.wait()
 
 
-def cli() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--id", default="agent://bench-agent")
+def agent_args(parser: argparse.ArgumentParser, default_id: str, register_help: str) -> None:
+    """The flags every trivial agent takes: its id, the intents it declares, where it registers
+    (shared with trivial_nats_agent.py)."""
+    parser.add_argument("--id", default=default_id)
     parser.add_argument(
         "--intent",
         action="append",
@@ -141,21 +141,28 @@ def cli() -> None:
         help="intent to declare (repeatable; default bench.echo)",
     )
     parser.add_argument(
-        "--register",
-        action="append",
-        default=[],
-        metavar="GATEWAY_URL",
-        help="gateway to register with (repeatable)",
+        "--register", action="append", default=[], metavar="GATEWAY_URL", help=register_help
     )
-    args = parser.parse_args()
+
+
+def run(serve: Callable[[argparse.Namespace], Awaitable[None]], args: argparse.Namespace) -> None:
+    """``serve(args)`` on uvloop when installed, asyncio's loop otherwise."""
     args.intent = args.intent or ["bench.echo"]
     try:
         import uvloop
     except ImportError:
-        asyncio.run(main(args))
+        asyncio.run(serve(args))
         return
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(main(args))
+        runner.run(serve(args))
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    agent_args(parser, "agent://bench-agent", "gateway to register with (repeatable)")
+    run(main, parser.parse_args())
 
 
 if __name__ == "__main__":

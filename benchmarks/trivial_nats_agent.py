@@ -26,7 +26,7 @@ import signal
 import nats
 from nats.aio.msg import Msg
 
-from trivial_agent import BODY, register
+from trivial_agent import BODY, agent_args, register, run
 
 READY_TIMEOUT_S = 10.0
 
@@ -65,29 +65,12 @@ def cli() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nats", required=True, metavar="URL", help="nats://HOST:PORT")
     parser.add_argument("--subject", required=True, help="the subject to serve")
-    parser.add_argument("--id", default="agent://bench-nats-agent")
-    parser.add_argument(
-        "--intent",
-        action="append",
-        default=None,
-        help="intent to declare (repeatable; default bench.echo)",
+    agent_args(
+        parser,
+        "agent://bench-nats-agent",
+        "gateway to register nats:SUBJECT with, over HTTP (repeatable)",
     )
-    parser.add_argument(
-        "--register",
-        action="append",
-        default=[],
-        metavar="GATEWAY_URL",
-        help="gateway to register nats:SUBJECT with, over HTTP (repeatable)",
-    )
-    args = parser.parse_args()
-    args.intent = args.intent or ["bench.echo"]
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main(args))
-        return
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(main(args))
+    run(main, parser.parse_args())
 
 
 if __name__ == "__main__":

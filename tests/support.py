@@ -359,3 +359,32 @@ def drop_prefix(prefix: str, url: str = REDIS_URL) -> None:
             client.delete(*keys)
     finally:
         client.close()
+
+
+@dataclass
+class Run:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> Run:
+    """``agent-reach ARGS`` to completion, with no AGENT_REACH_* variable but ``env``'s."""
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("AGENT_REACH_") or k.startswith("AGENT_REACH_TEST_")
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "agent_reach", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+        env={**base, "COLUMNS": "300", **(env or {})},
+        check=False,
+    )
+    return Run(result.returncode, result.stdout, result.stderr)

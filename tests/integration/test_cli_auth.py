@@ -3,21 +3,15 @@
 
 from __future__ import annotations
 
-import json
-import os
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from agent_reach.auth import Claims, KeyRing, Kind, TokenService
-from tests.support import ROOT, Proc, gateway
+from tests.support import Proc, cli, gateway
 
 SENDER = "agent://cli-auth-sender"
 POLICY = f"""\
@@ -46,35 +40,6 @@ version = 1
 [[reach]
 senders = ["agent://*"]
 """
-
-
-@dataclass
-class Run:
-    code: int
-    out: str
-    err: str
-
-    def json(self) -> Any:
-        return json.loads(self.out)
-
-
-def cli(*args: str, env: dict[str, str] | None = None) -> Run:
-    """``agent-reach ARGS`` to completion, with no AGENT_REACH_* variable but ``env``'s."""
-    base = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("AGENT_REACH_") or k.startswith("AGENT_REACH_TEST_")
-    }
-    result = subprocess.run(
-        [sys.executable, "-m", "agent_reach", *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        cwd=ROOT,
-        env={**base, "COLUMNS": "300", **(env or {})},
-        check=False,
-    )
-    return Run(result.returncode, result.stdout, result.stderr)
 
 
 def verify(keys: Path, token: str, kind: Kind) -> Claims:

@@ -33,7 +33,16 @@ from agent_reach.errors import (
 )
 from agent_reach.sdk._natsgateway import NatsGatewayPool
 from agent_reach.sdk.client import ReachClient, SyncReachClient
-from tests.support import BEHAVE, ROOT, Proc, gateway, http, start_agent, start_sdk_agent
+from tests.support import (
+    BEHAVE,
+    ROOT,
+    Proc,
+    cli,
+    gateway,
+    http,
+    start_agent,
+    start_sdk_agent,
+)
 
 NATS_URL = os.environ.get("AGENT_REACH_TEST_NATS", "nats://127.0.0.1:4222")
 NOWHERE = "http://127.0.0.1:9/reach"  # the discard port: never delivered to here
@@ -362,32 +371,6 @@ async def test_token_mode_an_agent_with_nothing_but_nats_verifies_its_deliveries
 
 
 # --- the CLI -----------------------------------------------------------------------------------
-
-
-@dataclass
-class Run:
-    code: int
-    out: str
-    err: str
-
-
-def cli(*args: str, env: dict[str, str] | None = None) -> Run:
-    """``agent-reach ARGS`` to completion, with no AGENT_REACH_* variable but ``env``'s."""
-    base = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("AGENT_REACH_") or k.startswith("AGENT_REACH_TEST_")
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "agent_reach", *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        cwd=ROOT,
-        env={**base, "COLUMNS": "300", **(env or {})},
-        check=False,
-    )
-    return Run(done.returncode, done.stdout, done.stderr)
 
 
 def test_the_cli_sends_registers_beats_and_deregisters_over_nats(stack: Stack) -> None:

@@ -18,15 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.fuzz_support import check_error_shape, json_values
 from tests.support import Proc, gateway, http
-
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
-    ),
-    max_leaves=12,
-)
 
 VALID = {
     "/v1/register": {
@@ -95,22 +88,6 @@ def snapshot(gw: Proc) -> list[tuple[Any, ...]]:
 
 
 # the only 5xx answers the contract allows: a routing outcome, never a gateway fault
-ROUTING_5XX = {
-    502: {"agent_error", "all_attempts_failed"},
-    503: {"no_available_agent"},
-    504: {"deadline_exceeded"},
-}
-
-
-def check_error_shape(status: int, body: Any) -> None:
-    if status >= 500:
-        assert body["error"] in ROUTING_5XX.get(status, ()), body
-    if status >= 400:
-        assert isinstance(body, dict), body
-        assert body["ok"] is False
-        assert isinstance(body["error"], str) and isinstance(body["detail"], str)
-
-
 def contain(gw: Proc, path: str, raw: bytes, status: int) -> None:
     """Undo a registration fuzzing made to anything but loopback (nothing may leave the host)."""
     if path != "/v1/register" or status != 200:

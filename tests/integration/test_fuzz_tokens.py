@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 
 from agent_reach.auth.keys import KeyRing, generate_key
 from agent_reach.auth.tokens import Kind, TokenService
-from tests.integration.test_fuzz import ROUTING_5XX, check_error_shape, json_values
+from tests.fuzz_support import ROUTING_5XX, check_error_shape, json_values
 from tests.support import Proc, gateway, http, http_full
 
 POLICY = """\

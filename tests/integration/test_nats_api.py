@@ -34,6 +34,7 @@ from nats import errors as nats_errors
 
 from agent_reach.auth.keys import KeyRing, generate_key
 from agent_reach.auth.tokens import Kind, TokenService
+from tests.fuzz_support import ROUTING_5XX, json_values
 from tests.nats_support import (
     NATS_URL,
     Answer,
@@ -417,13 +418,6 @@ def test_two_gateways_serve_the_api_as_one_queue_group(bus: Bus) -> None:
 # --- fuzz: bodies and headers to every subject -------------------------------------------------
 
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
-    ),
-    max_leaves=12,
-)
 VALID: dict[str, dict[str, Any]] = {
     "register": {
         "endpoint_id": "agent://fuzz-01",
@@ -461,13 +455,6 @@ HEADER_NAMES = st.sampled_from(
 HEADER_VALUES = st.text(max_size=60) | st.sampled_from(
     ["Bearer ", "Bearer x.y.z", "503", "404", "gzip", "00-" + "0" * 32 + "-" + "0" * 16 + "-01"]
 )
-# the only 5xx answers the contract allows from a gateway on the in-memory registry: routing
-# outcomes (the population's endpoints point at the discard port), never a fault of its own
-ROUTING_5XX = {
-    502: {"agent_error", "all_attempts_failed"},
-    503: {"no_available_agent"},
-    504: {"deadline_exceeded"},
-}
 
 
 @st.composite
