@@ -14,9 +14,10 @@ $(BIN)/python:
 $(VENV)/.installed-base: pyproject.toml | $(BIN)/python
 	$(PIP) install -e .
 	@touch $@
-# the demo puts one agent on NATS when a nats-server answers: the gateway's --nats needs nats-py
+# the demo puts one agent on NATS when a nats-server answers (the gateway's --nats needs
+# nats-py), and serves MCP at /mcp (the mcp SDK)
 $(VENV)/.installed-run: pyproject.toml | $(BIN)/python
-	$(PIP) install -e '.[nats,semantic]'
+	$(PIP) install -e '.[nats,semantic,mcp]'
 	@touch $@
 # the evaluation of the fallback matchers: the model, and matplotlib for the picture
 $(VENV)/.installed-eval: pyproject.toml | $(BIN)/python

@@ -31,6 +31,9 @@ from urllib import error, request
 
 import pytest
 
+from agent_reach.auth.keys import KeyRing, generate_key
+from agent_reach.auth.tokens import Kind, TokenService
+
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_URL = os.environ.get("AGENT_REACH_TEST_REDIS", "redis://127.0.0.1:6379/0")
 BEHAVE = ROOT / "tests" / "agents" / "behave.py"
@@ -388,3 +391,40 @@ def cli(*args: str, env: dict[str, str] | None = None) -> Run:
         check=False,
     )
     return Run(result.returncode, result.stdout, result.stderr)
+
+
+# --- token mode ------------------------------------------------------------------------------
+
+
+def service_of(keys: Path, **options: Any) -> TokenService:
+    """A token service over the key directory ``keys`` (signs as the gateway would)."""
+    ring = KeyRing(keys)
+    ring.load()
+    return TokenService(ring, **options)
+
+
+@dataclass
+class Secured:
+    """What a token-mode gateway is started with: a key directory, a policy file, an operator
+    token, and the serve flags that name them."""
+
+    keys: Path
+    policy: Path
+    operator: str
+    flags: list[str]
+
+    def token(self, kind: Kind, subject: str, **claims: Any) -> str:
+        """A token signed offline with the gateway's key directory (as the CLI does)."""
+        return service_of(self.keys).issue(kind, subject, 600, **claims)[0]
+
+
+def secured_setup(root: Path, policy: str) -> Secured:
+    """A new key directory and ``policy`` under ``root``, and an operator token."""
+    keys = root / "keys"
+    generate_key(keys)
+    path = root / "policy.toml"
+    path.write_text(policy)
+    operator, _ = service_of(keys).issue(Kind.OPERATOR, "operator:test", 600)
+    return Secured(
+        keys, path, operator, ["--auth", "tokens", "--keys", str(keys), "--policy", str(path)]
+    )

@@ -288,6 +288,9 @@ class GatewaySettings:
     # NATS (docs/nats.md): servers, comma-separated nats://HOST:PORT (None: no NATS)
     nats: str | None = None
     nats_prefix: str = "agent-reach"  # subjects of the gateway's own API over NATS
+    # MCP at /mcp (docs/mcp.md): sessions open at once (0: no /mcp), seconds one may sit idle
+    mcp_max_sessions: int = 100
+    mcp_session_idle: float = 600.0
     # bounds on what callers can make the gateway hold (docs/operations.md)
     max_endpoints: int = 100_000  # records the registry holds at most (down ones count too)
     register_rate_limit: float = 50.0  # registrations a second per address/subject (0: none)
@@ -350,6 +353,10 @@ class GatewaySettings:
             )
         if self.max_body_bytes < 1024:
             raise ConfigError("max-body-bytes must be at least 1024")
+        if self.mcp_max_sessions < 0:
+            raise ConfigError("mcp-max-sessions must be 0 (no /mcp) or more")
+        if not 0 < self.mcp_session_idle < float("inf"):
+            raise ConfigError("mcp-session-idle must be a positive number of seconds")
         self._check_access()
 
     def _check_access(self) -> None:

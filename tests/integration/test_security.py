@@ -19,7 +19,8 @@ import pytest
 
 from agent_reach.auth.keys import KeyRing, generate_key
 from agent_reach.auth.tokens import Kind, TokenService
-from tests.support import Proc, gateway, http, http_full, start_agent, wait_until
+from tests.support import Proc, gateway, http, http_full, secured_setup, start_agent, wait_until
+from tests.support import service_of as _service
 
 POLICY = """\
 # who may reach what
@@ -83,41 +84,9 @@ class Net:
         )
 
 
-def _service(keys: Path, **options: Any) -> TokenService:
-    ring = KeyRing(keys)
-    ring.load()
-    return TokenService(ring, **options)
-
-
-@dataclass
-class Secured:
-    """What a token-mode gateway is started with: a key directory, a policy file, an operator
-    token, and the serve flags that name them."""
-
-    keys: Path
-    policy: Path
-    operator: str
-    flags: list[str]
-
-    def token(self, kind: Kind, subject: str, **claims: Any) -> str:
-        """A token signed offline with the gateway's key directory (as the CLI does)."""
-        return _service(self.keys).issue(kind, subject, 600, **claims)[0]
-
-
-def _secured(root: Path, policy: str = POLICY) -> Secured:
-    keys = root / "keys"
-    generate_key(keys)
-    path = root / "policy.toml"
-    path.write_text(policy)
-    operator, _ = _service(keys).issue(Kind.OPERATOR, "operator:test", 600)
-    return Secured(
-        keys, path, operator, ["--auth", "tokens", "--keys", str(keys), "--policy", str(path)]
-    )
-
-
 @pytest.fixture(scope="module")
 def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Net]:
-    s = _secured(tmp_path_factory.mktemp("secured"))
+    s = secured_setup(tmp_path_factory.mktemp("secured"), POLICY)
     flags = [*s.flags, "--rate-limit", "50", "--rate-burst", "50", "--reload-interval", "0.2"]
     with gateway(*flags) as proc:
         net = Net(proc.url, proc, s.keys, s.policy, s.operator, {})
@@ -444,7 +413,7 @@ def test_policy_reload_refuses_a_bad_file_and_keeps_the_old_one(net: Net) -> Non
 
 
 def test_key_rotation_without_downtime(tmp_path: Path) -> None:
-    s = _secured(tmp_path)
+    s = secured_setup(tmp_path, POLICY)
     keys, old_operator = s.keys, s.operator
     (old_path,) = keys.glob("*.pem")
     with gateway(*s.flags) as proc:
@@ -648,7 +617,7 @@ async def test_agents_refuse_unsigned_replayed_and_misaddressed_deliveries(
 
 
 def test_endpoint_tokens_are_renewed_by_heartbeats(tmp_path: Path) -> None:
-    s = _secured(tmp_path)
+    s = secured_setup(tmp_path, POLICY)
     operator = s.operator
     with gateway(*s.flags, "--endpoint-token-ttl", "2", "--heartbeat-interval", "0.2") as proc:
         enroll = http(
@@ -689,7 +658,7 @@ def test_ids_stay_bound_across_gateways_sharing_redis(tmp_path: Path) -> None:
     from one works at the other, and the other refuses to hand the live id to anyone else."""
     from tests.support import REDIS_URL, drop_prefix
 
-    s = _secured(tmp_path)
+    s = secured_setup(tmp_path, POLICY)
     operator = s.operator
     prefix = f"test-{time.monotonic_ns()}"
     flags = [*s.flags, "--registry", REDIS_URL, "--registry-prefix", prefix]
@@ -792,7 +761,7 @@ def test_denials_are_counted_in_the_metrics(net: Net) -> None:
 def test_fallback_matches_stay_within_the_policy(tmp_path: Path) -> None:
     """A fallback (non-exact) match may only land on intents the sender may reach itself:
     alpha.beta.gamma is allowed, but the only near tag, alpha.beta, is not."""
-    s = _secured(
+    s = secured_setup(
         tmp_path,
         '[[reach]]\nsenders = ["agent://caller-*"]\n'
         'intents = ["weather.*", "alpha.beta.*", "gamma.delta.*"]\n'
@@ -839,7 +808,7 @@ def test_fallback_matches_stay_within_the_policy(tmp_path: Path) -> None:
 
 
 def test_a_policy_change_evicts_ids_it_no_longer_allows(tmp_path: Path) -> None:
-    s = _secured(tmp_path)
+    s = secured_setup(tmp_path, POLICY)
     policy, operator = s.policy, s.operator
     enroll = s.token(Kind.ENROLL, "enroll", endpoints=["agent://*"], intents=["*"])
     with gateway(*s.flags) as proc:
@@ -889,7 +858,7 @@ def test_agents_reach_each_other_as_themselves_and_only_where_allowed(tmp_path: 
 
     from tests.support import _start
 
-    s = _secured(
+    s = secured_setup(
         tmp_path,
         '[[reach]]\nsenders = ["agent://caller-*"]\nintents = ["schedule.plan"]\n'
         '[[reach]]\nsenders = ["agent://scheduler-*"]\nintents = ["weather.query"]\n'
@@ -941,7 +910,7 @@ def test_a_client_registering_an_agent_keeps_its_endpoint_token_renewed(tmp_path
     so its heartbeats still work after the first endpoint token (2 s) has expired."""
     from agent_reach import SyncReachClient
 
-    s = _secured(tmp_path)
+    s = secured_setup(tmp_path, POLICY)
     enroll = s.token(Kind.ENROLL, "raw", endpoints=["agent://weather-*"], intents=["weather.*"])
     flags = [*s.flags, "--endpoint-token-ttl", "2", "--heartbeat-interval", "0.2"]
     with gateway(*flags) as proc, SyncReachClient(proc.url, token=enroll) as client:
@@ -967,7 +936,7 @@ def test_bad_credentials_from_an_address_do_not_lock_out_its_verified_tokens(
 ) -> None:
     """Behind a proxy every caller shares an address: a flood of forged tokens from it is held
     back (429 before any signature check), while tokens already verified keep working."""
-    s = _secured(tmp_path)
+    s = secured_setup(tmp_path, POLICY)
     caller = s.token(Kind.CLIENT, "agent://caller-1")
     with gateway(*s.flags, "--rate-limit", "1", "--rate-burst", "2") as proc:
         agents = f"{proc.url}/v1/agents"
@@ -993,7 +962,7 @@ def test_a_heartbeat_under_a_policy_that_no_longer_allows_the_claim_evicts(
     still on the old file) is evicted at its next heartbeat under the new one."""
     from tests.support import REDIS_URL, drop_prefix
 
-    old = _secured(tmp_path / "old")
+    old = secured_setup(tmp_path / "old", POLICY)
     new_policy = tmp_path / "new.toml"
     new_policy.write_text(POLICY.replace('"agent://note-*"]', '"agent://notes-*"]'))
     prefix = f"test-{time.monotonic_ns()}"

@@ -29,6 +29,7 @@ from agent_reach.cli.client import COMMANDS as CLIENT_COMMANDS
 from agent_reach.cli.common import ExitCode, Group, env_name, option, stdout
 from agent_reach.cli.endpoints import COMMANDS as ENDPOINT_COMMANDS
 from agent_reach.cli.intents import intents
+from agent_reach.cli.mcp import mcp
 from agent_reach.errors import AgentReachError
 from agent_reach.observability import logs
 from agent_reach.settings import GatewaySettings, redacted
@@ -233,6 +234,20 @@ def main() -> None:
     metavar="SUBJECT",
 )
 @option(
+    "mcp-max-sessions",
+    click.IntRange(min=0),
+    100,
+    "MCP sessions open at once on /mcp (503 past it); 0: no /mcp (docs/mcp.md)",
+    metavar="N",
+)
+@option(
+    "mcp-session-idle",
+    click.FloatRange(min=0, min_open=True),
+    600.0,
+    "seconds an MCP session may sit without a request before it is closed",
+    metavar="SECONDS",
+)
+@option(
     "max-endpoints",
     click.IntRange(min=1),
     100_000,
@@ -305,6 +320,12 @@ async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None
 
     node = Node(settings)  # a ConfigError here, or from start(), is mapped by the Group
     http = HttpEdge(node)
+    mcp = None
+    if settings.mcp_max_sessions:  # MCP at /mcp, beside the HTTP API (built at its first use)
+        from agent_reach.edges.mcp.edge import McpEdge
+
+        mcp = McpEdge(node)
+        http.mount("/mcp", mcp.handle)
     bus = None
     try:
         await node.start()  # keys, policy, registry (BackendUnavailable), transports
@@ -341,6 +362,8 @@ async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None
         await runner.cleanup()
         if bus is not None:
             await bus.close()
+        if mcp is not None:
+            await mcp.close()
         await node.close()
         raise click.ClickException(
             f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}"
@@ -370,7 +393,12 @@ async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None
     finally:
         logs.log(logging.INFO, "gateway.stopping")
         # both edges stop taking requests, and give those in hand SHUTDOWN_S, side by side
-        await asyncio.gather(runner.cleanup(), bus.close(SHUTDOWN_S) if bus else asyncio.sleep(0))
+        # (MCP: its tool calls in hand too, then its sessions end, open event streams with them)
+        await asyncio.gather(
+            runner.cleanup(),
+            bus.close(SHUTDOWN_S) if bus else asyncio.sleep(0),
+            mcp.close(SHUTDOWN_S) if mcp else asyncio.sleep(0),
+        )
         await node.close()
         logs.log(logging.INFO, "gateway.stopped")
 
@@ -431,5 +459,5 @@ def demo(host: str, port: int, keep_running: bool, log_dir: Path | None) -> None
     )
 
 
-for command in (*CLIENT_COMMANDS, *ENDPOINT_COMMANDS, auth, intents):
+for command in (*CLIENT_COMMANDS, *ENDPOINT_COMMANDS, auth, intents, mcp):
     main.add_command(command)

@@ -179,6 +179,7 @@ def _serve_until_stopped(stack: Stack, out: Console, urls: dict[str, str]) -> No
   gateway     {url}
   dashboard   {url}/
   metrics     {url}/metrics
+  mcp         {url}/mcp  (for an LLM host: streamable HTTP; docs/mcp.md)
 {nats}{intents}  logs        {stack.log_dir}/  (JSON lines, one file per process)
 """
         + "".join(_agent_line(stack, eid, mod, urls) for eid, mod in stack.agents.items())
@@ -191,6 +192,10 @@ Try:
   agent-reach intents --gateway {url}
   agent-reach doctor --gateway {url}
 
+Point an MCP host at it (docs/mcp.md), by URL or as a command over stdio:
+  claude mcp add --transport http agent-reach {url}/mcp
+  claude mcp add agent-reach -- {escape(_agent_reach_command())} mcp --gateway {url}
+
 Ctrl-C stops everything.""",
         highlight=False,
     )
@@ -199,6 +204,15 @@ Ctrl-C stops everything.""",
         if gone is not None:
             out.print(f"[red]{gone} exited[/] (see {stack.log_dir}/{gone}.log); stopping the rest")
             break
+
+
+def _agent_reach_command() -> str:
+    """The ``agent-reach`` command of this install (an MCP host starts it by its path)."""
+    import shutil
+    import sys
+
+    beside = Path(sys.executable).with_name("agent-reach")
+    return str(beside) if beside.exists() else shutil.which("agent-reach") or "agent-reach"
 
 
 def _agent_line(stack: Stack, endpoint_id: str, module: str, urls: dict[str, str]) -> str:

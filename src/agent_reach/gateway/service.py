@@ -106,6 +106,14 @@ class Service:
         """Open mode: refuse what a web page could send (foreign Origin, rebinding Host)."""
         self.access.check_browser(caller.host, caller.origin, remote=caller.remote)
 
+    def reader(self, caller: Caller, action: str) -> str | None:
+        """Admit a caller to an edge that reads and sends on its behalf (``/mcp``): its token's
+        kind and subject (``kind:subject``) in token mode, None in open mode (after the browser
+        guard). Unauthorized, Forbidden otherwise; each call it makes is judged again."""
+        principal = self.access.authenticate(caller, READERS, action)
+        claims = principal.claims
+        return None if claims is None else f"{claims.kind}:{claims.subject}"
+
     # --- registration and the heartbeat line -----------------------------------------------
 
     async def register(self, caller: Caller, body: RegisterBody | bytes) -> dict[str, Any]:
@@ -240,6 +248,15 @@ class Service:
         if record is None:  # a malformed name cannot be registered either
             raise EndpointNotRegistered(f"{endpoint_id!r} is not registered")
         return self.router.describe(record, self.router.now())
+
+    def reachable_now(self) -> frozenset[str]:
+        """The tags some agent can take a request for now (healthy or degraded): what an edge
+        that lists them (the MCP tools' descriptions) watches for changes. No caller: the set
+        goes to nobody, only its changes are announced."""
+        listing = explain.intents_listing(
+            self.router, self.node.dictionary, self.settings.effective_intent_mode
+        )
+        return frozenset(item.tag for item in listing.intents if item.routable)
 
     # --- reaching ----------------------------------------------------------------------------
 

@@ -134,6 +134,19 @@ class HttpEdge:
         self._prefixes = tuple({path for _, path in self._routes if path not in self._exact})
         self._openapi: bytes | None = None
 
+    def mount(
+        self, path: str, handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+    ) -> None:
+        """Serve GET, POST and DELETE on ``path`` with another edge's ``handler`` (``/mcp``),
+        inside this edge's dispatch: its errors get the same table."""
+
+        async def mounted(request: web.BaseRequest, _: str) -> web.StreamResponse:
+            return await handler(request)
+
+        for method in ("GET", "POST", "DELETE"):
+            self._routes[(method, path)] = mounted
+        self._exact.add(path)
+
     # --- dispatch and the one error table --------------------------------------------------
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:

@@ -1,0 +1,122 @@
+"""One aiohttp request served by an ASGI application (the ``mcp`` SDK's streamable HTTP).
+
+Written here rather than taken from ``aiohttp-asgi``: that package brings a forking server and
+its CLI (``forklib``) for what is, for one mounted path, about a hundred lines. What it does:
+
+- the scope: HTTP/1.1 method, path, query, headers (as received), client and server
+  addresses, and ``extra`` keys (the edge's ``agent_reach.caller``, the SDK's ``user``);
+- ``receive``: the body as it arrives (bounded by the caller: the edge checks the length
+  first, the SDK counts again), then ``http.disconnect`` once the client has gone or the answer
+  is complete; the disconnect is noticed within :data:`DISCONNECT_POLL_S` (aiohttp's low-level
+  server does not cancel a handler when its client leaves), so that an abandoned event stream
+  ends and its session can expire;
+- ``send``: the status and headers, then the body, streamed chunk by chunk (server-sent
+  events) through one ``StreamResponse``; a client gone while it is written ends the answer
+  quietly (nothing is logged: a client that closes after its last event is the usual case).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from aiohttp import web
+
+from agent_reach.errors import InternalError
+
+__all__ = ["DISCONNECT_POLL_S", "serve_asgi"]
+
+DISCONNECT_POLL_S = 1.0
+Message = dict[str, Any]
+AsgiApp = Callable[
+    [dict[str, Any], Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]],
+    Awaitable[None],
+]
+
+
+def _scope(request: web.BaseRequest, extra: Mapping[str, Any]) -> dict[str, Any]:
+    transport = request.transport
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    sock = transport.get_extra_info("sockname") if transport is not None else None
+    raw_path, _, _ = request.raw_path.partition("?")
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": f"{request.version.major}.{request.version.minor}",
+        "method": request.method,
+        "scheme": request.scheme,
+        "path": request.path,
+        "raw_path": raw_path.encode("latin-1", "replace"),
+        "root_path": "",
+        "query_string": request.query_string.encode("latin-1", "replace"),
+        "headers": [(name.lower(), value) for name, value in request.raw_headers],
+        "client": tuple(peer[:2]) if peer else None,
+        "server": tuple(sock[:2]) if sock else None,
+        "state": {},
+        **extra,
+    }
+
+
+async def serve_asgi(
+    app: AsgiApp, request: web.BaseRequest, extra: Mapping[str, Any]
+) -> web.StreamResponse:
+    """Serve ``request`` with ``app``; the answer it wrote (already sent when returned)."""
+    response: web.StreamResponse | None = None
+    finished = asyncio.Event()
+    body_done = False
+
+    async def receive() -> Message:
+        nonlocal body_done
+        if not body_done:
+            chunk, _ = await request.content.readchunk()
+            more = not request.content.at_eof()
+            if not more:
+                body_done = True
+            return {"type": "http.request", "body": chunk, "more_body": more}
+        while not finished.is_set():
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                break
+            try:
+                await asyncio.wait_for(finished.wait(), DISCONNECT_POLL_S)
+            except TimeoutError:
+                continue
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        nonlocal response
+        kind = message["type"]
+        if kind == "http.response.start":
+            response = web.StreamResponse(status=message["status"])
+            for name, value in message.get("headers", ()):
+                response.headers.add(name.decode("latin-1"), value.decode("latin-1"))
+            return
+        if kind != "http.response.body" or response is None:
+            return
+        if finished.is_set():
+            return  # the client has gone: nothing more reaches it
+        try:
+            if not response.prepared:
+                await response.prepare(request)
+            body = message.get("body", b"")
+            if body:
+                await response.write(body)
+            if not message.get("more_body", False):
+                await response.write_eof()
+                finished.set()
+        except ConnectionResetError:
+            # gone as the answer ended (a client closes once it has its event): as uvicorn
+            # does, the application is not told; receive() says http.disconnect from now on
+            finished.set()
+
+    try:
+        await app(_scope(request, extra), receive, send)
+    finally:
+        finished.set()
+    if response is None:
+        raise InternalError("the MCP server gave no answer")
+    if not response.prepared:  # a start without a body
+        await response.prepare(request)
+        await response.write_eof()
+    return response

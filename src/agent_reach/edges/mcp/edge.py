@@ -1,0 +1,206 @@
+"""The gateway's MCP server at ``/mcp`` (streamable HTTP), mounted on the HTTP edge.
+
+It receives a :class:`~agent_reach.gateway.node.Node` and nothing else; the tools call the
+node's service (:class:`ServiceBackend`), as every other edge does. The ``mcp`` SDK does the
+protocol: :class:`~agent_reach.edges.mcp.tools.ReachMcp` (its ``MCPServer``) and its
+streamable HTTP session manager, reached through :func:`~agent_reach.edges.mcp.asgi.serve_asgi`.
+
+Built at the first request to ``/mcp``, not at start: importing the SDK costs about half a
+second of CPU, which a gateway that never serves MCP should not pay. Then:
+
+- Every request is authenticated before the SDK sees it (the gateway's own rules: the bearer
+  token in token mode, the browser guard in open mode), so the SDK's DNS-rebinding check is
+  off; in token mode a session is bound to its token's subject (the SDK refuses it to another).
+- Sessions (the 2025 protocol's ``Mcp-Session-Id``) are bounded: ``--mcp-max-sessions`` at
+  once (503 past it) and closed after ``--mcp-session-idle`` seconds without a request. With
+  ``--workers`` above 1 the server is stateless (no sessions: a session lives in one process,
+  and the next request may reach another). The 2026 protocol has no sessions at all.
+- Every :data:`WATCH_INTERVAL_S` the intents reachable now are compared with the last ones; a
+  change is published as ``tools/list_changed`` (to clients listening on
+  ``subscriptions/listen``), since the tools' descriptions name them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from aiohttp import web
+
+from agent_reach.errors import AgentReachError, ConfigError
+from agent_reach.gateway.node import Node
+from agent_reach.gateway.service import Caller
+from agent_reach.observability.logs import log
+from agent_reach.wire.bodies import RouteQuery, SendBody, encode
+
+if TYPE_CHECKING:
+    from agent_reach.edges.mcp.tools import ReachMcp
+
+__all__ = ["WATCH_INTERVAL_S", "McpEdge", "ServiceBackend"]
+
+WATCH_INTERVAL_S = 2.0
+
+
+def _plain(answer: Any) -> dict[str, Any]:
+    """A wire struct as the JSON-ready dict its HTTP answer would be."""
+    plain: dict[str, Any] = msgspec.json.decode(encode(answer))
+    return plain
+
+
+class ServiceBackend:
+    """The tools' backend inside a gateway: the node's service, as the caller of the HTTP
+    request carrying the MCP message."""
+
+    def __init__(self, node: Node) -> None:
+        self.service = node.service
+        self._monotonic = node.clock.monotonic
+
+    @staticmethod
+    def _who(caller: Caller | None) -> Caller:
+        return caller if caller is not None else Caller("mcp")
+
+    async def agents(self, caller: Caller | None) -> dict[str, Any]:
+        return self.service.agents(self._who(caller))
+
+    async def intents(self, caller: Caller | None) -> dict[str, Any]:
+        return _plain(self.service.intents(self._who(caller)))
+
+    async def explain(self, caller: Caller | None, query: RouteQuery) -> dict[str, Any]:
+        return _plain(await self.service.explain(self._who(caller), query))
+
+    async def send(self, caller: Caller | None, body: SendBody) -> dict[str, Any]:
+        # the deadline counts from the tool call
+        who = dataclasses.replace(self._who(caller), received_at=self._monotonic())
+        return _plain(await self.service.send(who, body))
+
+
+class McpEdge:
+    """``/mcp`` over one node: :meth:`handle` serves a request, :meth:`close` ends sessions."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.service = node.service
+        self.settings = node.settings
+        self.server: ReachMcp | None = None
+        self._handler: Any = None
+        self._building = asyncio.Lock()
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """One HTTP request to ``/mcp``: authenticated, then served by the SDK."""
+        from agent_reach.edges.mcp.asgi import serve_asgi
+
+        headers = request.headers
+        caller = Caller(
+            remote=request.remote or "?",
+            authorization=headers.get("Authorization"),
+            host=headers.get("Host"),
+            origin=headers.get("Origin"),
+            traceparent=headers.get("traceparent"),
+        )
+        subject = self.service.reader(caller, "use MCP")  # Unauthorized, Forbidden
+        handler = self._handler or await self._build()
+        extra: dict[str, Any] = {"agent_reach.caller": caller}
+        if subject is not None:
+            from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+            from mcp.server.auth.provider import AccessToken
+
+            # the SDK binds a session to the principal that opened it
+            extra["user"] = AuthenticatedUser(
+                AccessToken(token="", client_id=subject, scopes=[], subject=subject)
+            )
+        return await serve_asgi(handler, request, extra)
+
+    async def _build(self) -> Any:
+        async with self._building:
+            if self._handler is not None:
+                return self._handler
+            try:
+                # imported off the loop: the SDK and pydantic take ~0.5 s to import
+                tools = await asyncio.to_thread(_import_tools)
+            except ImportError as exc:
+                raise ConfigError(
+                    "/mcp needs the mcp SDK: pip install 'agent-reach-gateway[mcp]'",
+                    source="mcp",
+                ) from exc
+            server = tools.ReachMcp(ServiceBackend(self.node), version=tools.package_version())
+            settings = self.settings
+            stateless = settings.workers > 1
+            from mcp.server.transport_security import TransportSecuritySettings
+
+            server.streamable_http_app(
+                stateless_http=stateless,
+                max_request_body_size=settings.max_body_bytes,
+                session_idle_timeout=settings.mcp_session_idle,
+                max_sessions=settings.mcp_max_sessions,
+                # the gateway's own browser guard ran first (Service.reader)
+                transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+            )
+            manager = server.session_manager
+            started = asyncio.Event()
+            self._tasks.append(
+                asyncio.create_task(self._run(manager, started), name="agent-reach-mcp")
+            )
+            await started.wait()
+            self._tasks.append(
+                asyncio.create_task(self._watch(server), name="agent-reach-mcp-watch")
+            )
+            self.server = server
+            self._handler = manager.handle_request
+            log(
+                logging.INFO,
+                "mcp.started",
+                path="/mcp",
+                stateless=stateless,
+                max_sessions=settings.mcp_max_sessions,
+                session_idle_s=settings.mcp_session_idle,
+            )
+            return self._handler
+
+    async def _run(self, manager: Any, started: asyncio.Event) -> None:
+        async with manager.run():
+            started.set()
+            await self._stop.wait()
+
+    async def _watch(self, server: ReachMcp) -> None:
+        """Publish ``tools/list_changed`` when the intents reachable now change."""
+        last = self.service.reachable_now()
+        while True:
+            await self.node.clock.sleep(WATCH_INTERVAL_S)
+            try:
+                now = self.service.reachable_now()
+                if now != last:
+                    last = now
+                    await server.tools_changed()
+            except asyncio.CancelledError:
+                raise
+            except AgentReachError:  # e.g. the shared registry away: the next tick sees
+                continue
+            except Exception:  # a bug must not end the loop
+                log(logging.ERROR, "mcp.watch_error", exc_info=True)
+
+    async def close(self, grace_s: float = 0.0) -> None:
+        """Give the tool calls in hand up to ``grace_s`` to finish, then end every session
+        and the loops (idempotent)."""
+        if self.server is not None and grace_s > 0:
+            await self.server.settle(grace_s)
+        self._stop.set()
+        tasks, self._tasks = self._tasks, []
+        for task in tasks[1:]:
+            task.cancel()
+        if tasks:
+            try:
+                await asyncio.wait_for(tasks[0], 5.0)
+            except (TimeoutError, asyncio.CancelledError):
+                tasks[0].cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _import_tools() -> Any:
+    from agent_reach.edges.mcp import tools
+
+    return tools

@@ -1,0 +1,469 @@
+"""MCP for LLM hosts, tried with the real ``mcp`` SDK client (CONTRACT.md v1.1, "MCP").
+
+A real gateway process with the demo's dictionary and real agent processes; the SDK's
+``Client`` talks to ``/mcp`` over streamable HTTP, in both protocol versions it speaks (the
+2026 one it negotiates by default, and the 2025 handshake with sessions that today's hosts
+use), and to ``agent-reach mcp`` over stdio. Every tool is called, answers are compared with the
+HTTP API's, refusals are ``isError`` results carrying the v1 error body, and token mode refuses
+what the token may not do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+from agent_reach.edges.mcp.tools import reachable_lines
+from tests.support import (
+    ROOT,
+    Proc,
+    gateway,
+    http,
+    http_full,
+    secured_setup,
+    start_agent,
+    wait_until,
+)
+
+DICTIONARY = ROOT / "src" / "agent_reach" / "demo" / "intents.toml"
+MODES = ["auto", "legacy"]
+# intent_text a caller could send: binary, only emoji, mixed scripts, controls, whitespace
+STRANGE_TEXTS = [
+    "\x00\x01\x02",
+    "😀😀😀",
+    "天气 weather météo погода",
+    "\x85\x9f",
+    " \t\n",
+    "🙂" * 600,
+]  # the 2026 protocol (negotiated) and the 2025 handshake
+
+
+@pytest.fixture(scope="module")
+def net() -> Iterator[dict[str, Any]]:
+    with gateway("--intents", str(DICTIONARY), "--mcp-max-sessions", "8") as gw:
+        weather = start_agent(gw.url, "agent://weather-mcp", intents="weather.query")
+        try:
+            wait_until(lambda: _routable(gw.url, "weather.query"), 10)
+            yield {"gw": gw, "url": gw.url, "weather": weather}
+        finally:
+            weather.stop()
+
+
+def _routable(url: str, tag: str, token: str | None = None) -> bool:
+    status, answer = http("GET", f"{url}/v1/intents", token=token)
+    assert status == 200, answer
+    return any(i["tag"] == tag and i["routable"] for i in answer["intents"])
+
+
+@asynccontextmanager
+async def mcp_client(url: str, mode: str = "auto", token: str | None = None) -> AsyncIterator[Any]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    http_client = httpx2.AsyncClient(headers=headers, timeout=30)
+    transport = streamable_http_client(f"{url}/mcp", http_client=http_client)
+    try:
+        async with Client(transport, mode=mode) as client:
+            yield client
+    finally:
+        await http_client.aclose()
+
+
+def _answer(result: Any) -> dict[str, Any]:
+    """The v1 answer of a tool result: its structured content, which its text repeats."""
+    text = json.loads(result.content[0].text)
+    assert text == result.structured_content
+    return dict(result.structured_content)
+
+
+# --- the tools, over streamable HTTP ------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_four_tools_are_listed_for_a_model(net: dict[str, Any], mode: str) -> None:
+    async with mcp_client(net["url"], mode) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+    assert set(tools) == {"list_agents", "list_intents", "explain_route", "reach"}
+    reach = tools["reach"]
+    props = reach.input_schema["properties"]
+    assert set(props) == {"intent", "intent_text", "payload", "recipient_hint", "timeout_ms"}
+    assert "plain words" in props["intent_text"]["description"]
+    assert "no_capable_agent" in reach.description  # what a refusal means
+    # the intents reachable now are named, with the dictionary's words
+    assert "- weather.query: Current or coming weather" in reach.description
+    assert "note.create" not in reach.description  # no agent serves it
+    assert tools["list_agents"].annotations.read_only_hint is True
+    assert reach.annotations.read_only_hint is False
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_reach_by_intent_is_one_trace_like_any_other(net: dict[str, Any], mode: str) -> None:
+    async with mcp_client(net["url"], mode) as client:
+        result = await client.call_tool(
+            "reach", {"intent": "weather.query", "payload": {"city": "成都"}, "timeout_ms": 3000}
+        )
+    assert result.is_error is False
+    answer = _answer(result)
+    assert answer["ok"] is True
+    assert answer["endpoint_id"] == "agent://weather-mcp"
+    assert answer["result"]["payload"] == {"city": "成都"}
+    trace_id = answer["trace_id"]
+    assert answer["result"]["trace_id"] == trace_id  # the agent saw the same trace
+    status, trace = http("GET", f"{net['url']}/v1/traces/{trace_id}")
+    assert status == 200
+    kinds = [e["kind"] for e in trace["events"]]
+    assert kinds[0] == "received"
+    assert "attempt" in kinds
+
+
+@pytest.mark.parametrize(
+    "words",
+    ["check the weather in Chengdu tomorrow", "帮我查一下明天成都的天气"],
+)
+async def test_reach_by_plain_words(net: dict[str, Any], words: str) -> None:
+    async with mcp_client(net["url"]) as client:
+        result = await client.call_tool("reach", {"intent_text": words})
+    answer = _answer(result)
+    assert result.is_error is False, answer
+    assert answer["endpoint_id"] == "agent://weather-mcp"
+    assert answer["match"]["method"] == "semantic"
+    assert answer["match"]["confidence"] >= 0.8
+    assert answer["result"]["intent_text"] == words
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_refusal_is_an_error_result_with_the_v1_body(
+    net: dict[str, Any], mode: str
+) -> None:
+    async with mcp_client(net["url"], mode) as client:
+        words = await client.call_tool("reach", {"intent_text": "tell me a joke"})
+        tag = await client.call_tool("explain_route", {"intent": "unknown.action"})
+    refused = _answer(words)
+    assert words.is_error is True
+    assert refused["ok"] is False
+    assert refused["error"] == "no_capable_agent"
+    assert refused["trace_id"].startswith("trace_")
+    assert all(s["confidence"] < 0.8 for s in refused["suggestions"])
+    # the same refusal /v1/route gives
+    status, direct = http("GET", f"{net['url']}/v1/route?intent=unknown.action")
+    assert status == 404
+    assert tag.is_error is True
+    assert _answer(tag)["error"] == direct["error"] == "no_capable_agent"
+
+
+async def test_list_and_explain_answer_as_the_http_api(net: dict[str, Any]) -> None:
+    url = net["url"]
+    async with mcp_client(url) as client:
+        agents = _answer(await client.call_tool("list_agents", {}))
+        intents = _answer(await client.call_tool("list_intents", {}))
+        route = _answer(await client.call_tool("explain_route", {"intent": "weather.lookup"}))
+    _, direct_agents = http("GET", f"{url}/v1/agents")
+    assert [a["endpoint_id"] for a in agents["agents"]] == [
+        a["endpoint_id"] for a in direct_agents["agents"]
+    ]
+    _, direct_intents = http("GET", f"{url}/v1/intents")
+    assert intents == direct_intents
+    _, direct_route = http("GET", f"{url}/v1/route?intent=weather.lookup")
+    assert route["chosen"] == direct_route["chosen"] == "agent://weather-mcp"
+    assert route["match"]["method"] == "alias"
+    assert route["intent"] == "weather.query"
+
+
+async def test_bad_arguments_get_invalid_request_and_change_nothing(net: dict[str, Any]) -> None:
+    url = net["url"]
+    before = http("GET", f"{url}/v1/agents")[1]
+    cases: list[tuple[str, dict[str, Any], str | None]] = [
+        ("reach", {}, "intent"),
+        ("reach", {"intent": "Weather Query"}, "intent"),
+        ("reach", {"intent_text": "x" * 2001}, "intent_text"),
+        ("reach", {"intent_text": ""}, "intent_text"),
+        ("reach", {"intent": "weather.query", "timeout_ms": 0}, "timeout_ms"),
+        ("reach", {"intent": "weather.query", "timeout_ms": "300"}, "timeout_ms"),
+        ("reach", {"intent": "weather.query", "recipient_hint": "weather"}, "recipient_hint"),
+        ("reach", {"intent": "weather.query", "priority": "high"}, "priority"),
+        ("explain_route", {"intent": "weather.query", "payload": {}}, "payload"),
+        ("list_agents", {"all": True}, "all"),
+        ("no_such_tool", {}, None),
+    ]
+    cases += [("reach", {"intent_text": value}, "intent_text") for value in STRANGE_TEXTS]
+    async with mcp_client(url) as client:
+        for name, arguments, field in cases:
+            result = await client.call_tool(name, arguments)
+            answer = _answer(result)
+            assert result.is_error is True, (name, arguments, answer)
+            # a strange text that is still text may be matched and refused: never delivered
+            assert answer["error"] in ("invalid_request", "no_capable_agent"), answer
+            if answer["error"] == "invalid_request" and field is not None:
+                assert answer.get("field") == field, (arguments, answer)
+    assert http("GET", f"{url}/v1/agents")[1]["agents"] == before["agents"]
+    assert http("GET", f"{url}/healthz")[0] == 200
+    delivered = [
+        line for line in net["weather"].log_lines() if line.get("event") == "agent.request"
+    ]
+    assert all(line.get("intent") == "weather.query" for line in delivered)
+
+
+async def test_open_mode_refuses_what_a_web_page_could_send(net: dict[str, Any]) -> None:
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+    status, answer, _ = http_full(
+        "POST", f"{net['url']}/mcp", init, headers={"Origin": "http://evil.example"}
+    )
+    assert status == 403
+    assert answer["ok"] is False
+    assert answer["error"] == "forbidden"
+
+
+# --- the tools' descriptions follow the agents ---------------------------------------------
+
+
+async def test_a_new_intent_is_announced_and_listed(net: dict[str, Any]) -> None:
+    url = net["url"]
+    async with mcp_client(url) as client, client.listen(tools_list_changed=True) as changes:
+        note = start_agent(url, "agent://note-mcp", intents="note.create")
+        try:
+            event = await asyncio.wait_for(changes.__anext__(), 15)
+            assert type(event).__name__ == "ToolsListChanged"
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+            assert "- note.create: Write down a note" in tools["reach"].description
+        finally:
+            note.stop()
+
+
+# --- sessions are bounded ------------------------------------------------------------------
+
+
+def _initialize(url: str, session: str | None = None) -> tuple[int, dict[str, str]]:
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "test", "version": "1"},
+        },
+    }
+    headers = {"Accept": "application/json, text/event-stream"}
+    if session:
+        headers["Mcp-Session-Id"] = session
+    status, _, answer_headers = http_full("POST", f"{url}/mcp", body, headers=headers)
+    return status, answer_headers
+
+
+def test_sessions_are_bounded_in_count_and_idle_time() -> None:
+    with gateway("--matcher", "none", "--mcp-max-sessions", "2", "--mcp-session-idle", "1") as gw:
+        opened = []
+        for _ in range(2):
+            status, headers = _initialize(gw.url)
+            assert status == 200
+            opened.append(headers["mcp-session-id"])
+        status, _ = _initialize(gw.url)
+        assert status == 503  # a third waits until one ends
+        # idle sessions are closed: room again, and the old id is gone
+        wait_until(lambda: _initialize(gw.url)[0] == 200, 15)
+        ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+        status, _, _ = http_full(
+            "POST",
+            f"{gw.url}/mcp",
+            ping,
+            headers={
+                "Accept": "application/json, text/event-stream",
+                "Mcp-Session-Id": opened[0],
+                "Mcp-Protocol-Version": "2025-06-18",
+            },
+        )
+        assert status == 404
+        assert http("GET", f"{gw.url}/healthz")[0] == 200
+
+
+def test_no_mcp_when_turned_off() -> None:
+    with gateway("--matcher", "none", "--mcp-max-sessions", "0") as gw:
+        status, answer = http("POST", f"{gw.url}/mcp", {})
+    assert status == 404
+    assert answer["error"] == "not_found"
+
+
+# --- over stdio ----------------------------------------------------------------------------
+
+
+def _stdio(url: str, token: str | None = None) -> Client:
+    args = ["-m", "agent_reach", "mcp", "--gateway", url]
+    if token:
+        args += ["--token", token]
+    return Client(StdioServerParameters(command=sys.executable, args=args, cwd=str(ROOT)))
+
+
+async def test_stdio_serves_the_same_tools(net: dict[str, Any]) -> None:
+    url = net["url"]
+    async with _stdio(url) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        ok = await client.call_tool("reach", {"intent": "weather.lookup", "payload": {"x": 1}})
+        refused = await client.call_tool("reach", {"intent": "unknown.action"})
+        bad = await client.call_tool("reach", {"intent": "weather.query", "timeout_ms": -1})
+        intents = await client.call_tool("list_intents", {})
+    assert "- weather.query: Current or coming weather" in tools["reach"].description
+    answer = _answer(ok)
+    assert ok.is_error is False
+    assert answer["endpoint_id"] == "agent://weather-mcp"
+    assert answer["match"]["method"] == "alias"
+    assert answer["result"]["payload"] == {"x": 1}
+    assert refused.is_error is True
+    assert _answer(refused)["error"] == "no_capable_agent"
+    assert _answer(bad)["field"] == "timeout_ms"
+    assert _answer(intents) == http("GET", f"{url}/v1/intents")[1]
+
+
+async def test_stdio_answers_gateway_unavailable_when_it_is_away(tmp_path: Path) -> None:
+    async with _stdio("http://127.0.0.1:9") as client:  # the discard port
+        result = await client.call_tool("list_agents", {})
+    assert result.is_error is True
+    assert _answer(result)["error"] == "gateway_unavailable"
+
+
+# --- token mode ----------------------------------------------------------------------------
+
+POLICY = """\
+[[reach]]
+senders = ["agent://caller-*"]
+intents = ["weather.*"]
+
+[[claim]]
+endpoints = ["agent://weather-*"]
+intents = ["weather.*"]
+
+[[claim]]
+endpoints = ["agent://note-*"]
+intents = ["note.*"]
+"""
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    s = secured_setup(tmp_path_factory.mktemp("mcp-secured"), POLICY)
+    with gateway(*s.flags, "--matcher", "none") as gw:
+
+        def issue(kind: str, **body: Any) -> str:
+            status, answer = http(
+                "POST", f"{gw.url}/v1/tokens", {"kind": kind, **body}, token=s.operator
+            )
+            assert status == 200, answer
+            return str(answer["token"])
+
+        agents: list[Proc] = []
+        try:
+            for endpoint_id, tag in (("weather-1", "weather.query"), ("note-1", "note.create")):
+                enroll = issue("enroll", endpoints=[f"agent://{endpoint_id}"], intents=[tag])
+                agents.append(
+                    start_agent(gw.url, f"agent://{endpoint_id}", intents=tag, token=enroll)
+                )
+            wait_until(lambda: _routable(gw.url, "note.create", s.operator), 10)
+            yield {
+                "url": gw.url,
+                "operator": s.operator,
+                "caller": issue("client", subject="agent://caller-1"),
+                "stranger": issue("client", subject="agent://stranger-1"),
+            }
+        finally:
+            for agent in agents:
+                agent.stop()
+
+
+def test_token_mode_needs_a_bearer_token_on_mcp(secured: dict[str, Any]) -> None:
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+    status, answer = http("POST", f"{secured['url']}/mcp", init)
+    assert status == 401
+    assert answer["error"] == "unauthorized"
+    status, answer = http("POST", f"{secured['url']}/mcp", init, token="not-a-token")
+    assert status == 401
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_token_mode_reach_sends_as_the_subject_within_the_policy(
+    secured: dict[str, Any], mode: str
+) -> None:
+    url = secured["url"]
+    async with mcp_client(url, mode, secured["caller"]) as client:
+        ok = await client.call_tool("reach", {"intent": "weather.query"})
+        denied = await client.call_tool("reach", {"intent": "note.create"})
+    answer = _answer(ok)
+    assert ok.is_error is False, answer
+    assert answer["result"]["sender"] == "agent://caller-1"
+    assert answer["result"]["verified"] is True
+    assert denied.is_error is True
+    assert _answer(denied)["error"] == "forbidden"
+    async with mcp_client(url, mode, secured["stranger"]) as client:
+        stranger = await client.call_tool("reach", {"intent": "weather.query"})
+    assert _answer(stranger)["error"] == "forbidden"
+    async with mcp_client(url, mode, secured["operator"]) as client:
+        listed = await client.call_tool("list_agents", {})
+        operator_reach = await client.call_tool("reach", {"intent": "weather.query"})
+    assert {a["endpoint_id"] for a in _answer(listed)["agents"]} == {
+        "agent://weather-1",
+        "agent://note-1",
+    }
+    assert _answer(operator_reach)["error"] == "forbidden"  # an operator token sends nothing
+
+
+def test_token_mode_a_session_is_bound_to_its_token(secured: dict[str, Any]) -> None:
+    url = secured["url"]
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "test", "version": "1"},
+        },
+    }
+    accept = {"Accept": "application/json, text/event-stream"}
+    status, _, headers = http_full(
+        "POST", f"{url}/mcp", body, token=secured["caller"], headers=accept
+    )
+    assert status == 200
+    session = headers["mcp-session-id"]
+    ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+    theirs = {**accept, "Mcp-Session-Id": session, "Mcp-Protocol-Version": "2025-06-18"}
+    status, _, _ = http_full("POST", f"{url}/mcp", ping, token=secured["stranger"], headers=theirs)
+    assert status == 404  # as if the session did not exist
+    status, _, _ = http_full("POST", f"{url}/mcp", ping, token=secured["caller"], headers=theirs)
+    assert status == 200
+
+
+async def test_token_mode_over_stdio(secured: dict[str, Any]) -> None:
+    async with _stdio(secured["url"], secured["caller"]) as client:
+        ok = await client.call_tool("reach", {"intent": "weather.query"})
+        denied = await client.call_tool("reach", {"intent": "note.create"})
+    assert _answer(ok)["result"]["sender"] == "agent://caller-1"
+    assert _answer(denied)["error"] == "forbidden"
+    async with _stdio(secured["url"]) as client:  # no token
+        refused = await client.call_tool("list_agents", {})
+    assert _answer(refused)["error"] == "unauthorized"
+
+
+# --- pure --------------------------------------------------------------------------------------
+
+
+def test_reachable_lines_name_live_tags_and_count_the_rest() -> None:
+    listing = {
+        "intents": [
+            {"tag": "a.b", "description": "A", "routable": 2},
+            {"tag": "c.d", "routable": 0},
+            {"tag": "old.tag", "routable": 1, "deprecated": True},
+            *({"tag": f"t.x{i}", "routable": 1} for i in range(45)),
+        ]
+    }
+    lines = reachable_lines(listing)
+    assert lines[0] == "- a.b: A (2 agents)"
+    assert lines[1] == "- t.x0 (1 agent)"
+    assert not any("c.d" in line or "old.tag" in line for line in lines)
+    assert len(lines) == 41
+    assert lines[-1] == "- ... and 6 more (call list_intents)"
