@@ -428,3 +428,19 @@ def secured_setup(root: Path, policy: str) -> Secured:
     return Secured(
         keys, path, operator, ["--auth", "tokens", "--keys", str(keys), "--policy", str(path)]
     )
+
+
+# --- MCP ---------------------------------------------------------------------------------------
+
+# what an MCP host sends first (the 2025 protocol's handshake), and the Accept it sends with it
+MCP_INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "test", "version": "1"},
+    },
+}
+MCP_ACCEPT = {"Accept": "application/json, text/event-stream"}

@@ -28,7 +28,17 @@ import pytest
 
 from agent_reach.demo.stack import nats_unavailable
 from agent_reach.demo.weather import understand
-from tests.support import ROOT, NatsServer, free_port, http, http_full, own_processes, private_nats
+from tests.support import (
+    MCP_ACCEPT,
+    MCP_INITIALIZE,
+    ROOT,
+    NatsServer,
+    free_port,
+    http,
+    http_full,
+    own_processes,
+    private_nats,
+)
 
 pytestmark = own_processes
 
@@ -282,17 +292,8 @@ def test_keep_running_serves_until_sigint(tmp_path: Path, nats: NatsServer) -> N
         # how to point an MCP host at it, and /mcp answers an MCP client's first request
         assert f"claude mcp add --transport http agent-reach {url}/mcp" in text, text
         assert f"mcp --gateway {url}" in text, text
-        initialize = {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-06-18",
-                "capabilities": {},
-                "clientInfo": {"name": "test", "version": "1"},
-            },
-        }
-        accept = {"Accept": "application/json, text/event-stream"}
+        initialize = MCP_INITIALIZE
+        accept = MCP_ACCEPT
         code, _, headers = http_full("POST", f"{url}/mcp", initialize, headers=accept)
         assert code == 200 and headers.get("mcp-session-id"), (code, headers)
         proc.send_signal(signal.SIGINT)

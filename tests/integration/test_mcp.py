@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -25,6 +26,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 from agent_reach.edges.mcp.tools import reachable_lines
 from tests.support import (
+    MCP_ACCEPT,
+    MCP_INITIALIZE,
     ROOT,
     Proc,
     gateway,
@@ -241,17 +244,8 @@ async def test_a_new_intent_is_announced_and_listed(net: dict[str, Any]) -> None
 
 
 def _initialize(url: str, session: str | None = None) -> tuple[int, dict[str, str]]:
-    body = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "test", "version": "1"},
-        },
-    }
-    headers = {"Accept": "application/json, text/event-stream"}
+    body = MCP_INITIALIZE
+    headers = dict(MCP_ACCEPT)
     if session:
         headers["Mcp-Session-Id"] = session
     status, _, answer_headers = http_full("POST", f"{url}/mcp", body, headers=headers)
@@ -275,7 +269,7 @@ def test_sessions_are_bounded_in_count_and_idle_time() -> None:
             f"{gw.url}/mcp",
             ping,
             headers={
-                "Accept": "application/json, text/event-stream",
+                **MCP_ACCEPT,
                 "Mcp-Session-Id": opened[0],
                 "Mcp-Protocol-Version": "2025-06-18",
             },
@@ -414,17 +408,8 @@ async def test_token_mode_reach_sends_as_the_subject_within_the_policy(
 
 def test_token_mode_a_session_is_bound_to_its_token(secured: dict[str, Any]) -> None:
     url = secured["url"]
-    body = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "test", "version": "1"},
-        },
-    }
-    accept = {"Accept": "application/json, text/event-stream"}
+    body = MCP_INITIALIZE
+    accept = MCP_ACCEPT
     status, _, headers = http_full(
         "POST", f"{url}/mcp", body, token=secured["caller"], headers=accept
     )
@@ -467,3 +452,23 @@ def test_reachable_lines_name_live_tags_and_count_the_rest() -> None:
     assert not any("c.d" in line or "old.tag" in line for line in lines)
     assert len(lines) == 41
     assert lines[-1] == "- ... and 6 more (call list_intents)"
+
+
+# --- what a client can do to the HTTP side ---------------------------------------------------
+
+
+def test_a_body_over_the_limit_is_refused_with_the_contract_body(net: dict[str, Any]) -> None:
+    big = b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": "' + b"x" * (2 << 20)
+    status, answer = http("POST", f"{net['url']}/mcp", raw=big + b'"}}')
+    assert status == 413
+    assert answer["error"] == "payload_too_large"
+
+
+async def test_stopping_ends_open_event_streams_at_once() -> None:
+    with gateway("--matcher", "none") as gw:
+        async with mcp_client(gw.url) as client, client.listen(tools_list_changed=True):
+            started = time.monotonic()
+            stopped = await asyncio.to_thread(gw.stop)
+            took = time.monotonic() - started
+    assert stopped == 0
+    assert took < 4.0  # not the requests' grace (SHUTDOWN_S) nor twice it

@@ -23,11 +23,14 @@ from pathlib import Path
 import pytest
 
 from tests.support import (
+    MCP_ACCEPT,
+    MCP_INITIALIZE,
     REDIS_URL,
     ROOT,
     Proc,
     drop_prefix,
     http,
+    http_full,
     start_agent,
     wait_until,
 )
@@ -207,3 +210,25 @@ def test_sighup_to_the_supervisor_reloads_the_dictionary_of_every_worker(tmp_pat
     finally:
         proc.stop(timeout=15)
         drop_prefix(prefix, REDIS_URL)
+
+
+def test_mcp_under_workers_is_stateless(supervisor: tuple[Proc, str]) -> None:
+    """A session would live in one worker, and the next request may reach the other: under
+    --workers, /mcp opens none, and every request (each on a new connection here, spread by
+    the kernel over both workers) is served on its own."""
+    proc, _ = supervisor
+    accept = MCP_ACCEPT
+    initialize = MCP_INITIALIZE
+    status, _, headers = http_full("POST", f"{proc.url}/mcp", initialize, headers=accept)
+    assert status == 200
+    assert "mcp-session-id" not in {k.lower() for k in headers}
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    for _ in range(12):
+        status, text, _ = http_full(
+            "POST",
+            f"{proc.url}/mcp",
+            listing,
+            headers={**accept, "Mcp-Protocol-Version": "2025-06-18"},
+        )
+        assert status == 200, text
+        assert '"name":"reach"' in str(text).replace(" ", ""), text

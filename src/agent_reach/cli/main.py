@@ -324,7 +324,8 @@ async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None
     if settings.mcp_max_sessions:  # MCP at /mcp, beside the HTTP API (built at its first use)
         from agent_reach.edges.mcp.edge import McpEdge
 
-        mcp = McpEdge(node)
+        # a worker of --workers shares the port: a session would live in one process only
+        mcp = McpEdge(node, stateless=reuse_port)
         http.mount("/mcp", mcp.handle)
     bus = None
     try:

@@ -6,10 +6,11 @@ its CLI (``forklib``) for what is, for one mounted path, about a hundred lines. 
 - the scope: HTTP/1.1 method, path, query, headers (as received), client and server
   addresses, and ``extra`` keys (the edge's ``agent_reach.caller``, the SDK's ``user``);
 - ``receive``: the body as it arrives (bounded by the caller: the edge checks the length
-  first, the SDK counts again), then ``http.disconnect`` once the client has gone or the answer
-  is complete; the disconnect is noticed within :data:`DISCONNECT_POLL_S` (aiohttp's low-level
-  server does not cancel a handler when its client leaves), so that an abandoned event stream
-  ends and its session can expire;
+  first, the SDK counts again), then ``http.disconnect`` once the client has gone, the answer
+  is complete or the edge stops (a client gone mid-body is a disconnect, not an error); the
+  disconnect is noticed within :data:`DISCONNECT_POLL_S` (aiohttp's low-level server does not
+  cancel a handler when its client leaves), so that an abandoned event stream ends and its
+  session can expire;
 - ``send``: the status and headers, then the body, streamed chunk by chunk (server-sent
   events) through one ``StreamResponse``; a client gone while it is written ends the answer
   quietly (nothing is logged: a client that closes after its last event is the usual case).
@@ -18,12 +19,15 @@ its CLI (``forklib``) for what is, for one mounted path, about a hundred lines. 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from agent_reach.errors import InternalError
+from agent_reach.observability.logs import log
 
 __all__ = ["DISCONNECT_POLL_S", "serve_asgi"]
 
@@ -59,25 +63,43 @@ def _scope(request: web.BaseRequest, extra: Mapping[str, Any]) -> dict[str, Any]
 
 
 async def serve_asgi(
-    app: AsgiApp, request: web.BaseRequest, extra: Mapping[str, Any]
+    app: AsgiApp,
+    request: web.BaseRequest,
+    extra: Mapping[str, Any],
+    closing: asyncio.Event | None = None,
 ) -> web.StreamResponse:
-    """Serve ``request`` with ``app``; the answer it wrote (already sent when returned)."""
+    """Serve ``request`` with ``app``; the answer it wrote (already sent when returned).
+
+    ``closing`` set (the edge stops) is a disconnect too: an open event stream then ends.
+    An error of ``app`` before its answer started goes up (the edge's error table renders
+    it); after, the connection is closed, since a second answer cannot follow a first."""
     response: web.StreamResponse | None = None
     finished = asyncio.Event()
     body_done = False
 
+    def gone() -> bool:
+        transport = request.transport
+        return (
+            finished.is_set()
+            or (closing is not None and closing.is_set())
+            or transport is None
+            or transport.is_closing()
+        )
+
     async def receive() -> Message:
         nonlocal body_done
         if not body_done:
-            chunk, _ = await request.content.readchunk()
+            try:
+                chunk, _ = await request.content.readchunk()
+            except (ConnectionError, HttpProcessingError):  # the client left mid-body
+                body_done = True
+                finished.set()
+                return {"type": "http.disconnect"}
             more = not request.content.at_eof()
             if not more:
                 body_done = True
             return {"type": "http.request", "body": chunk, "more_body": more}
-        while not finished.is_set():
-            transport = request.transport
-            if transport is None or transport.is_closing():
-                break
+        while not gone():
             try:
                 await asyncio.wait_for(finished.wait(), DISCONNECT_POLL_S)
             except TimeoutError:
@@ -88,6 +110,8 @@ async def serve_asgi(
         nonlocal response
         kind = message["type"]
         if kind == "http.response.start":
+            if response is not None:
+                raise RuntimeError("the ASGI application started its answer twice")
             response = web.StreamResponse(status=message["status"])
             for name, value in message.get("headers", ()):
                 response.headers.add(name.decode("latin-1"), value.decode("latin-1"))
@@ -112,6 +136,14 @@ async def serve_asgi(
 
     try:
         await app(_scope(request, extra), receive, send)
+    except Exception:
+        if response is None or not response.prepared:
+            raise
+        # part of an answer is out: end the connection rather than write a second one
+        log(logging.WARNING, "mcp.answer_broken", path=request.path, exc_info=True)
+        if request.transport is not None:
+            request.transport.close()
+        return response
     finally:
         finished.set()
     if response is None:

@@ -12,9 +12,15 @@ second of CPU, which a gateway that never serves MCP should not pay. Then:
   token in token mode, the browser guard in open mode), so the SDK's DNS-rebinding check is
   off; in token mode a session is bound to its token's subject (the SDK refuses it to another).
 - Sessions (the 2025 protocol's ``Mcp-Session-Id``) are bounded: ``--mcp-max-sessions`` at
-  once (503 past it) and closed after ``--mcp-session-idle`` seconds without a request. With
-  ``--workers`` above 1 the server is stateless (no sessions: a session lives in one process,
-  and the next request may reach another). The 2026 protocol has no sessions at all.
+  once (503 past it) and closed after ``--mcp-session-idle`` seconds without a request. Under
+  ``--workers`` (``stateless``: a worker shares its port) the server is stateless (no sessions:
+  a session lives in one process, and the next request may reach another). The 2026 protocol
+  has no sessions at all.
+- A request body over ``--max-body-bytes`` is 413 ``payload_too_large`` (the contract's body)
+  when its length is declared; a chunked one is counted by the SDK (413 too, its own text).
+- Stopping: the tool calls in hand get the grace other requests get, then the sessions end,
+  open event streams are told their client has gone, and new requests get 503 ``overloaded``.
+  A manager that ends by a fault is logged, and the next request builds a new one.
 - Every :data:`WATCH_INTERVAL_S` the intents reachable now are compared with the last ones; a
   change is published as ``tools/list_changed`` (to clients listening on
   ``subscriptions/listen``), since the tools' descriptions name them.
@@ -30,7 +36,13 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from aiohttp import web
 
-from agent_reach.errors import AgentReachError, ConfigError
+from agent_reach.errors import (
+    AgentReachError,
+    ConfigError,
+    InternalError,
+    Overloaded,
+    PayloadTooLarge,
+)
 from agent_reach.gateway.node import Node
 from agent_reach.gateway.service import Caller
 from agent_reach.observability.logs import log
@@ -80,20 +92,23 @@ class ServiceBackend:
 class McpEdge:
     """``/mcp`` over one node: :meth:`handle` serves a request, :meth:`close` ends sessions."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, *, stateless: bool = False) -> None:
         self.node = node
+        self.stateless = stateless  # no sessions: other processes serve the same port
         self.service = node.service
         self.settings = node.settings
         self.server: ReachMcp | None = None
         self._handler: Any = None
         self._building = asyncio.Lock()
-        self._stop = asyncio.Event()
+        self._stop = asyncio.Event()  # set by close(): the sessions end, streams disconnect
         self._tasks: list[asyncio.Task[None]] = []
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """One HTTP request to ``/mcp``: authenticated, then served by the SDK."""
         from agent_reach.edges.mcp.asgi import serve_asgi
 
+        if self._stop.is_set():
+            raise self._stopping()
         headers = request.headers
         caller = Caller(
             remote=request.remote or "?",
@@ -103,6 +118,9 @@ class McpEdge:
             traceparent=headers.get("traceparent"),
         )
         subject = self.service.reader(caller, "use MCP")  # Unauthorized, Forbidden
+        limit = self.settings.max_body_bytes
+        if (request.content_length or 0) > limit:  # (a chunked one: the SDK counts, 413)
+            raise PayloadTooLarge(f"body over the {limit} byte limit")
         handler = self._handler or await self._build()
         extra: dict[str, Any] = {"agent_reach.caller": caller}
         if subject is not None:
@@ -113,10 +131,15 @@ class McpEdge:
             extra["user"] = AuthenticatedUser(
                 AccessToken(token="", client_id=subject, scopes=[], subject=subject)
             )
-        return await serve_asgi(handler, request, extra)
+        return await serve_asgi(handler, request, extra, self._stop)
+
+    def _stopping(self) -> Overloaded:
+        return Overloaded("the gateway is stopping: MCP takes no new requests", retry_after_s=1)
 
     async def _build(self) -> Any:
         async with self._building:
+            if self._stop.is_set():
+                raise self._stopping()
             if self._handler is not None:
                 return self._handler
             try:
@@ -129,7 +152,7 @@ class McpEdge:
                 ) from exc
             server = tools.ReachMcp(ServiceBackend(self.node), version=tools.package_version())
             settings = self.settings
-            stateless = settings.workers > 1
+            stateless = self.stateless or settings.workers > 1
             from mcp.server.transport_security import TransportSecuritySettings
 
             server.streamable_http_app(
@@ -142,13 +165,17 @@ class McpEdge:
             )
             manager = server.session_manager
             started = asyncio.Event()
-            self._tasks.append(
-                asyncio.create_task(self._run(manager, started), name="agent-reach-mcp")
-            )
-            await started.wait()
-            self._tasks.append(
-                asyncio.create_task(self._watch(server), name="agent-reach-mcp-watch")
-            )
+            run = asyncio.create_task(self._run(manager, started), name="agent-reach-mcp")
+            waiting = asyncio.ensure_future(started.wait())
+            await asyncio.wait((run, waiting), return_when=asyncio.FIRST_COMPLETED)
+            if not started.is_set():  # the manager ended (or failed) before it served
+                waiting.cancel()
+                fault = run.exception() if not run.cancelled() else None
+                log(logging.ERROR, "mcp.start_failed", error=repr(fault))
+                raise InternalError("the MCP server did not start; see gateway log") from fault
+            watch = asyncio.create_task(self._watch(server), name="agent-reach-mcp-watch")
+            self._tasks += [run, watch]
+            run.add_done_callback(self._ended)
             self.server = server
             self._handler = manager.handle_request
             log(
@@ -165,6 +192,19 @@ class McpEdge:
         async with manager.run():
             started.set()
             await self._stop.wait()
+
+    def _ended(self, run: asyncio.Task[None]) -> None:
+        """The manager's task ended: by close(), or by a fault, after which the next request
+        builds a new server rather than reach a dead one."""
+        if self._stop.is_set():
+            return
+        fault = None if run.cancelled() else run.exception()
+        log(logging.ERROR, "mcp.stopped_unexpectedly", error=repr(fault))
+        self._handler = None
+        self.server = None
+        for task in self._tasks:
+            task.cancel()
+        self._tasks = []
 
     async def _watch(self, server: ReachMcp) -> None:
         """Publish ``tools/list_changed`` when the intents reachable now change."""
@@ -186,9 +226,10 @@ class McpEdge:
     async def close(self, grace_s: float = 0.0) -> None:
         """Give the tool calls in hand up to ``grace_s`` to finish, then end every session
         and the loops (idempotent)."""
-        if self.server is not None and grace_s > 0:
+        if self.server is not None and grace_s > 0 and not self._stop.is_set():
             await self.server.settle(grace_s)
-        self._stop.set()
+        self._stop.set()  # new requests: 503; open streams: a disconnect
+        self._handler = None
         tasks, self._tasks = self._tasks, []
         for task in tasks[1:]:
             task.cancel()
