@@ -17,7 +17,7 @@ $(VENV)/.installed-base: pyproject.toml | $(BIN)/python
 # the demo puts one agent on NATS when a nats-server answers (the gateway's --nats needs
 # nats-py), and serves MCP at /mcp (the mcp SDK)
 $(VENV)/.installed-run: pyproject.toml | $(BIN)/python
-	$(PIP) install -e '.[nats,semantic,mcp]'
+	$(PIP) install -e '.[nats,semantic,mcp,a2a]' 'a2a-sdk[http-server]>=1.3,<2'
 	@touch $@
 # the evaluation of the fallback matchers: the model, and matplotlib for the picture
 $(VENV)/.installed-eval: pyproject.toml | $(BIN)/python

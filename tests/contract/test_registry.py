@@ -229,3 +229,26 @@ async def test_no_cap_by_default(registry: RegistryBackend) -> None:
 async def test_an_unusable_cap_is_a_config_error(opener: Opener, bad: object) -> None:
     with pytest.raises(ConfigError, match="max_records"):
         await opener(max_records=bad)
+
+
+async def test_a_shared_map_is_seen_by_every_view_of_the_registry(opener: Opener) -> None:
+    first = await opener()
+    # on Redis a second view is another gateway; in memory the one registry is the process's
+    second = first if _memory(first) else await opener()
+    cards, other = first.shared_map("a2a-cards"), first.shared_map("other")
+    assert await cards.items() == {}
+    await cards.put("agent://a", '{"v": 1}')
+    await cards.put("agent://b", "x")
+    await cards.put("agent://a", '{"v": 2}')  # last write wins
+    seen = second.shared_map("a2a-cards")
+    assert await seen.get("agent://a") == '{"v": 2}'
+    assert await seen.items() == {"agent://a": '{"v": 2}', "agent://b": "x"}
+    assert await other.items() == {}  # maps are apart
+    await seen.delete("agent://b")
+    await seen.delete("agent://none")  # absent: no error
+    assert await cards.items() == {"agent://a": '{"v": 2}'}
+    assert await cards.get("agent://b") is None
+
+
+def _memory(registry: RegistryBackend) -> bool:
+    return type(registry).__name__ == "MemoryRegistry"

@@ -24,6 +24,7 @@ from typing import Any
 import click
 from aiohttp import web
 
+from agent_reach.cli.a2a import a2a
 from agent_reach.cli.auth import auth
 from agent_reach.cli.client import COMMANDS as CLIENT_COMMANDS
 from agent_reach.cli.common import ExitCode, Group, env_name, option, stdout
@@ -460,5 +461,5 @@ def demo(host: str, port: int, keep_running: bool, log_dir: Path | None) -> None
     )
 
 
-for command in (*CLIENT_COMMANDS, *ENDPOINT_COMMANDS, auth, intents, mcp):
+for command in (*CLIENT_COMMANDS, *ENDPOINT_COMMANDS, auth, intents, mcp, a2a):
     main.add_command(command)

@@ -32,6 +32,7 @@ from agent_reach.clock import Clock, SystemClock
 from agent_reach.core.netguard import AddressGuard
 from agent_reach.errors import ConfigError
 from agent_reach.gateway.access import Access
+from agent_reach.gateway.cards import CardKeeper
 from agent_reach.gateway.delivery import Reacher
 from agent_reach.gateway.metrics import GatewayMetrics
 from agent_reach.gateway.monitor import run_purger, run_ticker
@@ -44,6 +45,8 @@ from agent_reach.observability.logs import log
 from agent_reach.registry import RegistryBackend, open_registry
 from agent_reach.settings import GatewaySettings
 from agent_reach.transport import Transport, TransportMux, http_mux, scheme_of
+from agent_reach.transport.a2a import A2aTransport
+from agent_reach.transport.http import HttpTransport
 
 if TYPE_CHECKING:
     from agent_reach.transport.nats import NatsTransport
@@ -89,6 +92,12 @@ class Node:
         if settings.nats_servers and mux is not None:
             self.nats = _nats_transport(settings, clock)
             mux.add("nats", self.nats)
+        # A2A agents (a2a+http://...: their JSON-RPC interface): SendMessage over the HTTP pool
+        http = None if mux is None else mux.transport_for("http://agent")
+        if isinstance(http, HttpTransport) and mux is not None:
+            a2a = A2aTransport(http)
+            mux.add("a2a+http", a2a)
+            mux.add("a2a+https", a2a)
         # the fallback matcher of --matcher (None: none); the note says what it fell back to
         matcher, self.matcher_note = matcher_for(settings.matcher)
         self.router = Router(settings, self.registry, clock, rng=rng, matcher=matcher)
@@ -119,6 +128,8 @@ class Node:
         )
         # the intent dictionary in force (docs/intents.md): read at start, swapped on reload
         self.dictionary: IntentDictionary = EMPTY_DICTIONARY
+        # A2A agents registered by their card, kept alive by fetching it (gateway/cards.py)
+        self.cards = CardKeeper(self, http if isinstance(http, HttpTransport) else None)
         self.service = Service(self)
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -188,6 +199,7 @@ class Node:
         self._tasks = [
             asyncio.create_task(run_ticker(self.router, self.metrics), name="agent-reach-ticker"),
             asyncio.create_task(run_purger(self.router), name="agent-reach-purger"),
+            asyncio.create_task(self.cards.run(), name="agent-reach-cards"),
         ]
         if not self.access.open:
             self._tasks.append(

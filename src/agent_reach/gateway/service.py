@@ -46,6 +46,7 @@ from agent_reach.intents.dictionary import strict_refusal
 from agent_reach.observability.logs import TRACE_ID, log
 from agent_reach.wire.answers import IntentsAnswer, Reply
 from agent_reach.wire.bodies import (
+    CardRegisterBody,
     EndpointIdBody,
     RegisterBody,
     RouteQuery,
@@ -54,6 +55,7 @@ from agent_reach.wire.bodies import (
     TraceQuery,
     convert,
     decode,
+    decode_register,
 )
 from agent_reach.wire.ids import new_id
 
@@ -116,12 +118,18 @@ class Service:
 
     # --- registration and the heartbeat line -----------------------------------------------
 
-    async def register(self, caller: Caller, body: RegisterBody | bytes) -> dict[str, Any]:
+    async def register(
+        self, caller: Caller, body: RegisterBody | CardRegisterBody | bytes
+    ) -> dict[str, Any]:
         """Register (or replace) an endpoint; counts as a heartbeat. ``body`` may come raw:
         then it is decoded after the caller is authenticated (credentials are judged first)."""
         principal = self.access.authenticate(caller, REGISTRANTS, "register")
         if isinstance(body, bytes):
-            body = decode(body, RegisterBody)
+            body = decode_register(body)
+        card = None
+        if isinstance(body, CardRegisterBody):  # an A2A agent by its card (gateway/cards.py)
+            self.access.check_register(principal, body.endpoint_id, body.capabilities or [])
+            body, card = await self.node.cards.read(body)
         refusal = self.node.endpoint_refusal(body.endpoint_url)
         if refusal is not None:
             raise InvalidRequest(f"{refusal} - at `$.endpoint_url`", field="endpoint_url")
@@ -136,6 +144,21 @@ class Service:
             access.denied(principal.who, "register", body.endpoint_id, exc.detail)
             raise
         self.metrics.registrations.inc()
+        cards = self.node.cards
+        if card is not None:
+            await cards.keep(record.endpoint_id, card)
+            log(
+                logging.INFO,
+                "a2a.card_registered",
+                endpoint_id=record.endpoint_id,
+                card_url=card.card_url,
+                card_version=card.version,
+                unmapped=card.unmapped,
+            )
+        elif record.endpoint_url.startswith("a2a+"):
+            # an A2A agent registering itself heartbeats: its card, if kept, is not fetched
+            # (one registered otherwise is forgotten by the keeper at its next round)
+            await cards.forget(record.endpoint_id)
         if unknown:  # warn mode: registered, and said
             self.metrics.unknown_intents.labels("warn").inc()
             log(
@@ -145,12 +168,15 @@ class Service:
                 tags=list(unknown),
                 mode="warn",
             )
-        return {
+        answer = {
             "ok": True,
             "endpoint_id": record.endpoint_id,
             "heartbeat_interval_s": float(self.settings.heartbeat_interval),
             **grant.fields(),
         }
+        if card is not None:
+            answer["a2a"] = card.shown()
+        return answer
 
     async def _check_tags(self, body: RegisterBody) -> tuple[str, ...]:
         """The registration modes of the dictionary: the tags of ``body`` that are not canonical
@@ -217,6 +243,8 @@ class Service:
         current = self.registry.get(body.endpoint_id)
         self.access.check_owner(principal, "deregister", body.endpoint_id, current)
         await self.router.deregister(body.endpoint_id)
+        if current is not None and current.endpoint_url.startswith("a2a+"):
+            await self.node.cards.forget(body.endpoint_id)
         return {"ok": True}
 
     async def enforce_policy(self) -> list[str]:
@@ -231,7 +259,15 @@ class Service:
         self.access.authenticate(caller, READERS, "list agents")
         router = self.router
         now = router.now()
-        return {"agents": [router.describe(r, now) for r in self.registry.records()]}
+        cards = self.node.cards.local
+        agents = []
+        for record in self.registry.records():
+            agent = router.describe(record, now)
+            card = cards.get(record.endpoint_id) if cards else None
+            if card is not None:  # an A2A agent by its card: what was taken, what was not
+                agent["a2a"] = card.shown()
+            agents.append(agent)
+        return {"agents": agents}
 
     def intents(self, caller: Caller) -> IntentsAnswer:
         """``GET /v1/intents``: :func:`agent_reach.gateway.explain.intents_listing`."""

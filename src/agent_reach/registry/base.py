@@ -24,6 +24,7 @@ __all__ = [
     "RegistryChange",
     "RegistryListener",
     "RegistryState",
+    "SharedMap",
     "check_max_records",
     "registry_full",
 ]
@@ -52,8 +53,36 @@ class RegistryState(NamedTuple):
     last_sync_age_s: float | None
 
 
+class SharedMap(Protocol):
+    """A small named map of strings beside the records, shared by every gateway of the
+    registry (in-process on ``memory://``, a Redis hash on ``redis://``): what an edge or a
+    loop must keep about some endpoints beyond their records (the card URLs of A2A agents).
+    Not for the request path: each call may be a round trip. Raises BackendUnavailable when
+    the store cannot be reached."""
+
+    async def get(self, key: str) -> str | None:
+        """The value of ``key``, or None."""
+        ...
+
+    async def put(self, key: str, value: str) -> None:
+        """Set ``key`` (last write wins)."""
+        ...
+
+    async def delete(self, key: str) -> None:
+        """Forget ``key`` (no error when absent)."""
+        ...
+
+    async def items(self) -> dict[str, str]:
+        """Every key and value now."""
+        ...
+
+
 class RegistryBackend(Protocol):
     """Storage of endpoint records with an intent -> endpoints inverted index."""
+
+    def shared_map(self, name: str) -> SharedMap:
+        """The :class:`SharedMap` called ``name`` (``[a-z0-9-]+``) of this registry."""
+        ...
 
     def bind(self, now: Callable[[], float]) -> None:
         """Give the backend the gateway's liveness clock (before :meth:`start`): every

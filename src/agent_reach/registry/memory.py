@@ -19,6 +19,25 @@ __all__ = ["MemoryRegistry"]
 _EMPTY: dict[str, None] = {}
 
 
+class MemorySharedMap:
+    """A :class:`~agent_reach.registry.base.SharedMap` in this process."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, str] = {}
+
+    async def get(self, key: str) -> str | None:
+        return self._values.get(key)
+
+    async def put(self, key: str, value: str) -> None:
+        self._values[key] = value
+
+    async def delete(self, key: str) -> None:
+        self._values.pop(key, None)
+
+    async def items(self) -> dict[str, str]:
+        return dict(self._values)
+
+
 class MemoryRegistry:
     """Records in a dict, with an intent -> ordered set of ids index kept in step.
 
@@ -31,8 +50,16 @@ class MemoryRegistry:
         self.max_records = check_max_records(max_records)
         self._now: Callable[[], float] | None = None
         self._records: dict[str, EndpointRecord] = {}
+        self._maps: dict[str, MemorySharedMap] = {}
         self._index: dict[str, dict[str, None]] = {}
         self._listeners: list[RegistryListener] = []
+
+    def shared_map(self, name: str) -> MemorySharedMap:
+        """The map ``name`` of this process (made at first use)."""
+        found = self._maps.get(name)
+        if found is None:
+            found = self._maps[name] = MemorySharedMap()
+        return found
 
     def bind(self, now: Callable[[], float]) -> None:
         self._now = now  # one process, one clock: nothing to map; read for held_within_s

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar, cast
 from urllib.parse import quote
 
 import msgspec
@@ -396,6 +396,27 @@ class ReachClient:
         )
         self._tokens.adopt(endpoint_id, answer.token)
         return answer
+
+    async def register_card(
+        self,
+        endpoint_id: str,
+        card_url: str,
+        capabilities: list[str] | None = None,
+        description: str = "",
+        *,
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        """Register an A2A agent by its Agent Card (docs/a2a.md): the gateway fetches it, takes
+        its JSON-RPC interface and maps its skills to tags (``capabilities``, when given, win),
+        and keeps it alive by fetching it. The answer's ``a2a`` says what was taken from the
+        card (``skills``, ``unmapped_skills``, ``card_version``)."""
+        body: dict[str, Any] = {"endpoint_id": endpoint_id, "a2a_card_url": card_url}
+        if capabilities:
+            body["capabilities"] = capabilities
+        if description:
+            body["description"] = description
+        answer = await self._json("POST", "/v1/register", dict, body=body, timeout_s=timeout_s)
+        return cast(dict[str, Any], answer)
 
     async def heartbeat(self, endpoint_id: str, *, timeout_s: float | None = None) -> str:
         """Send one heartbeat; returns the endpoint's status (``EndpointNotRegistered``: register

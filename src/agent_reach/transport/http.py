@@ -18,7 +18,7 @@ import logging
 import socket
 import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
@@ -35,7 +35,7 @@ from agent_reach.errors import InternalError
 from agent_reach.observability.logs import log
 from agent_reach.transport.base import Delivery, agent_answer
 
-__all__ = ["GuardedResolver", "HttpTransport"]
+__all__ = ["Fetched", "GuardedResolver", "HttpTransport"]
 
 _JSON = {"Content-Type": "application/json"}
 
@@ -121,6 +121,16 @@ def _nothing_came_back(exc: BaseException) -> bool:
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return isinstance(exc.message, str)  # "Server disconnected": no message parsed
     return True
+
+
+class Fetched(NamedTuple):
+    """The answer to :meth:`HttpTransport.fetch`: ``status`` None (and ``error`` why) when
+    none came."""
+
+    status: int | None
+    body: bytes
+    headers: dict[str, str]
+    error: str
 
 
 class HttpTransport:
@@ -274,6 +284,30 @@ class HttpTransport:
         except aiohttp.ClientError as exc:
             return Delivery(Outcome.SERVER_ERROR, detail=f"bad HTTP answer: {exc}")
         return agent_answer(status, data, encoding, timing)
+
+    async def fetch(self, url: str, headers: Mapping[str, str], timeout_s: float) -> Fetched:
+        """GET ``url`` (a document an agent publishes: an A2A card) through the same guard,
+        pool and size cap as deliveries; never raises for what the server does."""
+        if self._session is None:
+            raise InternalError("HttpTransport.fetch() before start()")
+        if self._guard is not None:
+            refusal = self._literal_refusal(url)
+            if refusal is not None:
+                return Fetched(None, b"", {}, f"not fetched: {refusal}")
+        try:
+            async with asyncio.timeout(timeout_s):
+                resp = await self._session.get(url, headers=headers, allow_redirects=False)
+                async with resp:
+                    data = await self._read_capped(resp)
+                    return Fetched(resp.status, data, dict(resp.headers), "")
+        except TimeoutError:
+            return Fetched(None, b"", {}, f"no answer within {timeout_s * 1000:.0f} ms")
+        except _TooLarge:
+            return Fetched(None, b"", {}, f"larger than {self.max_response_bytes} bytes")
+        except aiohttp.ClientConnectorError as exc:
+            return Fetched(None, b"", {}, f"cannot connect: {exc.os_error}")
+        except (aiohttp.ClientError, ValueError, UnicodeError) as exc:
+            return Fetched(None, b"", {}, f"cannot fetch: {exc}")
 
     async def _post(
         self, url: str, body: bytes, headers: Mapping[str, str], pick: _Pick

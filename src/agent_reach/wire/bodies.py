@@ -26,6 +26,7 @@ __all__ = [
     "TraceQuery",
     "convert",
     "decode",
+    "decode_register",
     "encode",
 ]
 
@@ -36,6 +37,9 @@ Token = Annotated[str, msgspec.Meta(pattern=r"^[\x21-\x7e]{1,128}\Z")]
 MAX_TIMEOUT_MS = 600_000  # ten minutes: longer work belongs in a task the agent reports on
 Url = Annotated[str, msgspec.Meta(min_length=8, max_length=2048)]
 _EMPTY_OBJECT = msgspec.Raw(b"{}")  # a send's payload when none is given
+
+
+_ENDPOINT_SCHEMES = ("http", "https", "a2a+http", "a2a+https")
 
 
 class RegisterBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -61,9 +65,10 @@ class RegisterBody(msgspec.Struct, forbid_unknown_fields=True):
             self.capabilities = list(dict.fromkeys(self.capabilities))
             return
         parts = urlsplit(self.endpoint_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        if parts.scheme not in _ENDPOINT_SCHEMES or not parts.hostname:
             raise ValueError(
-                "must be an http or https URL with a host, or nats:SUBJECT - at `$.endpoint_url`"
+                "must be an http or https URL with a host (a2a+http or a2a+https: an A2A"
+                " agent's JSON-RPC interface), or nats:SUBJECT - at `$.endpoint_url`"
             )
         try:
             parts.port  # noqa: B018 - raises on a bad port
@@ -72,6 +77,47 @@ class RegisterBody(msgspec.Struct, forbid_unknown_fields=True):
             raise ValueError(f"{exc} - at `$.endpoint_url`") from None
         # one declaration per tag, in the order given
         self.capabilities = list(dict.fromkeys(self.capabilities))
+
+
+class CardRegisterBody(msgspec.Struct, forbid_unknown_fields=True):
+    """``POST /v1/register`` of an A2A agent by its Agent Card (CONTRACT.md v1.1, "A2A"):
+    no ``endpoint_url``; ``capabilities``, when given, win over the card's skills."""
+
+    endpoint_id: EndpointId
+    a2a_card_url: Url
+    capabilities: Annotated[list[Intent], msgspec.Meta(min_length=1, max_length=256)] | None = None
+    description: Annotated[str, msgspec.Meta(max_length=4096)] = ""
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.a2a_card_url)
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or not self.a2a_card_url.isascii()
+        ):
+            raise ValueError("must be an ASCII http or https URL with a host - at `$.a2a_card_url`")
+        if self.capabilities is not None:
+            self.capabilities = list(dict.fromkeys(self.capabilities))
+
+
+def decode_register(body: bytes) -> RegisterBody | CardRegisterBody:
+    """A registration: :class:`CardRegisterBody` when it names ``a2a_card_url``, else the
+    v1 :class:`RegisterBody`; InvalidRequest (400/422) otherwise."""
+    if b"a2a_card_url" not in body:
+        return decode(body, RegisterBody)
+    try:
+        fields = msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"body is not valid JSON: {exc}", malformed=True) from None
+    except RecursionError:
+        raise InvalidRequest("body is nested too deeply", malformed=True) from None
+    if isinstance(fields, dict) and "a2a_card_url" in fields:
+        if "endpoint_url" in fields:
+            raise InvalidRequest(
+                "give endpoint_url or a2a_card_url, not both", field="a2a_card_url"
+            )
+        return decode(body, CardRegisterBody)
+    return decode(body, RegisterBody)
 
 
 class EndpointIdBody(msgspec.Struct, forbid_unknown_fields=True):

@@ -33,6 +33,7 @@ from agent_reach.observability.logs import log
 from agent_reach.registry.base import (
     RegistryListener,
     RegistryState,
+    SharedMap,
     check_max_records,
     registry_full,
 )
@@ -102,6 +103,10 @@ class RedisRegistry:
         return self._store.now()
 
     # --- lifecycle -------------------------------------------------------------------------
+
+    def shared_map(self, name: str) -> SharedMap:
+        """The map ``name``: a Redis hash under this registry's prefix, seen by every gateway."""
+        return self._store.shared_map(name)
 
     def bind(self, now: Callable[[], float]) -> None:
         self._store.now = now

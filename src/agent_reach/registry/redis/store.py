@@ -80,6 +80,31 @@ class Fetched(NamedTuple):
     version: int
 
 
+class RedisSharedMap:
+    """A :class:`~agent_reach.registry.base.SharedMap` as one Redis hash."""
+
+    def __init__(self, client: Any, key: str, io: Callable[[], Any]) -> None:
+        self._redis, self.key, self._io = client, key, io
+
+    async def get(self, key: str) -> str | None:
+        with self._io():
+            value: str | None = await self._redis.hget(self.key, key)
+        return value
+
+    async def put(self, key: str, value: str) -> None:
+        with self._io():
+            await self._redis.hset(self.key, key, value)
+
+    async def delete(self, key: str) -> None:
+        with self._io():
+            await self._redis.hdel(self.key, key)
+
+    async def items(self) -> dict[str, str]:
+        with self._io():
+            found: dict[str, str] = await self._redis.hgetall(self.key)
+        return found
+
+
 class RedisStore:
     """The keys of one network (``prefix``) on one Redis (``url``, a redis-py URL)."""
 
@@ -113,6 +138,10 @@ class RedisStore:
             yield
         except (RedisError, OSError) as exc:
             raise BackendUnavailable(f"redis at {redacted(self.url)}: {exc}") from exc
+
+    def shared_map(self, name: str) -> RedisSharedMap:
+        """The hash ``PREFIX:map:NAME``."""
+        return RedisSharedMap(self._redis, f"{key_prefix(self.prefix)}:map:{name}", self._io)
 
     def _keys(self, endpoint_id: str) -> list[str]:
         return [self._ep + endpoint_id, self.seen_key, self.ver_key, self.channel, self.seq_key]

@@ -163,7 +163,13 @@ function renderAgents() {
       const desc = idCell.querySelector(".desc");
       setText(desc, a.description || "");
       desc.hidden = !a.description;
-      setText(intents, a.capabilities.join(", "));
+      // an A2A agent registered by its card: the skills no tag was found for, said
+      const unmapped = a.a2a ? a.a2a.unmapped_skills : [];
+      setText(
+        intents,
+        a.capabilities.join(", ") + (unmapped.length ? ` · unmapped skills: ${unmapped.join(", ")}` : ""),
+      );
+      intents.classList.toggle("unmapped", unmapped.length > 0);
       updatePill(status.firstChild, a.status);
       setText(heard, age(now - a.last_seen_at));
       setText(avg, ms(a.avg_latency_ms));

@@ -1,0 +1,332 @@
+"""A2A agents registered by their Agent Card (CONTRACT.md v1.1, "A2A"; docs/a2a.md).
+
+``POST /v1/register`` with ``a2a_card_url`` (and ``agent-reach a2a add CARD_URL``): the gateway
+fetches the card, checks it with the ``a2a-sdk``'s own parser (A2A 1.0; a v0.3 card, as served
+at ``/.well-known/agent.json``, is read too and said to be one), takes its JSON-RPC interface as
+the endpoint (``a2a+http://...``: the A2A transport delivers ``SendMessage`` there) and its
+skills as the capabilities: a skill whose ``id`` is a valid tag is that tag; else the
+dictionary tag its words (name, description, examples) match at or above the confidence
+threshold; else the skill is listed as unmapped. ``capabilities`` in the body, when given, win.
+
+Card-only agents do not heartbeat: every heartbeat interval, each gateway fetches the cards it
+keeps (:class:`CardKeeper`, the ``a2a-cards`` shared map of the registry: every gateway of a
+shared registry keeps them all) with ``If-None-Match``; a fetch that answers (200 or 304) is a
+heartbeat, and a changed card is mapped again (a changed interface or skill set registers the
+agent again, with the owner it had). A card that cannot be fetched is no heartbeat: the agent's
+health falls through the levels as a silent agent's does.
+
+Invariants:
+- A card is fetched through the HTTP transport's guard, pool and size cap: a card URL is
+  refused where an endpoint URL would be (``--endpoint-networks``), and redirects are not
+  followed.
+- Reading a card changes nothing: the registration is made from its result by the service,
+  with the checks of every registration (token policy, the dictionary's mode, the address
+  guard on the interface URL).
+- The keeper's loop catches per card and per round, logs, and lets cancellation pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from agent_reach.core.names import is_intent
+from agent_reach.errors import AgentReachError, ConfigError, EndpointNotRegistered, InvalidRequest
+from agent_reach.observability.logs import log
+from agent_reach.wire.bodies import CardRegisterBody, RegisterBody
+
+if TYPE_CHECKING:
+    from agent_reach.gateway.node import Node
+    from agent_reach.transport.http import HttpTransport
+
+__all__ = ["CARD_MAP", "Card", "CardKeeper", "SkillMap"]
+
+CARD_MAP = "a2a-cards"  # the registry's shared map: endpoint id -> the kept card (JSON)
+FETCH_TIMEOUT_S = 5.0
+MAX_PARALLEL = 16  # card fetches in flight at once, per gateway
+MAX_TEXTS = 8  # texts of one skill matched against the dictionary
+_ACCEPT = {"Accept": "application/json", "A2A-Version": "1.0"}
+
+
+class SkillMap(msgspec.Struct, frozen=True):
+    """One skill of a card and the tag it serves (None: unmapped), with how it was found:
+    ``id`` (the skill id is a tag), ``dictionary`` (its words matched a dictionary tag at
+    ``confidence``), ``given`` (the registration's capabilities)."""
+
+    id: str
+    name: str
+    intent: str | None = None
+    how: str | None = None
+    confidence: float | None = None
+
+
+class Card(msgspec.Struct, frozen=True):
+    """What the gateway took from an agent's card, kept in the ``a2a-cards`` map."""
+
+    card_url: str
+    version: str  # "1.0", or "0.3" for a card of the earlier shape
+    interface: str  # the JSON-RPC interface URL
+    name: str
+    description: str
+    skills: list[SkillMap]
+    etag: str = ""
+    given: list[str] | None = None  # capabilities the registration gave (they win)
+
+    @property
+    def capabilities(self) -> list[str]:
+        """The tags the agent is registered with."""
+        if self.given:
+            return list(self.given)
+        return list(dict.fromkeys(s.intent for s in self.skills if s.intent))
+
+    @property
+    def unmapped(self) -> list[str]:
+        """The ids of the skills no tag was found for."""
+        return [s.id for s in self.skills if s.intent is None]
+
+    def shown(self) -> dict[str, Any]:
+        """The ``a2a`` object of the registration answer and of ``/v1/agents``."""
+        return {
+            "card_url": self.card_url,
+            "card_version": self.version,
+            "name": self.name,
+            "skills": msgspec.to_builtins(self.skills),
+            "unmapped_skills": self.unmapped,
+        }
+
+
+_a2a: Any = None
+
+
+def _sdk() -> Any:
+    """The a2a-sdk's card parser (imported at first use: protobuf takes ~0.4 s to load)."""
+    global _a2a
+    if _a2a is None:
+        try:
+            from a2a.client import card_resolver
+        except ImportError as exc:
+            raise ConfigError(
+                "A2A agents need the a2a-sdk: pip install 'agent-reach-gateway[a2a]'",
+                source="a2a",
+            ) from exc
+        _a2a = card_resolver
+    return _a2a
+
+
+def _is_v03(data: dict[str, Any]) -> bool:
+    return "supportedInterfaces" not in data and ("url" in data or "preferredTransport" in data)
+
+
+def parse_card(raw: bytes, card_url: str) -> tuple[Any, str]:
+    """The SDK's ``AgentCard`` of ``raw`` and its version (``"1.0"`` or ``"0.3"``);
+    InvalidRequest (field ``a2a_card_url``) naming what is wrong."""
+    sdk = _sdk()
+    try:
+        data = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise _unusable(card_url, f"not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise _unusable(card_url, "not a JSON object")
+    version = "0.3" if _is_v03(data) else "1.0"
+    try:
+        card = sdk.parse_agent_card(data)
+    except Exception as exc:  # the SDK's ParseError, protobuf's, a TypeError on odd shapes
+        raise _unusable(card_url, f"not an Agent Card: {exc}") from None
+    missing = [f for f in ("name", "supported_interfaces") if not getattr(card, f)]
+    if missing:
+        raise _unusable(card_url, f"the card has no {' and no '.join(missing)}")
+    return card, version
+
+
+def _unusable(card_url: str, why: str) -> InvalidRequest:
+    return InvalidRequest(f"the Agent Card at {card_url}: {why}", field="a2a_card_url")
+
+
+def _interface(card: Any, card_url: str) -> str:
+    for iface in card.supported_interfaces:
+        if iface.protocol_binding.upper() in ("JSONRPC", "JSON-RPC") and iface.url:
+            url = str(iface.url)
+            if url.startswith(("http://", "https://")):
+                return url
+    raise _unusable(card_url, "it offers no JSON-RPC interface over http(s)")
+
+
+class CardKeeper:
+    """Reads cards, maps their skills, and keeps card-only agents alive (module docstring)."""
+
+    def __init__(self, node: Node, http: HttpTransport | None) -> None:
+        self.node = node
+        self.http = http
+        self.map = node.registry.shared_map(CARD_MAP)
+        # this gateway's copy of the kept cards, as of its last round (for /v1/agents)
+        self.local: dict[str, Card] = {}
+        self.timeout_s = min(FETCH_TIMEOUT_S, max(0.5, node.settings.heartbeat_interval / 2))
+
+    # --- reading ---------------------------------------------------------------------------
+
+    async def fetch(self, card_url: str, etag: str = "") -> tuple[int, bytes, str]:
+        """``(status, body, etag)`` of the card; InvalidRequest when no usable answer came."""
+        if self.http is None:
+            raise InvalidRequest("this gateway has no HTTP transport to fetch cards with")
+        headers = dict(_ACCEPT)
+        if etag:
+            headers["If-None-Match"] = etag
+        got = await self.http.fetch(card_url, headers, self.timeout_s)
+        if got.status is None:
+            raise _unusable(card_url, got.error)
+        if got.status == 304 and etag:
+            return 304, b"", etag
+        if got.status != 200:
+            raise _unusable(card_url, f"fetching it answered {got.status}")
+        found = {k.lower(): v for k, v in got.headers.items()}
+        return 200, got.body, found.get("etag", "")
+
+    async def read(self, body: CardRegisterBody) -> tuple[RegisterBody, Card]:
+        """The registration a card makes (its interface, its skills' tags) and what is kept."""
+        _, raw, etag = await self.fetch(body.a2a_card_url)
+        card = await self._card(body.a2a_card_url, raw, etag, body.capabilities)
+        if not card.capabilities:
+            raise InvalidRequest(
+                f"no skill of the card at {body.a2a_card_url} maps to an intent (unmapped: "
+                f"{', '.join(card.unmapped) or 'none, it lists no skill'}): give capabilities",
+                field="capabilities",
+            )
+        return self._registration(body.endpoint_id, card, body.description), card
+
+    async def _card(self, card_url: str, raw: bytes, etag: str, given: list[str] | None) -> Card:
+        agent, version = await asyncio.to_thread(parse_card, raw, card_url)
+        skills = [await self._skill(s) for s in agent.skills]
+        return Card(
+            card_url=card_url,
+            version=version,
+            interface=_interface(agent, card_url),
+            name=str(agent.name),
+            description=str(agent.description),
+            skills=skills,
+            etag=etag,
+            given=list(given) if given else None,
+        )
+
+    async def _skill(self, skill: Any) -> SkillMap:
+        """The tag of one skill: its id when that is a tag; else the dictionary tag that its
+        texts (the description, each example: at most :data:`MAX_TEXTS`) match, each on its
+        own, at or above the threshold, when they match no other; else none (unmapped)."""
+        skill_id, name = str(skill.id), str(skill.name)
+        if is_intent(skill_id):
+            return SkillMap(skill_id, name, skill_id, "id", 1.0)
+        dictionary = self.node.dictionary
+        texts = [str(skill.description) or name, *map(str, skill.examples)]
+        texts = [t.strip()[:2000] for t in texts if t.strip()][:MAX_TEXTS]
+        if not texts or not len(dictionary):
+            return SkillMap(skill_id, name)
+        threshold = self.node.settings.confidence_threshold
+        found: dict[str, float] = {}
+        for text in texts:
+            try:
+                near = await self.node.router.suggest(None, text)
+            except AgentReachError:  # the matcher busy: unmapped now, mapped at a change
+                return SkillMap(skill_id, name)
+            best = near[0] if near else None
+            if best and best["tag"] in dictionary and best["confidence"] >= threshold:
+                found[best["tag"]] = max(found.get(best["tag"], 0.0), best["confidence"])
+        if len(found) != 1:  # none, or texts of one skill that go to two tags: refuse to guess
+            return SkillMap(skill_id, name)
+        ((tag, confidence),) = found.items()
+        return SkillMap(skill_id, name, tag, "dictionary", round(confidence, 4))
+
+    @staticmethod
+    def _registration(endpoint_id: str, card: Card, description: str = "") -> RegisterBody:
+        return RegisterBody(
+            endpoint_id=endpoint_id,
+            capabilities=card.capabilities,
+            endpoint_url="a2a+" + card.interface,
+            description=(description or card.description)[:4096],
+        )
+
+    # --- keeping ---------------------------------------------------------------------------
+
+    async def keep(self, endpoint_id: str, card: Card) -> None:
+        """Keep ``card`` alive (fetched every heartbeat interval) for ``endpoint_id``."""
+        await self.map.put(endpoint_id, msgspec.json.encode(card).decode())
+        self.local[endpoint_id] = card
+
+    async def forget(self, endpoint_id: str) -> None:
+        """Stop keeping the card of ``endpoint_id`` (deregistered, or registered otherwise)."""
+        self.local.pop(endpoint_id, None)
+        await self.map.delete(endpoint_id)
+
+    async def kept(self, endpoint_id: str) -> Card | None:
+        """The kept card of ``endpoint_id``, if any."""
+        raw = await self.map.get(endpoint_id)
+        return None if raw is None else _decode(raw)
+
+    async def run(self) -> None:
+        """Every heartbeat interval: fetch every kept card (a node loop)."""
+        gate = asyncio.Semaphore(MAX_PARALLEL)
+        while True:
+            try:
+                kept = await self.map.items()
+                self.local = {eid: _decode(raw) for eid, raw in kept.items()}
+                await asyncio.gather(
+                    *(self._round(eid, card, gate) for eid, card in self.local.items())
+                )
+            except asyncio.CancelledError:
+                raise
+            except AgentReachError as exc:  # the shared registry away: the next round
+                log(logging.WARNING, "a2a.cards_unreadable", error=str(exc))
+            except Exception:  # a bug must not end the loop
+                log(logging.ERROR, "a2a.keeper_error", exc_info=True)
+            await self.node.clock.sleep(float(self.node.settings.heartbeat_interval))
+
+    async def _round(self, endpoint_id: str, card: Card, gate: asyncio.Semaphore) -> None:
+        async with gate:
+            try:
+                await self.refresh(endpoint_id, card)
+            except asyncio.CancelledError:
+                raise
+            except AgentReachError as exc:
+                log(logging.INFO, "a2a.card_missed", endpoint_id=endpoint_id, error=exc.detail)
+            except Exception:
+                log(logging.ERROR, "a2a.keeper_error", endpoint_id=endpoint_id, exc_info=True)
+
+    async def refresh(self, endpoint_id: str, card: Card) -> None:
+        """One fetch of a kept card: a heartbeat when it answers; a changed card mapped again."""
+        router = self.node.router
+        record = self.node.registry.get(endpoint_id)
+        if record is None or not record.endpoint_url.startswith("a2a+"):
+            # gone (purged, deregistered through another gateway) or registered otherwise
+            await self.forget(endpoint_id)
+            return
+        status, body, etag = await self.fetch(card.card_url, card.etag)
+        if status == 200:  # (304: the card is as kept)
+            new = await self._card(card.card_url, body, etag, card.given)
+            if new.interface != card.interface or new.capabilities != card.capabilities:
+                if not new.capabilities:
+                    log(logging.WARNING, "a2a.card_unmapped", endpoint_id=endpoint_id)
+                    return  # no heartbeat: the agent serves nothing we can route
+                await router.register(
+                    self._registration(endpoint_id, new, record.description),
+                    owner=record.owner,
+                )
+                log(
+                    logging.INFO,
+                    "a2a.card_changed",
+                    endpoint_id=endpoint_id,
+                    capabilities=new.capabilities,
+                    interface=new.interface,
+                )
+                await self.keep(endpoint_id, new)
+                return
+            if new != card:
+                await self.keep(endpoint_id, new)
+        try:
+            await router.heartbeat(endpoint_id)
+        except EndpointNotRegistered:
+            await self.forget(endpoint_id)
+
+
+def _decode(raw: str) -> Card:
+    return msgspec.json.decode(raw, type=Card)

@@ -1,0 +1,329 @@
+"""A2A agents registered by their Agent Card, tried with real a2a-sdk agents (CONTRACT.md
+v1.1, "A2A"; docs/a2a.md).
+
+A real gateway process with the demo's dictionary; agents built with the a2a-sdk's own server
+(tests/agents/a2a_agent.py, served by uvicorn). The gateway is pointed at a card URL: its skills
+become intents, the agent is reached by intent through ``/v1/send``, a twin takes over when one
+is killed, the health falls through the levels when the card stops answering, a changed card is
+mapped again, and bad cards are refused with nothing registered.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent_reach.auth.tokens import Kind
+from tests.support import (
+    REDIS_URL,
+    ROOT,
+    Proc,
+    _start,
+    cli,
+    drop_prefix,
+    free_port,
+    gateway,
+    http,
+    secured_setup,
+    wait_until,
+)
+
+AGENT = ROOT / "tests" / "agents" / "a2a_agent.py"
+DICTIONARY = ROOT / "src" / "agent_reach" / "demo" / "intents.toml"
+WEATHER = [
+    "--skill",
+    "weather.query=Current weather for a city",
+    "--skill",
+    "Forecast=Weather forecast: the conditions and temperature for a city and a date",
+    "--example",
+    "Forecast=what is the weather in Chengdu tomorrow",
+    "--example",
+    "Forecast=成都明天天气怎么样",
+    "--skill",
+    "Jokes=Tells a joke about anything",
+]
+
+
+def a2a_agent(name: str, *flags: str) -> Proc:
+    """A real a2a-sdk agent; its ``url`` is its card's URL."""
+    return _start([sys.executable, str(AGENT), "--name", name, *flags])
+
+
+def add(gw: str, card_url: str, endpoint_id: str, *flags: str) -> dict[str, Any]:
+    run = cli("a2a", "add", card_url, "--id", endpoint_id, "--gateway", gw, "--json", *flags)
+    assert run.code == 0, run
+    answer: dict[str, Any] = run.json()
+    return answer
+
+
+def agents(gw: str) -> dict[str, dict[str, Any]]:
+    status, answer = http("GET", f"{gw}/v1/agents")
+    assert status == 200, answer
+    return {a["endpoint_id"]: a for a in answer["agents"]}
+
+
+def send(gw: str, **body: Any) -> tuple[int, dict[str, Any]]:
+    # the default deadline (8000 ms) allows retries: a refused connection fails over
+    status, answer = http("POST", f"{gw}/v1/send", body)
+    return status, answer
+
+
+def data_of(result: dict[str, Any]) -> dict[str, Any]:
+    """The data part of an A2A answer (a Message, or a Task's artifact)."""
+    if "message" in result:
+        parts = result["message"]["parts"]
+    else:
+        parts = result["task"]["artifacts"][0]["parts"]
+    return next(p["data"] for p in parts if "data" in p)
+
+
+@pytest.fixture(scope="module")
+def gw() -> Iterator[Proc]:
+    with gateway("--intents", str(DICTIONARY), "--heartbeat-interval", "0.5") as proc:
+        yield proc
+
+
+def test_a_card_becomes_an_agent_reached_by_intent(gw: Proc) -> None:
+    agent = a2a_agent("weather-a2a", *WEATHER)
+    try:
+        answer = add(gw.url, agent.url, "agent://a2a-weather")
+        card = answer["a2a"]
+        assert card["card_version"] == "1.0"
+        skills = {s["id"]: s for s in card["skills"]}
+        assert skills["weather.query"]["intent"] == "weather.query"
+        assert skills["weather.query"]["how"] == "id"
+        # a skill id that is no tag: its words matched the dictionary's tag at the threshold
+        assert skills["Forecast"]["intent"] == "weather.query"
+        assert skills["Forecast"]["how"] == "dictionary"
+        assert skills["Forecast"]["confidence"] >= 0.8
+        assert skills["Jokes"]["intent"] is None
+        assert card["unmapped_skills"] == ["Jokes"]
+        listed = agents(gw.url)["agent://a2a-weather"]
+        assert listed["capabilities"] == ["weather.query"]
+        assert listed["endpoint_url"].startswith("a2a+http://127.0.0.1:")
+        assert listed["a2a"]["unmapped_skills"] == ["Jokes"]
+        assert listed["status"] == "healthy"
+
+        status, sent = send(
+            gw.url,
+            intent="weather.query",
+            payload={"city": "成都"},
+            recipient_hint="agent://a2a-weather",
+            sender="agent://caller-1",
+            timeout_ms=3000,
+        )
+        assert status == 200, sent
+        assert sent["endpoint_id"] == "agent://a2a-weather"
+        seen = data_of(sent["result"])
+        assert seen["data"] == {"city": "成都"}
+        meta = seen["metadata"]
+        assert meta["intent"] == "weather.query"
+        assert meta["trace_id"] == sent["trace_id"]
+        assert meta["msg_id"] == sent["msg_id"]
+        assert meta["sender"] == "agent://caller-1"
+        assert 0 < meta["deadline_ms"] <= 3000
+        # in words only: the text goes as a text part
+        status, words = send(gw.url, intent_text="帮我查一下明天成都的天气")
+        assert status == 200, words
+        assert words["endpoint_id"] == "agent://a2a-weather"
+        assert data_of(words["result"])["parts"] == ["text"]
+    finally:
+        agent.stop()
+        http("POST", f"{gw.url}/v1/deregister", {"endpoint_id": "agent://a2a-weather"})
+
+
+def test_a_v03_card_is_read_and_said(gw: Proc) -> None:
+    agent = a2a_agent("old-a2a", "--v03", "--skill", "note.create=Write down a note")
+    try:
+        old_card = agent.url.replace("agent-card.json", "agent.json")
+        answer = add(gw.url, old_card, "agent://a2a-old")
+        assert answer["a2a"]["card_version"] == "0.3"
+        assert agents(gw.url)["agent://a2a-old"]["capabilities"] == ["note.create"]
+        status, sent = send(gw.url, intent="note.create", payload={"title": "t"})
+        assert status == 200, sent
+        assert data_of(sent["result"])["data"] == {"title": "t"}
+    finally:
+        agent.stop()
+        http("POST", f"{gw.url}/v1/deregister", {"endpoint_id": "agent://a2a-old"})
+
+
+def test_a_twin_takes_over_when_one_is_killed(gw: Proc) -> None:
+    twins = [a2a_agent(f"twin-{i}", "--skill", "air.query=Air quality") for i in range(2)]
+    try:
+        for i, twin in enumerate(twins):
+            add(gw.url, twin.url, f"agent://a2a-twin-{i}")
+        answered = {send(gw.url, intent="air.query")[1]["endpoint_id"] for _ in range(20)}
+        assert answered == {"agent://a2a-twin-0", "agent://a2a-twin-1"}  # both served
+        os.kill(twins[0].popen.pid, signal.SIGKILL)
+        twins[0].popen.wait(5)
+        results = [send(gw.url, intent="air.query") for _ in range(30)]
+        assert all(status == 200 for status, _ in results), results
+        assert {a["endpoint_id"] for _, a in results[-10:]} == {"agent://a2a-twin-1"}
+    finally:
+        for twin in twins:
+            twin.stop()
+        for i in range(2):
+            http("POST", f"{gw.url}/v1/deregister", {"endpoint_id": f"agent://a2a-twin-{i}"})
+
+
+def test_health_follows_the_card_fetches(gw: Proc) -> None:
+    """Card-only agents do not heartbeat: each fetch of the card that answers is one. A
+    stopped process answers none, and falls through the levels; resumed, it is healthy."""
+    agent = a2a_agent("paused-a2a", "--skill", "schedule.plan=Plans a day")
+    try:
+        add(gw.url, agent.url, "agent://a2a-paused")
+        os.kill(agent.popen.pid, signal.SIGSTOP)
+        seen = []
+
+        def status() -> str:
+            now = agents(gw.url)["agent://a2a-paused"]["status"]
+            if not seen or seen[-1] != now:
+                seen.append(now)
+            return str(now)
+
+        wait_until(lambda: status() == "down", 15)
+        assert seen[0] == "healthy" and "suspect" in seen, seen  # (0.5 s interval: 1.5 s)
+        os.kill(agent.popen.pid, signal.SIGCONT)
+        wait_until(lambda: status() == "healthy", 10)
+    finally:
+        os.kill(agent.popen.pid, signal.SIGCONT)
+        agent.stop()
+        http("POST", f"{gw.url}/v1/deregister", {"endpoint_id": "agent://a2a-paused"})
+
+
+def test_a_changed_card_is_mapped_again(gw: Proc) -> None:
+    port = str(free_port())
+    first = a2a_agent("changing-a2a", "--port", port, "--skill", "note.create=Notes")
+    try:
+        add(gw.url, first.url, "agent://a2a-changing")
+        assert agents(gw.url)["agent://a2a-changing"]["capabilities"] == ["note.create"]
+        first.stop()
+        second = a2a_agent(
+            "changing-a2a",
+            "--port",
+            port,
+            "--card-version",
+            "2.0.0",
+            "--skill",
+            "note.create=Notes",
+            "--skill",
+            "note.query=Finds notes",
+        )
+        try:
+            wait_until(
+                lambda: (
+                    agents(gw.url)["agent://a2a-changing"]["capabilities"]
+                    == ["note.create", "note.query"]
+                ),
+                10,
+            )
+        finally:
+            second.stop()
+    finally:
+        first.stop()
+        http("POST", f"{gw.url}/v1/deregister", {"endpoint_id": "agent://a2a-changing"})
+
+
+def test_bad_cards_are_refused_and_register_nothing(gw: Proc) -> None:
+    before = agents(gw.url)
+    nowhere = f"http://127.0.0.1:{free_port()}/.well-known/agent-card.json"
+    unmapped = a2a_agent("unmapped-a2a", "--skill", "Jokes=Tells a joke")
+    try:
+        cases: list[tuple[dict[str, Any], str]] = [
+            ({"a2a_card_url": nowhere}, "a2a_card_url"),
+            ({"a2a_card_url": f"{gw.url}/healthz"}, "a2a_card_url"),  # JSON, no card
+            ({"a2a_card_url": f"{gw.url}/metrics"}, "a2a_card_url"),  # not JSON
+            ({"a2a_card_url": "ftp://127.0.0.1/card"}, "a2a_card_url"),
+            ({"a2a_card_url": "http://169.254.169.254/latest/card"}, "a2a_card_url"),
+            ({"a2a_card_url": unmapped.url}, "capabilities"),  # no skill maps to a tag
+            ({"a2a_card_url": unmapped.url, "endpoint_url": "http://127.0.0.1:9/"}, ""),
+            ({"a2a_card_url": unmapped.url, "capabilities": ["Bad Tag"]}, "capabilities[0]"),
+        ]
+        for fields, field in cases:
+            body = {"endpoint_id": "agent://a2a-bad", **fields}
+            status, answer = http("POST", f"{gw.url}/v1/register", body)
+            assert status in (400, 422), (fields, status, answer)
+            assert answer["error"] == "invalid_request", answer
+            if field:
+                assert answer.get("field") == field, (fields, answer)
+        # capabilities given win over the card's skills
+        status, answer = http(
+            "POST",
+            f"{gw.url}/v1/register",
+            {
+                "endpoint_id": "agent://a2a-given",
+                "a2a_card_url": unmapped.url,
+                "capabilities": ["note.query"],
+            },
+        )
+        assert status == 200, answer
+        assert answer["a2a"]["unmapped_skills"] == ["Jokes"]
+        assert agents(gw.url)["agent://a2a-given"]["capabilities"] == ["note.query"]
+    finally:
+        unmapped.stop()
+        http("POST", f"{gw.url}/v1/deregister", {"endpoint_id": "agent://a2a-given"})
+    after = agents(gw.url)
+    assert "agent://a2a-bad" not in after
+    assert set(after) == set(before)
+
+
+def test_every_gateway_of_a_shared_registry_keeps_the_card() -> None:
+    """The kept cards live in the registry: on Redis, a gateway that did not register the
+    agent keeps fetching its card when the one that did is gone."""
+    prefix = f"test-{os.urandom(6).hex()}"
+    shared = ["--registry", REDIS_URL, "--registry-prefix", prefix, "--heartbeat-interval", "0.5"]
+    agent = a2a_agent("shared-a2a", "--skill", "note.create=Notes")
+    try:
+        with gateway(*shared) as second:
+            with gateway(*shared) as first:
+                add(first.url, agent.url, "agent://a2a-shared")
+                wait_until(lambda: "agent://a2a-shared" in agents(second.url), 5)
+            # the first gateway is gone: after 3 intervals without its fetches the agent would
+            # be down, unless the second one fetches the card too
+            seen = []
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline:
+                seen.append(agents(second.url)["agent://a2a-shared"]["status"])
+                time.sleep(0.1)  # polling interval, not a settle delay
+            assert set(seen) == {"healthy"}, seen
+            status, sent = send(second.url, intent="note.create")
+            assert status == 200, sent
+            http("POST", f"{second.url}/v1/deregister", {"endpoint_id": "agent://a2a-shared"})
+    finally:
+        agent.stop()
+        drop_prefix(prefix, REDIS_URL)
+
+
+def test_token_mode_judges_a_card_registration_as_any(tmp_path: Path) -> None:
+    policy = '[[claim]]\nendpoints = ["agent://a2a-*"]\nintents = ["note.*"]\n'
+    s = secured_setup(tmp_path, policy)
+    agent = a2a_agent("secured-a2a", "--skill", "note.create=Notes", "--skill", "air.query=Air")
+    try:
+        with gateway(*s.flags, "--matcher", "none") as gw:
+            enroll = s.token(Kind.ENROLL, "e", endpoints=["agent://a2a-*"], intents=["note.*"])
+            body = {"endpoint_id": "agent://a2a-notes", "a2a_card_url": agent.url}
+            # the card's skills include air.query, which the policy does not let it claim
+            status, answer = http("POST", f"{gw.url}/v1/register", body, token=enroll)
+            assert status == 403, answer
+            status, answer = http("POST", f"{gw.url}/v1/register", body)  # no token
+            assert status == 401, answer
+            given = {**body, "capabilities": ["note.create"]}
+            status, answer = http("POST", f"{gw.url}/v1/register", given, token=enroll)
+            assert status == 200, answer
+            client = s.token(Kind.CLIENT, "agent://caller-1")
+            listed = http("GET", f"{gw.url}/v1/agents", token=s.operator)[1]["agents"]
+            assert [a["endpoint_id"] for a in listed] == ["agent://a2a-notes"]
+            assert client  # a sender may not reach note.create: no reach rule in this policy
+            status, sent = http(
+                "POST", f"{gw.url}/v1/send", {"intent": "note.create"}, token=client
+            )
+            assert status == 403, sent
+    finally:
+        agent.stop()
