@@ -328,15 +328,23 @@ async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None
         # a worker of --workers shares the port: a session would live in one process only
         mcp = McpEdge(node, stateless=reuse_port)
         http.mount("/mcp", mcp.handle)
+    # the gateway as an A2A agent: its card and POST /a2a (edges/a2a)
+    from agent_reach.edges.a2a.edge import CARD_PATH, RPC_PATH, A2aEdge
+
+    a2a_edge = A2aEdge(node)
+    http.mount(CARD_PATH, a2a_edge.card)
+    http.mount(RPC_PATH, a2a_edge.rpc)
     bus = None
     try:
-        await node.start()  # keys, policy, registry (BackendUnavailable), transports
+        await node.start()
+        await a2a_edge.start()  # keys, policy, registry (BackendUnavailable), transports
         if node.nats is not None:  # the API over NATS too, in the prefix's queue group
             from agent_reach.edges.nats.edge import NatsEdge
 
             bus = NatsEdge(node)
             await bus.start()
     except BaseException:
+        await a2a_edge.close()
         await node.close()
         raise
     # on SIGTERM, requests in flight get SHUTDOWN_S to finish (their deadlines may be longer)
@@ -366,6 +374,7 @@ async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None
             await bus.close()
         if mcp is not None:
             await mcp.close()
+        await a2a_edge.close()
         await node.close()
         raise click.ClickException(
             f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}"
@@ -401,6 +410,7 @@ async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None
             bus.close(SHUTDOWN_S) if bus else asyncio.sleep(0),
             mcp.close(SHUTDOWN_S) if mcp else asyncio.sleep(0),
         )
+        await a2a_edge.close()
         await node.close()
         logs.log(logging.INFO, "gateway.stopped")
 

@@ -17,14 +17,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from agent_reach.auth.keys import KeyDirectoryError
-from agent_reach.core.model import Outcome
+from agent_reach.core.model import EndpointRecord, Outcome
 from agent_reach.core.retry import Deadline, backoff_s
 from agent_reach.errors import (
     AgentError,
@@ -42,6 +42,7 @@ from agent_reach.gateway.tracing import OpenTrace, open_trace, span_answer
 from agent_reach.observability.logs import log
 from agent_reach.observability.otel import gateway_tracer
 from agent_reach.transport.base import Delivery, Transport
+from agent_reach.transport.mux import TransportMux
 from agent_reach.wire.answers import Attempt, Reply
 from agent_reach.wire.bodies import DeliveryBody, SendBody, encode
 
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 __all__ = ["Reacher"]
 
 _TRACE_CANDIDATES = 16  # candidates listed by name in a trace's route event
+RELAY_TIMEOUT_S = 5.0  # an A2A GetTask/CancelTask relayed to the agent that owns the task
 
 
 @dataclass(slots=True)
@@ -67,6 +69,7 @@ class _Run:
     opened: OpenTrace
     assertion: Callable[[str, float], str] | None
     match_header: str = ""  # X-Reach-Match
+    extra: Mapping[str, str] | None = None  # headers an edge adds to every attempt
     retries_allowed: int = 0
     same_count: int = 0  # retries of an endpoint already tried
 
@@ -116,6 +119,7 @@ class Reacher:
         *,
         admit: Callable[[str], tuple[str | None, RouteScope | None]] | None = None,
         reachable: Callable[[str], bool] | None = None,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> Reply:
         """Deliver ``body`` (its msg_id and trace_id filled in); raise an AgentReachError
         carrying msg_id, trace_id and attempts. Every ending, a fault of ours included (an
@@ -187,6 +191,7 @@ class Reacher:
                 opened,
                 assertion,
                 match.header(),
+                extra_headers,
             )
             endpoint_id, answer = await self._attempts(run, attempts)
         except AgentReachError as exc:
@@ -325,6 +330,31 @@ class Reacher:
     def _finish(self, intent: str, outcome: str, elapsed_ms: float) -> None:
         self.metrics.request_done(intent, outcome, elapsed_ms / 1000.0)
 
+    async def relay(
+        self,
+        record: EndpointRecord,
+        method: str,
+        params: Mapping[str, Any],
+        traceparent: str | None,
+        timeout_s: float = RELAY_TIMEOUT_S,
+    ) -> Any:
+        """One A2A call (``GetTask``, ``CancelTask``) to the A2A agent of ``record``, once, no
+        retry: the agent's result. AgentError for its error answer or one the gateway cannot
+        use; AllAttemptsFailed when it could not be reached in ``timeout_s``."""
+        transport = self.transport
+        if isinstance(transport, TransportMux):
+            transport = transport.transport_for(record.endpoint_url) or transport
+        call = getattr(transport, "call", None)
+        if call is None:
+            raise AgentError(f"{record.endpoint_id} cannot be asked {method}: not an A2A agent")
+        headers = {"traceparent": traceparent} if traceparent else {}
+        got = await call(record.endpoint_url, method, params, headers, timeout_s)
+        if got.outcome is Outcome.OK:
+            return msgspec.json.decode(got.body)
+        if got.outcome is Outcome.AGENT_ERROR:
+            raise AgentError(f"{record.endpoint_id}: {got.detail}")
+        raise AllAttemptsFailed(f"{record.endpoint_id} did not answer {method}: {got.detail}")
+
     async def _attempts(self, run: _Run, attempts: list[Attempt]) -> tuple[str, msgspec.Raw]:
         """The attempts of one request, until one answers or the rules say stop."""
         router = self.router
@@ -401,6 +431,8 @@ class Reacher:
         }
         if run.assertion is not None:
             headers["X-Reach-Assertion"] = run.assertion(target, timeout_s)
+        if run.extra:
+            headers.update(run.extra)
         span = run.opened.span
         attempt_span = None
         if span is not None:

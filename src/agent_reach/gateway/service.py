@@ -31,6 +31,7 @@ from agent_reach.errors import (
     EndpointHeld,
     EndpointNotRegistered,
     InvalidRequest,
+    NoAvailableAgent,
     Overloaded,
     TraceNotFound,
 )
@@ -294,9 +295,48 @@ class Service:
         )
         return frozenset(item.tag for item in listing.intents if item.routable)
 
+    def routable_skills(self) -> list[tuple[str, str, list[str]]]:
+        """The tags some agent can take now, each with words for it (the dictionary's
+        description and examples, else the first declaring agent's description): the skills of
+        the gateway's A2A card. No caller: the card is public, as discovery is."""
+        dictionary = self.node.dictionary
+        out = []
+        for tag in sorted(self.reachable_now()):
+            entry = dictionary.entries.get(tag)
+            if entry is not None:
+                out.append((tag, entry.description, list(entry.examples)))
+                continue
+            described = ""
+            for endpoint_id in self.registry.by_intent(tag):
+                record = self.registry.get(endpoint_id)
+                if record is not None and record.description:
+                    described = record.description
+                    break
+            out.append((tag, described, []))
+        return out
+
+    async def relay(
+        self, caller: Caller, endpoint_id: str, intent: str, method: str, params: dict[str, Any]
+    ) -> Any:
+        """An A2A call (``GetTask``, ``CancelTask``) to the A2A agent ``endpoint_id`` that owns
+        the task, as the caller may send ``intent`` there; the agent's result. Refusals as a
+        send's (Forbidden, NoAvailableAgent); AgentError for the agent's own JSON-RPC error."""
+        access = self.access
+        principal = access.authenticate(caller, SENDERS, "send")
+        access.limit(principal)
+        access.check_send(principal, None, intent, endpoint_id)
+        record = self.registry.get(endpoint_id)
+        if record is None:
+            raise NoAvailableAgent(f"{endpoint_id}, which owns the task, is not registered")
+        if not record.endpoint_url.startswith("a2a+"):
+            raise InvalidRequest(f"{endpoint_id} owns no A2A task: it is not an A2A agent")
+        return await self.reacher.relay(record, method, params, caller.traceparent)
+
     # --- reaching ----------------------------------------------------------------------------
 
-    async def send(self, caller: Caller, body: SendBody) -> Reply:
+    async def send(
+        self, caller: Caller, body: SendBody, *, headers: Mapping[str, str] | None = None
+    ) -> Reply:
         """Deliver ``body`` by intent (or to its recipient_hint) within its deadline.
 
         The trace is opened and its id bound first; any error raised after that carries the
@@ -338,6 +378,7 @@ class Service:
                 scope,
                 admit=admit,
                 reachable=access.reachable(principal, self.registry.by_intent),
+                extra_headers=headers,
             )
         except AgentReachError as exc:
             opened.refused(exc)

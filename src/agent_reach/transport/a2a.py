@@ -198,6 +198,45 @@ class A2aTransport:
         assert got.body is not None  # an ok HTTP delivery carries its JSON body
         return _answer(got, got.body, msg_id)
 
+    async def call(
+        self,
+        url: str,
+        method: str,
+        params: Mapping[str, Any],
+        headers: Mapping[str, str],
+        timeout_s: float,
+    ) -> Delivery:
+        """Another A2A method (``GetTask``, ``CancelTask``) of the agent at ``url``: ``ok``
+        with the result's bytes as the body, or the error mapped as a SendMessage's is."""
+        target = url[len(_PREFIX) :] if url[: len(_PREFIX)].lower() == _PREFIX else url
+        rid = f"relay-{id(params):x}"
+        request = _encode({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+        got = await self.http.deliver(target, request, {**headers, **_A2A_HEADERS}, timeout_s)
+        if got.outcome is not Outcome.OK:
+            return got
+        assert got.body is not None
+        try:
+            envelope = _decode_envelope(got.body)
+        except msgspec.DecodeError as exc:
+            return got._replace(
+                outcome=Outcome.AGENT_ERROR, body=None, detail=f"agent answered {_clip(str(exc))}"
+            )
+        if len(envelope.result) > 0 and envelope.id == rid:
+            return got._replace(body=bytes(envelope.result))
+        if len(envelope.error) > 0:
+            try:
+                error = _decode_error(bytes(envelope.error))
+            except msgspec.DecodeError:
+                error = None
+            if error is not None:
+                detail = f"agent answered JSON-RPC error {error.code}: {_clip(error.message)}"
+                return got._replace(
+                    outcome=outcome_of_code(error.code), body=bytes(envelope.error), detail=detail
+                )
+        return got._replace(
+            outcome=Outcome.AGENT_ERROR, body=None, detail="agent answered no JSON-RPC response"
+        )
+
     @staticmethod
     def _request(body: bytes, headers: Mapping[str, str]) -> tuple[str, bytes, dict[str, str]]:
         """The JSON-RPC request's id, body and headers, from the v1 delivery body and headers."""

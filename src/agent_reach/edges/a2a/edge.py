@@ -1,0 +1,419 @@
+"""The gateway as an A2A agent: its own Agent Card and ``POST /a2a`` (CONTRACT.md v1.1, "A2A").
+
+Mounted on the HTTP edge. It receives a :class:`~agent_reach.gateway.node.Node` and nothing
+else; a message is routed by the service's send, as every other edge's request is.
+
+- ``GET /.well-known/agent-card.json``: one skill per routable tag (``id`` = the tag, the
+  dictionary's words or the agents' description, ``tags`` = its segments), the JSON-RPC
+  interface at ``/a2a`` of the URL the card was asked at, the bearer scheme in token mode.
+  ``ETag`` on its content; ``If-None-Match`` -> 304.
+- ``POST /a2a``: JSON-RPC 2.0, A2A 1.0 (``A2A-Version: 1.0``; none is taken as 1.0, another is
+  -32009). ``SendMessage``: the intent is ``metadata.intent`` of the message or of the request
+  (an exact tag), else the message's text parts are the send's ``intent_text`` (the fallback,
+  same threshold); the first data part is the payload (``{}`` without one);
+  ``metadata.recipient_hint``, ``timeout_ms`` and ``trace_id`` are honoured. The agent's
+  answer comes back as the result: an A2A agent's Message or Task as it gave it, another
+  agent's JSON as a Message with one data part. ``GetTask`` and ``CancelTask`` go to the agent
+  that owns the task. ``SendStreamingMessage`` is unsupported (-32004; the card says so).
+- Stickiness: a message whose ``taskId`` or ``contextId`` an agent owns goes to that agent
+  (``recipient_hint``), never re-routed; an unknown ``taskId`` is -32001, an owner gone is
+  -32001 too, with the reason. Owners are kept in the registry's ``a2a-owners`` shared map
+  (on Redis, seen by every gateway) for :data:`OWNER_TTL_S` after their last message.
+
+Errors: a refusal of the service is a JSON-RPC error whose ``data`` is a
+``google.rpc.ErrorInfo`` (the form the a2a-sdk's client reads) with the v1 error body in its
+``metadata`` (``error``, ``detail``, ``trace_id``, ``msg_id``, ``suggestions`` as JSON text):
+``invalid_request`` is -32602, ``no_capable_agent``, ``recipient_incapable`` and
+``recipient_not_found`` are -32004 (the gateway cannot do that), the rest (no agent available,
+deadline, attempts failed, agent error, overloaded, rate limited) -32603; ``unauthorized`` and
+``forbidden`` are HTTP 401 and 403 with the same JSON-RPC error body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from agent_reach.errors import (
+    AgentReachError,
+    Forbidden,
+    InvalidRequest,
+    MethodNotAllowed,
+    PayloadTooLarge,
+    Unauthorized,
+)
+from agent_reach.gateway.node import Node
+from agent_reach.gateway.service import Caller
+from agent_reach.observability.logs import log
+from agent_reach.wire.bodies import SendBody, encode
+from agent_reach.wire.ids import new_id
+
+__all__ = ["CARD_PATH", "OWNER_MAP", "OWNER_TTL_S", "RPC_PATH", "A2aEdge"]
+
+CARD_PATH = "/.well-known/agent-card.json"
+RPC_PATH = "/a2a"
+OWNER_MAP = "a2a-owners"
+OWNER_TTL_S = 3600.0  # an owner is forgotten an hour after the last message of its task
+SWEEP_INTERVAL_S = 60.0
+CONTEXT_HEADER = "X-Reach-A2A-Context-Id"  # transport/a2a.py puts them in the message
+TASK_HEADER = "X-Reach-A2A-Task-Id"
+_JSON = {"Content-Type": "application/json"}
+_ERROR_INFO = "type.googleapis.com/google.rpc.ErrorInfo"
+_NAMES = {
+    -32700: "Parse error",
+    -32600: "Invalid request",
+    -32601: "Method not found",
+    -32602: "Invalid params",
+    -32603: "Internal error",
+    -32001: "Task not found",
+    -32004: "Unsupported operation",
+    -32009: "Version not supported",
+}
+_UNSUPPORTED = {"no_capable_agent", "recipient_incapable", "recipient_not_found"}
+
+
+class RpcError(Exception):
+    """A JSON-RPC error of this edge's own (not one of the service's refusals)."""
+
+    def __init__(self, code: int, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.code, self.message, self.reason = code, message, reason
+
+
+def _error_info(reason: str, metadata: dict[str, str]) -> list[dict[str, Any]]:
+    return [{"@type": _ERROR_INFO, "reason": reason, "domain": "agent-reach", "metadata": metadata}]
+
+
+def _refusal(exc: AgentReachError) -> tuple[int, dict[str, Any]]:
+    """The JSON-RPC code and error object of a service refusal (module docstring)."""
+    body = exc.to_body()
+    if exc.code == "invalid_request":
+        code = -32602
+    elif exc.code in _UNSUPPORTED:
+        code = -32004
+    elif isinstance(exc, Unauthorized | Forbidden):
+        code = -32600
+    else:
+        code = -32603
+    metadata = {
+        k: v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+        for k, v in body.items()
+        if k != "ok" and v is not None
+    }
+    return code, {
+        "code": code,
+        "message": exc.detail,
+        "data": _error_info(exc.code.upper(), metadata),
+    }
+
+
+def _rpc(rid: Any, *, result: Any = None, error: dict[str, Any] | None = None) -> bytes:
+    out: dict[str, Any] = {"jsonrpc": "2.0", "id": rid}
+    if error is not None:
+        out["error"] = error
+    else:
+        out["result"] = result
+    return encode(out)
+
+
+class A2aEdge:
+    """The gateway's card (:meth:`card`) and JSON-RPC endpoint (:meth:`rpc`) over one node."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.service = node.service
+        self.settings = node.settings
+        self.owners = node.registry.shared_map(OWNER_MAP)
+        self._monotonic = node.clock.monotonic
+        self._wall = node.clock.wall
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        """Start the sweep of expired owners."""
+        self._tasks.append(asyncio.create_task(self._sweep(), name="agent-reach-a2a-owners"))
+
+    async def close(self) -> None:
+        """Stop the sweep (idempotent)."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # --- the card --------------------------------------------------------------------------
+
+    async def card(self, request: web.BaseRequest) -> web.StreamResponse:
+        """``GET /.well-known/agent-card.json``: the gateway's Agent Card."""
+        if request.method != "GET":
+            raise MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
+        self.service.admit(self._caller(request))
+        host = request.headers.get("Host") or f"{self.settings.host}:{self.settings.port}"
+        card = self._card(f"{request.scheme}://{host}")
+        body = encode(card)
+        etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+        headers = {"ETag": etag, "Cache-Control": "no-cache"}
+        if etag in {t.strip() for t in request.headers.get("If-None-Match", "").split(",")}:
+            return web.Response(status=304, headers=headers)
+        return web.Response(body=body, headers={**_JSON, **headers})
+
+    def _card(self, base: str) -> dict[str, Any]:
+        skills = [
+            {
+                "id": tag,
+                "name": tag,
+                "description": description or f"Requests for {tag}",
+                "tags": tag.split("."),
+                **({"examples": examples} if examples else {}),
+            }
+            for tag, description, examples in self.service.routable_skills()
+        ]
+        card: dict[str, Any] = {
+            "name": "agent-reach",
+            "description": (
+                "An Agent-Reach gateway: it routes each message to a live agent that serves its"
+                " intent (metadata.intent, or the message's words), and refuses rather than"
+                " guess. One skill per intent it can reach now."
+            ),
+            "version": _version(),
+            "supportedInterfaces": [
+                {"url": base + RPC_PATH, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}
+            ],
+            "capabilities": {"streaming": False, "pushNotifications": False},
+            "defaultInputModes": ["text/plain", "application/json"],
+            "defaultOutputModes": ["application/json", "text/plain"],
+            "skills": skills,
+        }
+        if not self.node.access.open:
+            card["securitySchemes"] = {
+                "bearer": {"httpAuthSecurityScheme": {"scheme": "Bearer", "bearerFormat": "JWT"}}
+            }
+            card["securityRequirements"] = [{"schemes": {"bearer": {}}}]
+        return card
+
+    # --- JSON-RPC --------------------------------------------------------------------------
+
+    @staticmethod
+    def _caller(request: web.BaseRequest, received_at: float | None = None) -> Caller:
+        headers = request.headers
+        return Caller(
+            remote=request.remote or "?",
+            authorization=headers.get("Authorization"),
+            host=headers.get("Host"),
+            origin=headers.get("Origin"),
+            traceparent=headers.get("traceparent"),
+            received_at=received_at,
+        )
+
+    async def rpc(self, request: web.BaseRequest) -> web.StreamResponse:
+        """``POST /a2a``: one JSON-RPC request (module docstring)."""
+        if request.method != "POST":
+            raise MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
+        caller = self._caller(request, self._monotonic())
+        limit = self.settings.max_body_bytes
+        if (request.content_length or 0) > limit:
+            raise PayloadTooLarge(f"body over the {limit} byte limit")
+        raw = await request.content.read(limit + 1)
+        if len(raw) > limit:
+            raise PayloadTooLarge(f"body over the {limit} byte limit")
+        rid: Any = None
+        try:
+            version = request.headers.get("A2A-Version", "1.0").strip()
+            if version not in ("1.0", "1"):
+                raise RpcError(-32009, f"A2A version {version!r} is not supported: 1.0 is")
+            try:
+                call = msgspec.json.decode(raw)
+            except (msgspec.DecodeError, RecursionError):
+                raise RpcError(-32700, "the body is not JSON") from None
+            if not isinstance(call, dict) or call.get("jsonrpc") != "2.0":
+                raise RpcError(-32600, "a JSON-RPC 2.0 request object is needed (no batches)")
+            rid = call.get("id")
+            method, params = call.get("method"), call.get("params", {})
+            if not isinstance(method, str) or not isinstance(params, dict):
+                raise RpcError(-32600, "method (a string) and params (an object) are needed")
+            if method == "SendMessage":
+                result = await self._send(caller, params)
+            elif method in ("GetTask", "CancelTask"):
+                result = await self._task(caller, method, params)
+            elif method in ("SendStreamingMessage", "SubscribeToTask"):
+                raise RpcError(-32004, f"{method}: this gateway does not stream")
+            else:
+                raise RpcError(-32601, f"no method {method!r} (SendMessage, GetTask, CancelTask)")
+        except RpcError as exc:
+            error = {"code": exc.code, "message": exc.message}
+            if exc.reason:
+                error["data"] = _error_info(exc.reason, {"detail": exc.message})
+            return web.Response(body=_rpc(rid, error=error), headers=_JSON)
+        except AgentReachError as exc:
+            _, error = _refusal(exc)
+            status = (
+                401 if isinstance(exc, Unauthorized) else 403 if isinstance(exc, Forbidden) else 200
+            )
+            headers = {**_JSON, "WWW-Authenticate": "Bearer"} if status == 401 else _JSON
+            return web.Response(body=_rpc(rid, error=error), status=status, headers=headers)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log(logging.ERROR, "a2a.unhandled", exc_info=True)
+            error = {"code": -32603, "message": "unexpected error; see gateway log"}
+            return web.Response(body=_rpc(rid, error=error), headers=_JSON)
+        return web.Response(body=_rpc(rid, result=result), headers=_JSON)
+
+    async def _send(self, caller: Caller, params: dict[str, Any]) -> Any:
+        message = params.get("message")
+        if not isinstance(message, dict) or not isinstance(message.get("parts"), list):
+            raise RpcError(-32602, "params.message with parts is needed")
+        meta: dict[str, Any] = {}
+        for source in (params.get("metadata"), message.get("metadata")):  # the message's win
+            if isinstance(source, dict):
+                meta.update(source)
+        texts, data = [], None
+        for part in message["parts"]:
+            if not isinstance(part, dict):
+                raise RpcError(-32602, "each part must be an object")
+            if isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            elif "data" in part and data is None:
+                data = part["data"]
+        task_id, context_id = message.get("taskId"), message.get("contextId")
+        fields: dict[str, Any] = {}
+        for key in ("intent", "recipient_hint", "trace_id"):
+            if meta.get(key) is not None:
+                fields[key] = meta[key]
+        if meta.get("timeout_ms") is not None:
+            timeout = meta["timeout_ms"]
+            fields["timeout_ms"] = (
+                int(timeout) if isinstance(timeout, float) and timeout.is_integer() else timeout
+            )
+        text = " ".join(t.strip() for t in texts if t.strip())
+        if text:
+            fields["intent_text"] = text[:2000]
+        owner = await self._owner(task_id, context_id)
+        if owner is not None:  # a follow-up: to the agent that owns it, never re-routed
+            fields["recipient_hint"], fields["intent"] = owner["endpoint_id"], owner["intent"]
+        fields["payload"] = {} if data is None else data
+        fields["msg_id"] = str(message.get("messageId") or new_id("msg"))[:128]
+        try:
+            body = msgspec.json.decode(encode(fields), type=SendBody)
+        except msgspec.ValidationError as exc:
+            raise InvalidRequest(f"the message: {exc}") from None
+        headers = {}
+        if context_id:
+            headers[CONTEXT_HEADER] = str(context_id)
+        if task_id:
+            headers[TASK_HEADER] = str(task_id)
+        reply = await self.service.send(caller, body, headers=headers or None)
+        answer: dict[str, Any] = msgspec.json.decode(encode(reply))
+        endpoint_id, intent = answer["endpoint_id"], answer["intent"]
+        result = answer.get("result")
+        record = self.node.registry.get(endpoint_id)
+        if (
+            record is not None
+            and record.endpoint_url.startswith("a2a+")
+            and isinstance(result, dict)
+        ):
+            out = result  # the A2A agent's own Message or Task
+        else:
+            out = {
+                "message": {
+                    "messageId": new_id("msg"),
+                    "role": "ROLE_AGENT",
+                    "contextId": context_id or new_id("ctx"),
+                    "parts": [{"data": result, "mediaType": "application/json"}],
+                    "metadata": {
+                        "endpoint_id": endpoint_id,
+                        "intent": intent,
+                        "trace_id": answer["trace_id"],
+                        "msg_id": answer["msg_id"],
+                        **({"match": answer["match"]} if answer.get("match") else {}),
+                    },
+                }
+            }
+        await self._own(out, context_id, endpoint_id, intent)
+        return out
+
+    async def _owner(self, task_id: Any, context_id: Any) -> dict[str, Any] | None:
+        """The owner of a follow-up's task (or context); RpcError -32001 for an unknown task or
+        an owner gone (never another agent)."""
+        for kind, key in (("task", task_id), ("ctx", context_id)):
+            if not key:
+                continue
+            raw = await self.owners.get(f"{kind}:{key}")
+            found: dict[str, Any] | None = None if raw is None else json.loads(raw)
+            if found is not None and found["expires"] < self._wall():
+                await self.owners.delete(f"{kind}:{key}")
+                found = None
+            if found is None:
+                if kind == "task":
+                    raise RpcError(-32001, f"no task {key!r} is known here", "TASK_NOT_FOUND")
+                continue
+            record = self.node.registry.get(found["endpoint_id"])
+            if record is None or found["intent"] not in record.capabilities:
+                raise RpcError(
+                    -32001,
+                    f"the agent that owns {'task' if kind == 'task' else 'context'} {key!r},"
+                    f" {found['endpoint_id']}, is no longer registered for {found['intent']}:"
+                    " the conversation cannot go on elsewhere",
+                    "OWNER_GONE",
+                )
+            return found
+        return None
+
+    async def _own(
+        self, out: dict[str, Any], context_id: Any, endpoint_id: str, intent: str
+    ) -> None:
+        task = out.get("task") if isinstance(out.get("task"), dict) else None
+        message = out.get("message") if isinstance(out.get("message"), dict) else None
+        keys = []
+        if task is not None:
+            if task.get("id"):
+                keys.append(f"task:{task['id']}")
+            if task.get("contextId"):
+                keys.append(f"ctx:{task['contextId']}")
+        if message is not None and message.get("contextId"):
+            keys.append(f"ctx:{message['contextId']}")
+        if context_id:
+            keys.append(f"ctx:{context_id}")
+        value = json.dumps(
+            {"endpoint_id": endpoint_id, "intent": intent, "expires": self._wall() + OWNER_TTL_S}
+        )
+        for key in dict.fromkeys(keys):
+            await self.owners.put(key[:300], value)
+
+    async def _task(self, caller: Caller, method: str, params: dict[str, Any]) -> Any:
+        task_id = params.get("id")
+        if not isinstance(task_id, str) or not task_id:
+            raise RpcError(-32602, "params.id (the task's id) is needed")
+        owner = await self._owner(task_id, None)
+        assert owner is not None  # an unknown task raised -32001
+        return await self.service.relay(
+            caller, owner["endpoint_id"], owner["intent"], method, params
+        )
+
+    async def _sweep(self) -> None:
+        while True:
+            await self.node.clock.sleep(SWEEP_INTERVAL_S)
+            try:
+                now = self._wall()
+                for key, raw in (await self.owners.items()).items():
+                    if json.loads(raw).get("expires", 0) < now:
+                        await self.owners.delete(key)
+            except asyncio.CancelledError:
+                raise
+            except AgentReachError:
+                continue
+            except Exception:
+                log(logging.ERROR, "a2a.sweep_error", exc_info=True)
+
+
+def _version() -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("agent-reach-gateway")
+    except importlib.metadata.PackageNotFoundError:
+        return "0"
