@@ -288,6 +288,8 @@ class GatewaySettings:
     # NATS (docs/nats.md): servers, comma-separated nats://HOST:PORT (None: no NATS)
     nats: str | None = None
     nats_prefix: str = "agent-reach"  # subjects of the gateway's own API over NATS
+    # A2A (docs/a2a.md): a JWKS file of the keys signed Agent Cards are verified with
+    a2a_card_keys: str | None = None
     # MCP at /mcp (docs/mcp.md): sessions open at once (0: no /mcp), seconds one may sit idle
     mcp_max_sessions: int = 100
     mcp_session_idle: float = 600.0

@@ -17,6 +17,8 @@ client sent them, null when it sent none: the SDK fills in generated ones before
 runs), "parts" (the kinds of the parts received, in order)}``. Numbers in it come back as
 floats (protobuf's ``Value``: ``pid`` and ``deadline_ms`` too).
 
+``--sign-key PEM`` (and ``--kid``) signs the card (ES256, the SDK's signer).
+
 ``--v03`` also lists a v0.3 JSON-RPC interface (so the SDK serves a 1.0 + 0.3 hybrid card and
 takes v0.3 method names) and serves the pure v0.3 card at ``/.well-known/agent.json``.
 
@@ -96,6 +98,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rpc-path", default="/")
     p.add_argument("--v03", action="store_true", help="also serve a v0.3 card and methods")
     p.add_argument("--card-version", default="1.0.0")
+    p.add_argument(
+        "--sign-key", metavar="PEM", help="sign the card with this private key (ES256, JWS)"
+    )
+    p.add_argument("--kid", default="card-key", help="the signature's key id")
     args = p.parse_args(argv)
     if not args.rpc_path.startswith("/"):
         p.error("--rpc-path starts with /")
@@ -303,6 +309,12 @@ def main(argv: list[str] | None = None) -> None:
     sock.bind(("127.0.0.1", args.port))
     port = sock.getsockname()[1]
     card = build_card(args, port)
+    if args.sign_key:  # a signed card: a detached JWS over the card's canonical JSON
+        from a2a.utils.signing import create_agent_card_signer
+
+        with open(args.sign_key, "rb") as pem:
+            key = pem.read()
+        card = create_agent_card_signer(key, {"kid": args.kid, "alg": "ES256", "typ": "JOSE"})(card)
     config = uvicorn.Config(
         build_app(args, card),
         log_config=None,

@@ -10,6 +10,7 @@ mapped again, and bad cards are refused with nothing registered.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -327,3 +328,53 @@ def test_token_mode_judges_a_card_registration_as_any(tmp_path: Path) -> None:
             assert status == 403, sent
     finally:
         agent.stop()
+
+
+def test_signed_cards_are_verified_with_the_trusted_keys(tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from jwt.algorithms import ECAlgorithm
+
+    def key_pair(name: str) -> tuple[Path, dict[str, Any]]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        pem = tmp_path / f"{name}.pem"
+        pem.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+        jwk = json.loads(ECAlgorithm.to_jwk(key.public_key()))
+        return pem, {**jwk, "kid": name, "alg": "ES256", "use": "sig"}
+
+    trusted_pem, trusted_jwk = key_pair("trusted")
+    other_pem, _ = key_pair("other")
+    keys = tmp_path / "card-keys.json"
+    keys.write_text(json.dumps({"keys": [trusted_jwk]}))
+    skill = ["--skill", "note.create=Notes"]
+    good = a2a_agent("signed-a2a", *skill, "--sign-key", str(trusted_pem), "--kid", "trusted")
+    forged = a2a_agent("forged-a2a", *skill, "--sign-key", str(other_pem), "--kid", "trusted")
+    unsigned = a2a_agent("unsigned-a2a", *skill)
+    try:
+        with gateway("--matcher", "none", "--a2a-card-keys", str(keys)) as gw:
+            answer = add(gw.url, good.url, "agent://a2a-signed")
+            assert answer["a2a"]["signature"] == "verified"
+            body = {"endpoint_id": "agent://a2a-forged", "a2a_card_url": forged.url}
+            status, refused = http("POST", f"{gw.url}/v1/register", body)
+            assert status == 422, refused
+            assert "no valid signature" in refused["detail"]
+            assert refused["field"] == "a2a_card_url"
+            # a card without signatures is taken as it is (and shown unsigned)
+            assert add(gw.url, unsigned.url, "agent://a2a-unsigned")["a2a"]["signature"] is None
+            assert set(agents(gw.url)) == {"agent://a2a-signed", "agent://a2a-unsigned"}
+        with gateway("--matcher", "none") as gw:  # no keys configured: not checked, and said
+            assert add(gw.url, forged.url, "agent://a2a-forged")["a2a"]["signature"] == "unchecked"
+        bad_keys = tmp_path / "bad.json"
+        bad_keys.write_text("{not json")
+        run = cli("serve", "--port", "0", "--a2a-card-keys", str(bad_keys))
+        assert run.code == 2, run
+        assert "--a2a-card-keys" in run.err
+    finally:
+        for agent in (good, forged, unsigned):
+            agent.stop()

@@ -235,6 +235,14 @@ def main() -> None:
     metavar="SUBJECT",
 )
 @option(
+    "a2a-card-keys",
+    str,
+    None,
+    'a JWKS file (JSON, {"keys": [...]}) of the public keys that signed A2A Agent Cards are'
+    " verified with: a card that carries signatures must then have one valid (docs/a2a.md)",
+    metavar="FILE",
+)
+@option(
     "mcp-max-sessions",
     click.IntRange(min=0),
     100,

@@ -1,5 +1,6 @@
 """``agent-reach demo`` and ``make run``: the stack, the seed's three scenarios, one more hop,
-one agent on NATS when a nats-server answers, and two requests in words.
+one agent on NATS when a nats-server answers, one built with the a2a-sdk, and two requests in
+words.
 
 The scenarios: a request routed by intent (``weather.query``), a side effect delivered once
 (``note.create``), a request refused rather than misdelivered (``unknown.action`` ->
@@ -7,7 +8,12 @@ The scenarios: a request routed by intent (``weather.query``), a side effect del
 gateway under one trace id (``schedule.plan``). With NATS (``$AGENT_REACH_NATS``, default
 ``nats://127.0.0.1:4222``, probed with a bound before anything starts) the gateway runs with
 ``--nats`` and one more scenario reaches an agent that serves over NATS (``air.query``);
-without it, one line says that NATS was skipped and why, and the rest is the same. Then two
+without it, one line says that NATS was skipped and why, and the rest is the same. With the
+a2a-sdk's server installed (:func:`~agent_reach.demo.stack.a2a_unavailable`), an A2A agent built
+with it (``agent://travel-a2a-01``, :mod:`agent_reach.demo.travel`) is registered by its Agent
+Card, and one more scenario reaches it by its skill's tag (``travel.plan``): the gateway delivers
+it as A2A ``SendMessage``, and the output names the ``a2a+http`` endpoint and the answer's text;
+without it, one line says that A2A was skipped and why. Then two
 requests in words only (``intent_text``, no tag, no payload), matched against the demo's
 dictionary (``intents.toml``): one in Chinese that reaches the weather agent by meaning (the
 output says how it matched: method, tag, confidence), and one that nothing serves, refused with
@@ -40,6 +46,7 @@ from agent_reach.demo.stack import (
     SERVE_ENV,
     Stack,
     StackError,
+    a2a_unavailable,
     nats_unavailable,
     start,
 )
@@ -47,7 +54,7 @@ from agent_reach.errors import ReachError
 from agent_reach.sdk.client import EMPTY, SyncReachClient
 from agent_reach.settings import redacted
 
-__all__ = ["NATS_SCENARIOS", "SCENARIOS", "WORDS_SCENARIOS", "Scenario", "run"]
+__all__ = ["A2A_SCENARIOS", "NATS_SCENARIOS", "SCENARIOS", "WORDS_SCENARIOS", "Scenario", "run"]
 
 _INDENT = 3  # a scenario's lines, under its title
 
@@ -80,6 +87,8 @@ NATS_SCENARIOS = (
         "Over NATS, no inbound port", "air.query", {"city": "成都", "date": "2025-01-02"}, "ok"
     ),
 )
+# played when the demo has its A2A agent: a request delivered as A2A SendMessage
+A2A_SCENARIOS = (Scenario("Over A2A, ingested by its card", "travel.plan", {"city": "成都"}, "ok"),)
 # played last: requests in words only, matched against the demo's dictionary
 WORDS_SCENARIOS = (
     Scenario(
@@ -123,8 +132,14 @@ def _play(
     if endpoint.startswith("nats:"):
         shown = escape(endpoint)
         out.print(f"   delivered over NATS to [cyan]{shown}[/] (the agent opens no port)")
-    result = escape(json.dumps(reply.result, ensure_ascii=False))
-    out.print(f"   result {result}", soft_wrap=True)
+    said = _a2a_text(reply.result) if endpoint.startswith("a2a+") else None
+    if said is not None:
+        # the A2A Message as received is long (ids, roles, parts): its text says enough
+        out.print(f"   delivered over A2A (SendMessage) to [cyan]{escape(endpoint)}[/]")
+        out.print(f"   answer {escape(json.dumps(said, ensure_ascii=False))}", soft_wrap=True)
+    else:
+        result = escape(json.dumps(reply.result, ensure_ascii=False))
+        out.print(f"   result {result}", soft_wrap=True)
     if sc.intent == "schedule.plan":
         _waterfall(client, reply.trace_id, out)
     else:
@@ -133,6 +148,26 @@ def _play(
     if not good:
         out.print(f"   [red]expected {sc.expect}[/]")
     return good
+
+
+def _a2a_text(result: Any) -> str | None:
+    """The text parts of an A2A answer (``{"message": ...}`` or a task's artifacts), joined;
+    None when it has none."""
+    if not isinstance(result, dict):
+        return None
+    holders: list[Any] = []
+    if isinstance(result.get("message"), dict):
+        holders.append(result["message"])
+    if isinstance(result.get("task"), dict) and isinstance(result["task"].get("artifacts"), list):
+        holders += result["task"]["artifacts"]
+    texts = [
+        part["text"]
+        for holder in holders
+        if isinstance(holder, dict) and isinstance(holder.get("parts"), list)
+        for part in holder["parts"]
+        if isinstance(part, dict) and isinstance(part.get("text"), str)
+    ]
+    return " ".join(texts) if texts else None
 
 
 def _nearest(suggestions: Any) -> str:
@@ -173,6 +208,11 @@ def _serve_until_stopped(stack: Stack, out: Console, urls: dict[str, str]) -> No
         if stack.on_nats()
         else ""
     )
+    travel = "".join(
+        f'  agent-reach send travel.plan \'{{"city": "北京"}}\' --gateway {url}   # over A2A\n'
+        f"  agent-reach a2a add {card} --gateway {url}   # by its card, again\n"
+        for card in stack.cards.values()
+    )
     out.print(
         f"""
 [bold]Agent-Reach is running.[/]
@@ -187,7 +227,7 @@ def _serve_until_stopped(stack: Stack, out: Console, urls: dict[str, str]) -> No
 Try:
   agent-reach agents --gateway {url}
   agent-reach send weather.query '{{"city": "成都"}}' --gateway {url}
-{air}  agent-reach send --text '北京明天会下雨吗' --gateway {url}   # in words, any language
+{air}{travel}  agent-reach send --text '北京明天会下雨吗' --gateway {url}   # in words, any language
   agent-reach route weather.query --gateway {url}
   agent-reach intents --gateway {url}
   agent-reach doctor --gateway {url}
@@ -216,6 +256,9 @@ def _agent_reach_command() -> str:
 
 
 def _agent_line(stack: Stack, endpoint_id: str, module: str, urls: dict[str, str]) -> str:
+    if endpoint_id in stack.cards:
+        card = escape(stack.cards[endpoint_id])
+        return f"  {endpoint_id:<24}python -m {module}  (A2A, ingested by its card {card})\n"
     if endpoint_id not in stack.on_nats():
         return f"  {endpoint_id:<24}python -m {module}\n"
     where = escape(urls.get(endpoint_id, "nats:"))
@@ -250,6 +293,17 @@ def _nats_servers(given: str | None) -> tuple[str | None, str]:
     return (None, reason) if reason else (servers, "")
 
 
+def _a2a_line(stack: Stack, urls: dict[str, str], skipped: str) -> str:
+    """Which agents speak A2A, by which card; or why none does."""
+    if not stack.cards:
+        return f"A2A skipped: {escape(skipped)}; no agent over A2A"
+    listed = ", ".join(
+        f"{eid} ({urls.get(eid, '?')}) built with the a2a-sdk, ingested by its card {card}"
+        for eid, card in stack.cards.items()
+    )
+    return f"A2A: {escape(listed)}"
+
+
 def run(
     out: Console,
     *,
@@ -267,8 +321,9 @@ def run(
     logs.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     servers, skipped = _nats_servers(nats)
+    no_a2a = a2a_unavailable()
     try:
-        stack = start(logs, host=host, port=port, nats=servers)
+        stack = start(logs, host=host, port=port, nats=servers, a2a=no_a2a is None)
     except StackError as exc:
         out.print(f"[red]demo could not start:[/] {escape(str(exc))}")
         return 3
@@ -285,15 +340,18 @@ def run(
                 out.print(f"NATS {shown}: {escape(on_nats)} over NATS, the others over HTTP")
             else:
                 out.print(f"NATS skipped: {escape(skipped)}; every agent over HTTP")
+            out.print(_a2a_line(stack, urls, no_a2a or ""))
             out.print(_matcher_line(stack))
             unplayable = _skipped_for_matcher(stack)
             words = tuple(sc for sc in WORDS_SCENARIOS if sc.title not in unplayable)
-            scenarios = SCENARIOS + (NATS_SCENARIOS if servers else ()) + words
+            a2a = A2A_SCENARIOS if stack.cards else ()
+            scenarios = SCENARIOS + (NATS_SCENARIOS if servers else ()) + a2a + words
             results = [_play(client, n, sc, out, urls) for n, sc in enumerate(scenarios, 1)]
         ok = all(results)
         out.print(
             f"\n{sum(results)}/{len(results)} scenarios as expected"
             + (f"; on NATS: {', '.join(stack.on_nats())}" if servers else "; NATS skipped")
+            + (f"; over A2A: {', '.join(stack.on_a2a())}" if stack.cards else "; A2A skipped")
             + "".join(f"; {title!r} skipped ({stack.matcher} matcher)" for title in unplayable)
             + ("" if ok else " [red](see the logs)[/]")
         )

@@ -9,6 +9,13 @@ the gateway runs with ``--nats URL`` and the agents of :data:`NATS_AGENTS` serve
 the agents of :data:`AGENTS` always serve over HTTP (``AGENT_REACH_SERVE`` is taken out of their
 environment, whatever the caller's shell holds). Without NATS only :data:`AGENTS` run.
 
+With ``start(..., a2a=True)`` (after :func:`a2a_unavailable` said the a2a-sdk's server is
+installed) the agents of :data:`A2A_AGENTS` run too: built with the a2a-sdk, not with our agent
+SDK, they do not register themselves. Each prints its Agent Card's URL once it listens, and the
+stack registers it by that card (``POST /v1/register`` with ``a2a_card_url``, through the client
+SDK's ``register_card``); the gateway then keeps it alive by fetching the card
+(docs/a2a.md). ``Stack.cards`` holds the card URL of each.
+
 The gateway runs with ``--intents`` on the dictionary shipped in this package
 (:data:`DICTIONARY`, ``intents.toml``, read through :mod:`importlib.resources`, so that it works
 from a wheel as from a checkout) and the default matcher. :func:`start` returns once every agent
@@ -21,6 +28,7 @@ when the semantic extra is not installed) and ``Stack.matcher_note`` its note.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.resources
 import importlib.util
@@ -35,12 +43,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from agent_reach.errors import GatewayUnavailable, NoCapableAgent
+from agent_reach.errors import AgentReachError, GatewayUnavailable, NoCapableAgent
 from agent_reach.gateway.children import die_with_parent, listening_url
-from agent_reach.sdk.client import SyncReachClient
+from agent_reach.sdk.client import ReachClient, SyncReachClient
 from agent_reach.settings import SERVE_ENV, redacted
 
 __all__ = [
+    "A2A_AGENTS",
     "AGENTS",
     "DEFAULT_NATS",
     "DICTIONARY",
@@ -49,6 +58,7 @@ __all__ = [
     "SERVE_ENV",
     "Stack",
     "StackError",
+    "a2a_unavailable",
     "nats_unavailable",
     "start",
 ]
@@ -61,6 +71,16 @@ AGENTS = {
 }
 # ... and those serving over NATS, when the demo has a NATS server
 NATS_AGENTS = {"agent://air-nats-01": "agent_reach.demo.air"}
+# ... and those built with the a2a-sdk's server, registered by their Agent Card
+A2A_AGENTS = {"agent://travel-a2a-01": "agent_reach.demo.travel"}
+# what the A2A agents import (module -> its distribution): the a2a-sdk (the `a2a` extra, which
+# the gateway's card parser needs too), its server extra (`a2a-sdk[http-server]`), uvicorn
+_A2A_SERVER = {
+    "a2a": "a2a-sdk",
+    "starlette": "starlette",
+    "sse_starlette": "sse-starlette",
+    "uvicorn": "uvicorn",
+}
 DEFAULT_NATS = "nats://127.0.0.1:4222"
 NATS_ENV = "AGENT_REACH_NATS"  # the NATS servers, for the demo as for `agent-reach serve`
 DICTIONARY = "intents.toml"  # the demo's intent dictionary, a resource of this package
@@ -81,6 +101,7 @@ class Stack:
         self.url = ""
         self.nats = nats  # the NATS servers the gateway and the NATS agents use, if any
         self.agents: dict[str, str] = {}  # endpoint id -> module, of every agent started
+        self.cards: dict[str, str] = {}  # endpoint id -> Agent Card URL, of the A2A agents
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.intents = ""  # the dictionary file the gateway runs with (--intents)
         self.matcher = ""  # the fallback matcher the gateway runs: semantic, lexical or none
@@ -90,6 +111,10 @@ class Stack:
     def on_nats(self) -> list[str]:
         """The endpoint ids of the agents started to serve over NATS."""
         return [eid for eid in self.agents if eid in NATS_AGENTS]
+
+    def on_a2a(self) -> list[str]:
+        """The endpoint ids of the A2A agents started (registered by their card)."""
+        return list(self.cards)
 
     def spawn(
         self, name: str, args: Sequence[str], env: Mapping[str, str | None] | None = None
@@ -184,6 +209,20 @@ def nats_unavailable(servers: str, timeout_s: float = 1.0) -> str | None:
     return None if None in reasons else reasons[0]
 
 
+def a2a_unavailable() -> str | None:
+    """Why the demo cannot run its A2A agents (a plain install lacks the a2a-sdk's server), or
+    None when it can. Looked up, not imported: the a2a-sdk takes ~0.4 s to load."""
+    missing = [
+        dist for module, dist in _A2A_SERVER.items() if importlib.util.find_spec(module) is None
+    ]
+    if not missing:
+        return None
+    return (
+        f"the a2a-sdk's server is not installed (missing {', '.join(missing)};"
+        " pip install 'agent-reach-gateway[a2a]' 'a2a-sdk[http-server]' uvicorn)"
+    )
+
+
 def _probe(url: str, timeout_s: float) -> str | None:
     shown = redacted(url)
     try:
@@ -220,11 +259,13 @@ def start(
     serve_args: Sequence[str] = (),
     timeout: float = 20.0,
     nats: str | None = None,
+    a2a: bool = False,
 ) -> Stack:
     """Start the gateway, then every demo agent; return once all of them are registered.
 
     ``nats``: NATS servers to run the gateway with (``--nats``) and to serve the agents of
-    :data:`NATS_AGENTS` over; None: no NATS, only the HTTP agents.
+    :data:`NATS_AGENTS` over; None: no NATS, only the HTTP agents. ``a2a``: also start the
+    agents of :data:`A2A_AGENTS` and register them by their card.
     """
     stack = Stack(log_dir, nats)
     deadline = time.monotonic() + timeout
@@ -239,6 +280,12 @@ def start(
             # `serve` reads $AGENT_REACH_NATS too: NATS only when the demo chose it
             env={NATS_ENV: None},
         )
+        # the A2A agents need no gateway to start: started now, they load the a2a-sdk (~0.6 s)
+        # while the gateway starts (after it: the stack stops the first process last)
+        a2a_procs = {
+            eid: stack.spawn(eid.removeprefix("agent://"), ["-m", module, "--port", "0"])
+            for eid, module in (A2A_AGENTS.items() if a2a else ())
+        }
         url = listening_url(gw, deadline)
         if url is None:
             raise StackError(
@@ -258,6 +305,15 @@ def start(
                 ["-m", module, "--gateway", stack.url, "--id", endpoint_id],
                 env={SERVE_ENV: serve},
             )
+        for endpoint_id, proc in a2a_procs.items():
+            stack.agents[endpoint_id] = A2A_AGENTS[endpoint_id]
+            card_url = listening_url(proc, deadline)  # its line: "... listening on CARD_URL"
+            if card_url is None:
+                name = endpoint_id.removeprefix("agent://")
+                raise StackError(f"{endpoint_id} did not start (see {log_dir}/{name}.log)")
+            stack.cards[endpoint_id] = card_url
+        if stack.cards:
+            _register_cards(stack, deadline)
         _wait_registered(stack, deadline)
         if stack.matcher not in ("", "none"):
             _wait_matcher(stack, deadline)
@@ -265,6 +321,26 @@ def start(
         stack.stop()
         raise
     return stack
+
+
+def _register_cards(stack: Stack, deadline: float) -> None:
+    """Register each A2A agent by its card: the gateway fetches and maps it before it answers,
+    so an agent is registered (or refused, a StackError) once its call returns."""
+
+    async def register() -> None:
+        timeout_s = max(0.5, deadline - time.monotonic())
+        async with ReachClient(stack.url, timeout_s=timeout_s) as client:
+            for endpoint_id, card_url in stack.cards.items():
+                await client.register_card(endpoint_id, card_url)
+
+    try:
+        # the blocking facade has no register_card: the async client, on a loop of its own
+        asyncio.run(register())
+    except AgentReachError as exc:
+        raise StackError(
+            f"the gateway did not register the A2A agents by their cards: {exc}"
+            f" (see {stack.log_dir}/gateway.log)"
+        ) from exc
 
 
 def _wait_registered(stack: Stack, deadline: float) -> None:

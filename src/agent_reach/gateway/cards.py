@@ -74,6 +74,8 @@ class Card(msgspec.Struct, frozen=True):
     skills: list[SkillMap]
     etag: str = ""
     given: list[str] | None = None  # capabilities the registration gave (they win)
+    # "verified" (a signature by a trusted key), "unchecked" (signed, no keys configured), ""
+    signed: str = ""
 
     @property
     def capabilities(self) -> list[str]:
@@ -92,6 +94,7 @@ class Card(msgspec.Struct, frozen=True):
         return {
             "card_url": self.card_url,
             "card_version": self.version,
+            "signature": self.signed or None,
             "name": self.name,
             "skills": msgspec.to_builtins(self.skills),
             "unmapped_skills": self.unmapped,
@@ -120,9 +123,41 @@ def _is_v03(data: dict[str, Any]) -> bool:
     return "supportedInterfaces" not in data and ("url" in data or "preferredTransport" in data)
 
 
-def parse_card(raw: bytes, card_url: str) -> tuple[Any, str]:
+CARD_ALGORITHMS = ["ES256", "ES384", "ES512", "RS256", "RS384", "RS512", "PS256", "EdDSA"]
+
+
+def load_card_keys(path: str) -> Any:
+    """The signature verifier of the JWKS file at ``path`` (the a2a-sdk's, over those keys
+    only: a card's ``jku`` is never fetched); ConfigError naming what is wrong."""
+    import jwt
+
+    try:
+        with open(path, "rb") as file:
+            jwks = jwt.PyJWKSet.from_json(file.read().decode())
+    except (OSError, ValueError, jwt.PyJWKSetError) as exc:
+        raise ConfigError(f"--a2a-card-keys {path}: {exc}", source="a2a-card-keys") from exc
+    by_kid = {key.key_id: key for key in jwks.keys if key.key_id}
+    if not by_kid:
+        raise ConfigError(
+            f"--a2a-card-keys {path}: no key with a kid (a signature names its key by kid)",
+            source="a2a-card-keys",
+        )
+
+    def key_for(kid: str | None, jku: str | None) -> Any:
+        if kid is None or kid not in by_kid:
+            raise jwt.PyJWTError(f"no trusted key {kid!r}")
+        return by_kid[kid]
+
+    _sdk()
+    from a2a.utils.signing import create_signature_verifier
+
+    return create_signature_verifier(key_for, CARD_ALGORITHMS)
+
+
+def parse_card(raw: bytes, card_url: str, verify: Any = None) -> tuple[Any, str]:
     """The SDK's ``AgentCard`` of ``raw`` and its version (``"1.0"`` or ``"0.3"``);
-    InvalidRequest (field ``a2a_card_url``) naming what is wrong."""
+    InvalidRequest (field ``a2a_card_url``) naming what is wrong. ``verify`` (trusted keys
+    configured): a card that carries signatures must have one valid."""
     sdk = _sdk()
     try:
         data = msgspec.json.decode(raw)
@@ -138,6 +173,11 @@ def parse_card(raw: bytes, card_url: str) -> tuple[Any, str]:
     missing = [f for f in ("name", "supported_interfaces") if not getattr(card, f)]
     if missing:
         raise _unusable(card_url, f"the card has no {' and no '.join(missing)}")
+    if verify is not None and card.signatures:
+        try:
+            verify(card)
+        except Exception as exc:  # the SDK's SignatureVerificationError, or a key's fault
+            raise _unusable(card_url, f"no valid signature by a trusted key ({exc})") from None
     return card, version
 
 
@@ -164,6 +204,14 @@ class CardKeeper:
         # this gateway's copy of the kept cards, as of its last round (for /v1/agents)
         self.local: dict[str, Card] = {}
         self.timeout_s = min(FETCH_TIMEOUT_S, max(0.5, node.settings.heartbeat_interval / 2))
+        self.verify: Any = None  # the signature verifier, once the keys are loaded
+
+    def load(self) -> None:
+        """Read the trusted keys of ``--a2a-card-keys`` (ConfigError: the gateway does not
+        start)."""
+        path = self.node.settings.a2a_card_keys
+        if path:
+            self.verify = load_card_keys(path)
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -197,7 +245,8 @@ class CardKeeper:
         return self._registration(body.endpoint_id, card, body.description), card
 
     async def _card(self, card_url: str, raw: bytes, etag: str, given: list[str] | None) -> Card:
-        agent, version = await asyncio.to_thread(parse_card, raw, card_url)
+        agent, version = await asyncio.to_thread(parse_card, raw, card_url, self.verify)
+        signed = bool(agent.signatures)
         skills = [await self._skill(s) for s in agent.skills]
         return Card(
             card_url=card_url,
@@ -208,6 +257,7 @@ class CardKeeper:
             skills=skills,
             etag=etag,
             given=list(given) if given else None,
+            signed=("verified" if self.verify is not None else "unchecked") if signed else "",
         )
 
     async def _skill(self, skill: Any) -> SkillMap:

@@ -179,6 +179,7 @@ class Node:
                 mode=self.settings.effective_intent_mode,
             )
         self.access.load()
+        self.cards.load()  # --a2a-card-keys: a bad file stops the start
         await self.registry.start()
         await self.transport.start()
         # the first index of the fallback matcher: the dictionary's tags and the registry's
