@@ -26,6 +26,9 @@ Sub-benchmarks (benchmarks/README.md says more):
   agent vs a NATS agent (``nats:SUBJECT``) at 32 connections and at 1, and heartbeats over HTTP
   (wrk) vs over NATS (a nats-py load generator), measured alternately; nats-server's and the
   generator's CPU beside (benchmarks/nats_bench.py). Part of "all" when nats-server is installed.
+- ``a2a``: one gateway, one trivial agent: the same reach as ``POST /v1/send`` and as
+  ``POST /a2a`` (A2A 1.0 ``SendMessage``, the intent in ``metadata.intent``) at 1 and 32
+  connections, measured alternately: the added cost of the protocol (benchmarks/a2a_bench.py).
 
 Every figure is the median over ``--runs`` runs with min-max; ratios are taken run by run (the
 gateways are measured alternately within each run) and then their median. With 2+ CPUs and
@@ -79,7 +82,7 @@ from harness import (
 )
 
 # run in this order: in-process ones first, latency before load
-BENCHES = ("route", "auth", "latency", "e2e", "heartbeat", "tokens", "redis", "nats")
+BENCHES = ("route", "auth", "latency", "e2e", "heartbeat", "tokens", "redis", "nats", "a2a")
 STEAL_PCT = 5.0  # steal time, in % of one core, above which a run is noted as noisy
 INTENT = "bench.echo"
 AGENT_ID = "agent://bench-agent"
@@ -856,6 +859,19 @@ def bench_nats(args: argparse.Namespace, rep: Report, cores: Cores) -> None:
         nats_bench.report(rep, data, st.prefix, st.subject)
 
 
+def bench_a2a(args: argparse.Namespace, rep: Report, cores: Cores) -> None:
+    import a2a_bench
+
+    data: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    with a2a_bench.stack(cores) as st:
+        for conns in a2a_bench.CONNS:
+            print(f"== a2a {conns} connection(s)", flush=True)
+            names, one = a2a_bench.targets(conns, st, cores)
+            data[f"c{conns}"] = _rotate(args, names, one)
+    rep.data["a2a"] = {"samples": st.samples, **data}  # the answers checked after the rounds too
+    a2a_bench.report(rep, data, st)
+
+
 def render(rep: Report, meta: dict[str, Any]) -> str:
     m = meta["machine"]
     floor = any(r["floor"] for r in rep.rows)
@@ -1030,6 +1046,9 @@ def main() -> int:
     if "nats" in selected:
         print("== nats", flush=True)
         bench_nats(args, rep, cores)
+    if "a2a" in selected:
+        print("== a2a", flush=True)
+        bench_a2a(args, rep, cores)
     meta["elapsed_s"] = round(time.monotonic() - t0, 1)
     meta["quiet_wait_s"] = round(QUIET.waited_s, 1)
     meta["noisy_reruns"] = QUIET.reruns

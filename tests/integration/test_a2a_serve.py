@@ -299,3 +299,47 @@ def test_token_mode_on_a2a(tmp_path: Path) -> None:
             assert data["verified"] is True
         finally:
             agent.stop()
+
+
+def test_one_off_messages_leave_no_owner_behind() -> None:
+    """Stateless traffic writes nothing to the owners' map: it grows with conversations (a
+    context the caller names, a Task), not with requests."""
+    import redis
+
+    prefix = f"test-{os.urandom(6).hex()}"
+    shared = ["--registry", REDIS_URL, "--registry-prefix", prefix, "--matcher", "none"]
+    store = redis.Redis.from_url(REDIS_URL)
+    try:
+        with gateway(*shared) as gw:
+            agent = start_agent(gw.url, "agent://echo-1", intents="test.echo")
+            try:
+                owners = "{" + prefix + "}:map:a2a-owners"  # the hash-tagged prefix
+                for i in range(5):
+                    one_off = {
+                        "jsonrpc": "2.0",
+                        "id": i,
+                        "method": "SendMessage",
+                        "params": {
+                            "message": {
+                                "messageId": f"m-{i}",
+                                "role": "ROLE_USER",
+                                "parts": [{"data": {"i": i}}],
+                                "metadata": {"intent": "test.echo"},
+                            }
+                        },
+                    }
+                    status, answer = http("POST", f"{gw.url}/a2a", one_off)
+                    assert status == 200 and "result" in answer, answer
+                    assert "contextId" not in answer["result"]["message"]
+                keys = [k.decode() for k in store.keys("{" + prefix + "}:map:*")]
+                assert owners not in keys, keys
+                # a context the caller names is owned: its follow-up stays with this agent
+                one_off["params"]["message"]["contextId"] = "ctx-1"  # type: ignore[index]
+                status, answer = http("POST", f"{gw.url}/a2a", one_off)
+                assert answer["result"]["message"]["contextId"] == "ctx-1", answer
+                assert store.hexists(owners, "ctx:ctx-1")
+            finally:
+                agent.stop()
+    finally:
+        store.close()
+        drop_prefix(prefix, REDIS_URL)

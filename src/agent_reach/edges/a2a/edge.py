@@ -17,8 +17,11 @@ else; a message is routed by the service's send, as every other edge's request i
   that owns the task. ``SendStreamingMessage`` is unsupported (-32004; the card says so).
 - Stickiness: a message whose ``taskId`` or ``contextId`` an agent owns goes to that agent
   (``recipient_hint``), never re-routed; an unknown ``taskId`` is -32001, an owner gone is
-  -32001 too, with the reason. Owners are kept in the registry's ``a2a-owners`` shared map
-  (on Redis, seen by every gateway) for :data:`OWNER_TTL_S` after their last message.
+  -32001 too, with the reason. An agent owns the Tasks it answers with (their ids and
+  contexts) and the contexts callers named in the messages it answered; a one-off message
+  (no task, no context named) is owned by nobody and writes nothing. Owners are kept in the
+  registry's ``a2a-owners`` shared map (on Redis, seen by every gateway) for
+  :data:`OWNER_TTL_S` after their last message.
 
 Errors: a refusal of the service is a JSON-RPC error whose ``data`` is a
 ``google.rpc.ErrorInfo`` (the form the a2a-sdk's client reads) with the v1 error body in its
@@ -322,7 +325,7 @@ class A2aEdge:
                 "message": {
                     "messageId": new_id("msg"),
                     "role": "ROLE_AGENT",
-                    "contextId": context_id or new_id("ctx"),
+                    **({"contextId": context_id} if context_id else {}),
                     "parts": [{"data": result, "mediaType": "application/json"}],
                     "metadata": {
                         "endpoint_id": endpoint_id,
@@ -366,18 +369,20 @@ class A2aEdge:
     async def _own(
         self, out: dict[str, Any], context_id: Any, endpoint_id: str, intent: str
     ) -> None:
+        """Note who owns what a follow-up may name: a Task's id and context, and a context the
+        caller named. Nothing for a one-off message (no task, no context of the caller's): a
+        stateless send writes nothing, so the map grows with conversations, not requests."""
         task = out.get("task") if isinstance(out.get("task"), dict) else None
-        message = out.get("message") if isinstance(out.get("message"), dict) else None
         keys = []
         if task is not None:
             if task.get("id"):
                 keys.append(f"task:{task['id']}")
             if task.get("contextId"):
                 keys.append(f"ctx:{task['contextId']}")
-        if message is not None and message.get("contextId"):
-            keys.append(f"ctx:{message['contextId']}")
         if context_id:
             keys.append(f"ctx:{context_id}")
+        if not keys:
+            return
         value = json.dumps(
             {"endpoint_id": endpoint_id, "intent": intent, "expires": self._wall() + OWNER_TTL_S}
         )

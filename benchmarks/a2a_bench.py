@@ -1,0 +1,424 @@
+"""A2A against v1 through one gateway, the pieces of ``run.py a2a``: the added cost of the protocol.
+
+The stack (``stack``): one Agent-Reach gateway on the gateway core (``python -m agent_reach serve
+--port 0 --matcher none --heartbeat-interval 3600 --log-level WARNING``, memory registry) and one
+trivial agent (``trivial_agent.py``) on the load core, registered for ``bench.echo``. The same
+reach two ways, measured alternately by ``run.py``'s ``_rotate`` at 1 and at 32 connections:
+
+- ``v1``: ``POST /v1/send`` ``{"intent": "bench.echo", "payload": {"n": 1}}`` (wrk_post.lua);
+- ``a2a``: ``POST /a2a`` with ``A2A-Version: 1.0``, a JSON-RPC ``SendMessage`` whose message
+  carries the intent in ``metadata.intent`` and ``{"n": 1}`` as its one data part
+  (wrk_a2a.lua); the gateway routes it by the same send and wraps the agent's JSON answer into
+  an A2A Message.
+
+Invariants:
+- Both sides go through the same runner (``_wrk``, the accounting of ``harness.wrk``): good
+  answers/s, p50/p99, errors, the gateway's CPU per request from /proc, the CPU of processes
+  outside the benchmark and steal time over the run, plus the gateway's RSS before and after.
+- Errors: a non-200, a socket error, a body that is not the expected answer, and on the A2A side
+  a JSON-RPC error (``rpcerror``) are all counted as errors, never as throughput.
+- The answers are checked, not assumed: ``SAMPLES`` requests of each kind are sent and parsed
+  when the stack is up and again after the rounds (``check_answers``); any one that is not a
+  result holding the agent's answer stops the benchmark with the body it got.
+- A measured run waits for quiet and is measured once more when noisy, as ``harness.wrk``.
+- Bounded: readiness polls ``READY_TIMEOUT_S``, a wrk run its duration + 30 s, a sampled request
+  10 s; both children are stopped on the way out of ``stack``, whatever happens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import re
+import subprocess
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from harness import (
+    CLK_TCK,
+    HERE,
+    NOISY_PCT,
+    PY,
+    QUIET,
+    Child,
+    Cores,
+    all_jiffies,
+    die_with_parent,
+    fmt,
+    foreign_cpu,
+    jiffies,
+    med,
+    pin,
+    start,
+    steal_jiffies,
+    wait_http,
+)
+from trivial_agent import BODY as AGENT_BODY
+
+INTENT = "bench.echo"
+AGENT_ID = "agent://bench-agent"
+CONNS = (1, 32)  # one caller first: latency before load, as run.py orders its benchmarks
+SAMPLES = 3  # answers of each kind parsed and checked before and after the rounds
+AGENT_ANSWER: dict[str, Any] = json.loads(AGENT_BODY)
+V1_BODY = json.dumps({"intent": INTENT, "payload": {"n": 1}})
+A2A_BODY = json.dumps(
+    {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "SendMessage",
+        "params": {
+            "message": {
+                "messageId": "m1",
+                "role": "ROLE_USER",
+                "parts": [{"data": {"n": 1}}],
+                "metadata": {"intent": INTENT},
+            }
+        },
+    },
+    separators=(",", ":"),
+)
+A2A_HEADERS = {"Content-Type": "application/json", "A2A-Version": "1.0"}
+# what wrk_a2a.lua takes for a result: checked here on the sampled answers, so that a change
+# of the gateway's key order shows as a clear failure rather than as every request an error
+A2A_RESULT_PREFIX = b'{"jsonrpc":"2.0","id":1,"result":{"message":'
+LUA = {"v1": HERE / "wrk_post.lua", "a2a": HERE / "wrk_a2a.lua"}
+PATHS = {"v1": "/v1/send", "a2a": "/a2a"}
+BODIES = {"v1": V1_BODY, "a2a": A2A_BODY}
+One = Callable[[str, int, bool], dict[str, Any]]  # (target, seconds, measured) -> figures
+
+
+# --- the stack ----------------------------------------------------------------------------------
+
+
+@dataclass
+class A2aStack:
+    """The gateway and the trivial agent (both started by ``stack``), and the sampled answers."""
+
+    gateway: Child
+    agent: Child
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+    def pids(self) -> set[int]:
+        """The benchmark's own processes (not counted as foreign CPU)."""
+        return {self.gateway.pid, self.agent.pid}
+
+
+def _post(url: str, body: str, headers: dict[str, str]) -> tuple[int, bytes]:
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=10)
+    try:
+        conn.request("POST", parts.path, body=body.encode(), headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def _v1_problem(status: int, raw: bytes) -> str | None:
+    """Why a ``/v1/send`` answer is not the agent's answer routed by intent (None: it is)."""
+    if status != 200:
+        return f"HTTP {status}"
+    ans = json.loads(raw)
+    if ans.get("ok") is not True:
+        return "no ok: true"
+    if (ans.get("endpoint_id"), ans.get("intent")) != (AGENT_ID, INTENT):
+        return f"reached {ans.get('endpoint_id')} for {ans.get('intent')}"
+    if ans.get("result") != AGENT_ANSWER:
+        return "the result is not the agent's answer"
+    return None
+
+
+def _a2a_problem(status: int, raw: bytes) -> str | None:
+    """Why a ``/a2a`` answer is not a JSON-RPC result, a Message holding the agent's answer."""
+    if status != 200:
+        return f"HTTP {status}"
+    ans = json.loads(raw)
+    if "error" in ans:
+        return f"JSON-RPC error {ans['error'].get('code')}"
+    if ans.get("jsonrpc") != "2.0" or ans.get("id") != 1:
+        return "not the JSON-RPC answer of request id 1"
+    message = (ans.get("result") or {}).get("message") or {}
+    if message.get("role") != "ROLE_AGENT":
+        return "the result is not an agent's Message"
+    parts, meta = message.get("parts") or [{}], message.get("metadata") or {}
+    if parts[0].get("data") != AGENT_ANSWER:
+        return "the Message's data part is not the agent's answer"
+    if (meta.get("endpoint_id"), meta.get("intent")) != (AGENT_ID, INTENT):
+        return f"reached {meta.get('endpoint_id')} for {meta.get('intent')}"
+    if not raw.startswith(A2A_RESULT_PREFIX):
+        return f"the body does not start as wrk_a2a.lua expects ({A2A_RESULT_PREFIX!r})"
+    return None
+
+
+def check_answers(st: A2aStack, when: str) -> dict[str, Any]:
+    """``SAMPLES`` answers of each kind, parsed and checked; RuntimeError on the first that is
+    not a result. Returns what was checked (one answer of each kind kept for the report)."""
+    checks = {"v1": _v1_problem, "a2a": _a2a_problem}
+    headers = {"v1": {"Content-Type": "application/json"}, "a2a": A2A_HEADERS}
+    kept: dict[str, Any] = {"when": when}
+    for kind, problem in checks.items():
+        for _ in range(SAMPLES):
+            status, raw = _post(st.gateway.url + PATHS[kind], BODIES[kind], headers[kind])
+            try:
+                why = problem(status, raw)
+            except (ValueError, AttributeError, IndexError, TypeError) as exc:
+                why = f"unreadable: {exc!r}"
+            if why is not None:
+                raise RuntimeError(f"{kind} answer {when} the rounds: {why}: {raw[:600]!r}")
+        kept[kind] = {"checked": SAMPLES, "answer": json.loads(raw)}
+    return kept
+
+
+@contextlib.contextmanager
+def stack(cores: Cores) -> Iterator[A2aStack]:
+    """Start the gateway and the agent (bounded readiness polls), check answers of both kinds;
+    on a normal exit check them again; stop both on the way out, whatever happens."""
+    gw_core, load_core = cores
+    children: list[Child] = []
+    try:
+        serve = [PY, "-m", "agent_reach", "serve", "--port", "0", "--matcher", "none"]
+        serve += ["--heartbeat-interval", "3600", "--log-level", "WARNING"]
+        gateway = start("agent-reach-a2a", serve, gw_core)
+        children.append(gateway)
+        gateway.url = gateway.wait_line(r"listening on (http://\S+)")
+        wait_http(gateway.url + "/healthz")
+        cmd = [PY, str(HERE / "trivial_agent.py"), "--id", AGENT_ID, "--intent", INTENT]
+        agent = start("agent-a2a", [*cmd, "--register", gateway.url], load_core)
+        children.append(agent)
+        agent.url = agent.wait_line(r"listening on (http://\S+)")
+        st = A2aStack(gateway, agent)
+        st.samples.append(check_answers(st, "before"))
+        yield st
+        st.samples.append(check_answers(st, "after"))
+    finally:
+        for child in reversed(children):
+            child.stop()
+
+
+# --- measured runs ------------------------------------------------------------------------------
+
+
+def rss_kb(pid: int) -> int:
+    """Resident set size of ``pid`` in kB (VmRSS); 0 once it is gone."""
+    with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _wrk(st: A2aStack, cores: Cores, kind: str, conns: int, seconds: int) -> dict[str, Any]:
+    """One wrk run of ``kind`` (v1, a2a): ``harness.wrk``'s figures, with this kind's script."""
+    url = st.gateway.url + PATHS[kind]
+    cmd = [*pin(cores[1]), "wrk", "-t1", f"-c{conns}", f"-d{seconds}s", "--timeout", "10s"]
+    cmd += ["-s", str(LUA[kind]), url]
+    gw = st.gateway.pid
+    snap0, steal0 = all_jiffies(), steal_jiffies()
+    rss0, g0, t0 = rss_kb(gw), jiffies(gw), time.monotonic()
+    with subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "WRK_BODY": BODIES[kind]},
+        preexec_fn=die_with_parent,
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=seconds + 30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate(timeout=10)
+            raise RuntimeError(f"wrk on {url} did not finish in {seconds + 30} s") from None
+    elapsed = time.monotonic() - t0
+    g1, rss1 = jiffies(gw), rss_kb(gw)
+    snap1, steal1 = all_jiffies(), steal_jiffies()
+    m = re.search(rb"WRKJSON (\{.*\})", stdout)
+    if proc.returncode != 0 or not m:
+        raise RuntimeError(f"wrk failed ({proc.returncode}): {stderr.decode()[-500:]}")
+    r: dict[str, Any] = json.loads(m.group(1))
+    r.setdefault("rpcerror", 0)  # wrk_post.lua has no JSON-RPC to count
+    keys = ("non200", "badbody", "rpcerror", "connect", "read", "write", "timeout")
+    r["errors"] = sum(r[k] for k in keys)
+    # good answers only: a side that fails fast must not look fast
+    r["rps"] = round(max(0, r["requests"] - r["errors"]) / (r["duration_us"] / 1e6), 1)
+    if r["requests"]:
+        r["gw_cpu_us_per_req"] = round((g1 - g0) / CLK_TCK * 1e6 / r["requests"], 1)
+        r["rss_kb_per_1k_req"] = round((rss1 - rss0) * 1000 / r["requests"], 2)
+    r["rss_kb_after"] = rss1
+    r["gw_busy_pct"] = round((g1 - g0) * 100 / CLK_TCK / elapsed, 1)
+    r["steal_pct"] = round((steal1 - steal0) * 100 / CLK_TCK / elapsed, 1)
+    r["foreign_cpu_pct"], r["foreign_top"] = foreign_cpu(
+        snap0, snap1, st.pids() | {os.getpid()}, elapsed
+    )
+    return r
+
+
+def _quiet_run(
+    once: Callable[[], dict[str, Any]], ours: set[int], measured: bool
+) -> dict[str, Any]:
+    """``once()`` after a quiet window when ``measured``, and once more if it was noisy (the
+    quieter kept): what ``harness.wrk`` does."""
+    if not measured:
+        return once()
+    QUIET.wait(ours)
+    r = once()
+    if r["foreign_cpu_pct"] >= 2 * NOISY_PCT and QUIET.waited_s < QUIET.budget_s:
+        QUIET.reruns += 1
+        QUIET.wait(ours)
+        again = once()
+        if again["foreign_cpu_pct"] < r["foreign_cpu_pct"]:
+            r = again
+    return r
+
+
+def targets(conns: int, st: A2aStack, cores: Cores) -> tuple[list[str], One]:
+    """The target names (v1, a2a) at ``conns`` connections and how to run one, for ``_rotate``."""
+
+    def one(name: str, seconds: int, measured: bool) -> dict[str, Any]:
+        return _quiet_run(lambda: _wrk(st, cores, name, conns, seconds), st.pids(), measured)
+
+    return ["v1", "a2a"], one
+
+
+# --- the report ---------------------------------------------------------------------------------
+
+
+class Rows(Protocol):
+    """What of run.py's Report this module writes to."""
+
+    notes: list[str]
+
+    def row(
+        self,
+        bench: str,
+        metric: str,
+        ar: str,
+        seed: str = "",
+        ratio: str = "",
+        target: str = "",
+        floor: str = "",
+    ) -> None:
+        """One row of the table (this module fills ``ar``, ``ratio`` and ``target``)."""
+
+    def verdict(self, name: str, ok: bool, detail: str) -> None:
+        """One target, met or not."""
+
+    def noise(self, name: str, runs: list[dict[str, Any]]) -> None:
+        """A note when other processes or the hypervisor took CPU during ``runs``."""
+
+
+Run = dict[str, Any]
+Runs = dict[str, list[Run]]
+
+
+def _col(runs: list[Run], key: str, unit: str = "", digits: int = 0, div: float = 1) -> str:
+    values = [r[key] / div for r in runs if key in r]
+    return fmt(med(values), unit, digits) if values else "-"
+
+
+def _ms(runs: list[Run], key: str = "p50_us", digits: int = 2) -> str:
+    return _col(runs, key, " ms", digits, 1000)
+
+
+def _pairs(a: list[Run], b: list[Run], f: Callable[[Run, Run], float]) -> dict[str, float]:
+    """``f`` of the runs of a and b measured in the same round, then their median."""
+    return med([f(x, y) for x, y in zip(a, b, strict=True)])
+
+
+def _ratio(a: list[Run], b: list[Run], key: str) -> str:
+    return fmt(_pairs(a, b, lambda x, y: x[key] / max(y[key], 1e-9)), "x", 2)
+
+
+def _signed(s: dict[str, float], unit: str, digits: int = 0) -> str:
+    """``harness.fmt`` for a difference: signed, the range as (min to max)."""
+    f = f"{{:+,.{digits}f}}"
+    text = f.format(s["median"]) + unit
+    if f.format(s["min"]) == f.format(s["max"]):
+        return text
+    return f"{text} ({f.format(s['min'])} to {f.format(s['max'])})"
+
+
+def _errors(runs: list[Run]) -> str:
+    total = sum(r["errors"] for r in runs)
+    rpc = sum(r["rpcerror"] for r in runs)
+    return f"{total} ({rpc} JSON-RPC)" if rpc else str(total)
+
+
+def report(rep: Rows, data: dict[str, Runs], st: A2aStack) -> None:
+    """Rows, notes and the zero-errors verdict of ``run.py a2a``."""
+
+    def row(metric: str, figure: str, ratio: str = "", target: str = "info") -> None:
+        rep.row("a2a", metric, figure, ratio=ratio, target=target)
+
+    cpu, rss = "gw_cpu_us_per_req", "rss_kb_per_1k_req"
+    for conns in CONNS:
+        v1, a2a = data[f"c{conns}"]["v1"], data[f"c{conns}"]["a2a"]
+        at = f"{conns} connection{'s' if conns > 1 else ''}"
+        p50_digits = 3 if conns == 1 else 2
+        row(f"POST /v1/send good answers/s, {at}", _col(v1, "rps"))
+        row(
+            "  latency p50 / p99; errors; gateway CPU per request",
+            f"{_ms(v1, digits=p50_digits)} / {_ms(v1, 'p99_us')}; {_errors(v1)}; "
+            f"{_col(v1, cpu, ' µs')}",
+            target="0 errors",
+        )
+        row(
+            f"POST /a2a SendMessage good answers/s, {at}; ratio a2a / v1",
+            _col(a2a, "rps"),
+            _ratio(a2a, v1, "rps"),
+        )
+        row(
+            "  latency p50 / p99; errors (non-200, JSON-RPC error, bad body, socket); "
+            "gateway CPU per request",
+            f"{_ms(a2a, digits=p50_digits)} / {_ms(a2a, 'p99_us')}; {_errors(a2a)}; "
+            f"{_col(a2a, cpu, ' µs')}",
+            target="0 errors",
+        )
+        p50 = _pairs(a2a, v1, lambda x, y: (x["p50_us"] - y["p50_us"]) / 1000)
+        row(
+            "  p50, a2a minus v1 (run by run); ratio a2a / v1",
+            _signed(p50, " ms", 3),
+            _ratio(a2a, v1, "p50_us"),
+        )
+        added = _pairs(a2a, v1, lambda x, y: x[cpu] - y[cpu])
+        row(
+            "  gateway CPU per request, a2a minus v1 (run by run); ratio a2a / v1",
+            _signed(added, " µs"),
+            _ratio(a2a, v1, cpu),
+        )
+        row(
+            "  gateway RSS growth per 1,000 requests, v1 / a2a; gateway core busy, v1 / a2a",
+            f"{_col(v1, rss, ' kB', 1)} / {_col(a2a, rss, ' kB', 1)}; "
+            f"{_col(v1, 'gw_busy_pct', ' %')} / {_col(a2a, 'gw_busy_pct', ' %')}",
+        )
+        rep.noise(f"a2a at {at}", [*v1, *a2a])
+    checked = sum(s[k]["checked"] for s in st.samples for k in ("v1", "a2a"))
+    row(
+        "answers parsed and checked before and after the rounds: v1 (the agent's answer, routed "
+        "by intent) / a2a (a JSON-RPC result, a Message holding it)",
+        f"{checked // 2} / {checked // 2}, all results",
+        target="results",
+    )
+    total = sum(r["errors"] for runs in data.values() for side in runs.values() for r in side)
+    rep.verdict(
+        "a2a: zero errors (v1 and a2a, 1 and 32 connections; non-200, JSON-RPC errors, bad "
+        "bodies, socket errors)",
+        total == 0,
+        f"{total} errors",
+    )
+    rss = max(r["rss_kb_after"] for runs in data.values() for side in runs.values() for r in side)
+    rep.notes.append(
+        "a2a: one gateway on the gateway core (--matcher none, memory registry), the trivial "
+        "agent and wrk on the load core; the same reach measured alternately as POST /v1/send "
+        f'({len(V1_BODY)} B body, wrk_post.lua: good = 200 with "ok":true) and as POST /a2a '
+        f"SendMessage with A2A-Version: 1.0 ({len(A2A_BODY)} B body, the intent in "
+        "message.metadata, wrk_a2a.lua: good = 200 whose body is the JSON-RPC result of id 1, "
+        "a Message holding the agent's answer; a JSON-RPC error counts as an error). Every "
+        "request has the same messageId (the gateway does not deduplicate). Each A2A answer "
+        "carries a new contextId that the gateway keeps in its a2a-owners map for an hour "
+        f"(the RSS row; the gateway's RSS at the end: {rss / 1024:,.0f} MiB)."
+    )
