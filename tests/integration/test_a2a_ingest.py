@@ -279,21 +279,23 @@ def test_every_gateway_of_a_shared_registry_keeps_the_card() -> None:
     """The kept cards live in the registry: on Redis, a gateway that did not register the
     agent keeps fetching its card when the one that did is gone."""
     prefix = f"test-{os.urandom(6).hex()}"
-    shared = ["--registry", REDIS_URL, "--registry-prefix", prefix, "--heartbeat-interval", "0.5"]
+    shared = ["--registry", REDIS_URL, "--registry-prefix", prefix, "--heartbeat-interval", "1"]
     agent = a2a_agent("shared-a2a", "--skill", "note.create=Notes")
     try:
         with gateway(*shared) as second:
             with gateway(*shared) as first:
                 add(first.url, agent.url, "agent://a2a-shared")
                 wait_until(lambda: "agent://a2a-shared" in agents(second.url), 5)
-            # the first gateway is gone: after 3 intervals without its fetches the agent would
-            # be down, unless the second one fetches the card too
+            # the first gateway is gone: 3 intervals without its fetches and the agent would be
+            # down, unless the second one fetches the card too (a late fetch under load may
+            # make it degraded for a moment: 1 interval)
             seen = []
-            deadline = time.monotonic() + 3.0
+            deadline = time.monotonic() + 4.5
             while time.monotonic() < deadline:
                 seen.append(agents(second.url)["agent://a2a-shared"]["status"])
                 time.sleep(0.1)  # polling interval, not a settle delay
-            assert set(seen) == {"healthy"}, seen
+            assert not {"suspect", "down"} & set(seen), seen
+            assert seen[-1] in ("healthy", "degraded"), seen
             status, sent = send(second.url, intent="note.create")
             assert status == 200, sent
             http("POST", f"{second.url}/v1/deregister", {"endpoint_id": "agent://a2a-shared"})
