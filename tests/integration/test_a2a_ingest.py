@@ -199,12 +199,16 @@ def test_health_follows_the_card_fetches(gw: Proc) -> None:
         http("POST", f"{gw.url}/v1/deregister", {"endpoint_id": "agent://a2a-paused"})
 
 
-def test_a_changed_card_is_mapped_again(gw: Proc) -> None:
+def test_a_changed_card_is_mapped_again_within_what_was_registered(gw: Proc) -> None:
+    """A changed card is read again: a skill it drops is dropped, one it adds is not taken (a
+    registration again, with its checks, adds it), and a moved interface is not followed."""
     port = str(free_port())
-    first = a2a_agent("changing-a2a", "--port", port, "--skill", "note.create=Notes")
+    both = ["--skill", "note.create=Notes", "--skill", "note.query=Finds notes"]
+    first = a2a_agent("changing-a2a", "--port", port, *both)
     try:
         add(gw.url, first.url, "agent://a2a-changing")
-        assert agents(gw.url)["agent://a2a-changing"]["capabilities"] == ["note.create"]
+        listed = agents(gw.url)["agent://a2a-changing"]
+        assert listed["capabilities"] == ["note.create", "note.query"]
         first.stop()
         second = a2a_agent(
             "changing-a2a",
@@ -215,18 +219,37 @@ def test_a_changed_card_is_mapped_again(gw: Proc) -> None:
             "--skill",
             "note.create=Notes",
             "--skill",
-            "note.query=Finds notes",
+            "air.query=Air quality",
         )
         try:
             wait_until(
-                lambda: (
-                    agents(gw.url)["agent://a2a-changing"]["capabilities"]
-                    == ["note.create", "note.query"]
+                lambda: agents(gw.url)["agent://a2a-changing"]["capabilities"] == ["note.create"],
+                10,
+            )
+            added = [
+                line
+                for line in gw.log_lines()
+                if line.get("event") == "a2a.card_new_skills"
+                and line.get("endpoint_id") == "agent://a2a-changing"
+            ]
+            assert added and added[-1]["tags"] == ["air.query"], added
+            assert agents(gw.url)["agent://a2a-changing"]["status"] == "healthy"
+        finally:
+            second.stop()
+        moved = a2a_agent("changing-a2a", "--port", port, "--rpc-path", "/rpc", *both)
+        try:
+            wait_until(
+                lambda: any(
+                    line.get("event") == "a2a.card_moved"
+                    and line.get("endpoint_id") == "agent://a2a-changing"
+                    for line in gw.log_lines()
                 ),
                 10,
             )
+            # not followed: the record keeps the address its registration was checked with
+            assert agents(gw.url)["agent://a2a-changing"]["endpoint_url"].endswith(f":{port}/")
         finally:
-            second.stop()
+            moved.stop()
     finally:
         first.stop()
         http("POST", f"{gw.url}/v1/deregister", {"endpoint_id": "agent://a2a-changing"})

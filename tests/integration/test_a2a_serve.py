@@ -196,6 +196,32 @@ async def test_bad_requests_get_json_rpc_errors(net: dict[str, Any]) -> None:
         assert answer["error"]["code"] == code, (raw, answer)
     status, answer = http("POST", url, raw=cases[3][0], headers={"A2A-Version": "0.3"})
     assert answer["error"]["code"] == -32009
+
+    def with_message(**fields: Any) -> dict[str, Any]:
+        message = {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "hi"}], **fields}
+        return {"jsonrpc": "2.0", "id": 7, "method": "SendMessage", "params": {"message": message}}
+
+    # ids travel in headers: a line break in one is refused, never sent on
+    for bad in ("ctx\r\nX-Evil: 1", "x" * 129, 5):
+        status, answer = http("POST", url, with_message(contextId=bad))
+        assert answer["error"]["code"] == -32602, (bad, answer)
+    # a gateway's delivery pointing at /a2a (a card naming a gateway): refused, no loop
+    status, answer = http(
+        "POST",
+        url,
+        with_message(metadata={"intent": "weather.query"}),
+        headers={"X-Reach-Attempt": "1"},
+    )
+    assert answer["error"]["code"] == -32602, answer
+    assert "gateway" in answer["error"]["message"], answer
+    # the whole body is read, up to the limit (1 MiB); past it, 413
+    filler = {"data": {"blob": "x" * 700_000}}
+    big = with_message(metadata={"intent": "weather.query"}, parts=[{"text": "hi"}, filler])
+    status, answer = http("POST", url, big)
+    assert status == 200 and "result" in answer, str(answer)[:300]
+    status, answer = http("POST", url, raw=b" " * (2 << 20))
+    assert status == 413, str(answer)[:200]
+    assert answer["error"]["data"][0]["reason"] == "PAYLOAD_TOO_LARGE"
     assert http("GET", f"{net['url']}/healthz")[0] == 200
 
 
@@ -297,6 +323,18 @@ def test_token_mode_on_a2a(tmp_path: Path) -> None:
             data = answer["result"]["message"]["parts"][0]["data"]
             assert data["sender"] == "agent://caller-1"
             assert data["verified"] is True
+            # who may ask about a task or a context: authenticated first, then only its caller
+            rpc["params"]["message"]["taskId"] = "t-unknown"  # type: ignore[index]
+            status, answer = http("POST", f"{gw.url}/a2a", rpc)
+            assert status == 401, answer  # not -32001: nothing is said before the token
+            del rpc["params"]["message"]["taskId"]  # type: ignore[attr-defined]
+            rpc["params"]["message"]["contextId"] = "ctx-of-caller-1"  # type: ignore[index]
+            status, answer = http("POST", f"{gw.url}/a2a", rpc, token=caller)
+            assert status == 200 and "result" in answer, answer
+            other = s.token(Kind.CLIENT, "agent://caller-2")
+            status, answer = http("POST", f"{gw.url}/a2a", rpc, token=other)
+            assert answer["error"]["code"] == -32602, answer  # another caller's context
+            assert "another caller" in answer["error"]["message"]
         finally:
             agent.stop()
 

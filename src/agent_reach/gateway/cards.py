@@ -28,6 +28,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,15 @@ CARD_MAP = "a2a-cards"  # the registry's shared map: endpoint id -> the kept car
 FETCH_TIMEOUT_S = 5.0
 MAX_PARALLEL = 16  # card fetches in flight at once, per gateway
 MAX_TEXTS = 8  # texts of one skill matched against the dictionary
+MAX_SKILLS = 64  # skills of one card read (the rest are left out, and logged)
+ROUND_SHARE = 0.6  # rounds start every 0.6 heartbeat interval, as the agent SDK beats
+MISSES = 3  # rounds a kept card's record may be missing from the view before it is forgotten
+
+
+class MatcherBusy(Exception):
+    """The matcher could not match a skill's words now (internal to the keeper)."""
+
+
 _ACCEPT = {"Accept": "application/json", "A2A-Version": "1.0"}
 
 
@@ -76,6 +86,10 @@ class Card(msgspec.Struct, frozen=True):
     given: list[str] | None = None  # capabilities the registration gave (they win)
     # "verified" (a signature by a trusted key), "unchecked" (signed, no keys configured), ""
     signed: str = ""
+    # the tags the registration accepted (its checks: policy, dictionary mode): a changed card
+    # never adds others; and the digest of the card's bytes (an unchanged card is not re-read)
+    accepted: list[str] = msgspec.field(default_factory=list)
+    digest: str = ""
 
     @property
     def capabilities(self) -> list[str]:
@@ -163,6 +177,8 @@ def parse_card(raw: bytes, card_url: str, verify: Any = None) -> tuple[Any, str]
         data = msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:
         raise _unusable(card_url, f"not JSON: {exc}") from None
+    except RecursionError:
+        raise _unusable(card_url, "nested too deeply") from None
     if not isinstance(data, dict):
         raise _unusable(card_url, "not a JSON object")
     version = "0.3" if _is_v03(data) else "1.0"
@@ -203,6 +219,7 @@ class CardKeeper:
         self.map = node.registry.shared_map(CARD_MAP)
         # this gateway's copy of the kept cards, as of its last round (for /v1/agents)
         self.local: dict[str, Card] = {}
+        self._missing: dict[str, int] = {}  # rounds a kept card's record was not in the view
         self.timeout_s = min(FETCH_TIMEOUT_S, max(0.5, node.settings.heartbeat_interval / 2))
         self.verify: Any = None  # the signature verifier, once the keys are loaded
 
@@ -224,7 +241,10 @@ class CardKeeper:
             headers["If-None-Match"] = etag
         got = await self.http.fetch(card_url, headers, self.timeout_s)
         if got.status is None:
-            raise _unusable(card_url, got.error)
+            # the guard's refusal is said; how else it failed is not (a card URL must not
+            # become a port scanner's probe)
+            why = got.error if got.error.startswith("not fetched") else "no answer"
+            raise _unusable(card_url, f"could not be fetched: {why}")
         if got.status == 304 and etag:
             return 304, b"", etag
         if got.status != 200:
@@ -236,6 +256,7 @@ class CardKeeper:
         """The registration a card makes (its interface, its skills' tags) and what is kept."""
         _, raw, etag = await self.fetch(body.a2a_card_url)
         card = await self._card(body.a2a_card_url, raw, etag, body.capabilities)
+        card = msgspec.structs.replace(card, accepted=card.capabilities)
         if not card.capabilities:
             raise InvalidRequest(
                 f"no skill of the card at {body.a2a_card_url} maps to an intent (unmapped: "
@@ -244,10 +265,17 @@ class CardKeeper:
             )
         return self._registration(body.endpoint_id, card, body.description), card
 
-    async def _card(self, card_url: str, raw: bytes, etag: str, given: list[str] | None) -> Card:
+    async def _card(
+        self, card_url: str, raw: bytes, etag: str, given: list[str] | None, *, busy: bool = False
+    ) -> Card:
+        """What ``raw`` says. ``busy``: raise MatcherBusy rather than leave a skill unmapped
+        when the matcher is too busy to match its words (a kept card keeps its mapping)."""
         agent, version = await asyncio.to_thread(parse_card, raw, card_url, self.verify)
         signed = bool(agent.signatures)
-        skills = [await self._skill(s) for s in agent.skills]
+        listed = list(agent.skills)
+        if len(listed) > MAX_SKILLS:
+            log(logging.WARNING, "a2a.card_skills_cut", card_url=card_url, skills=len(listed))
+        skills = [await self._skill(s, busy) for s in listed[:MAX_SKILLS]]
         return Card(
             card_url=card_url,
             version=version,
@@ -258,9 +286,10 @@ class CardKeeper:
             etag=etag,
             given=list(given) if given else None,
             signed=("verified" if self.verify is not None else "unchecked") if signed else "",
+            digest=hashlib.sha256(raw).hexdigest(),
         )
 
-    async def _skill(self, skill: Any) -> SkillMap:
+    async def _skill(self, skill: Any, busy: bool = False) -> SkillMap:
         """The tag of one skill: its id when that is a tag; else the dictionary tag that its
         texts (the description, each example: at most :data:`MAX_TEXTS`) match, each on its
         own, at or above the threshold, when they match no other; else none (unmapped)."""
@@ -277,8 +306,10 @@ class CardKeeper:
         for text in texts:
             try:
                 near = await self.node.router.suggest(None, text)
-            except AgentReachError:  # the matcher busy: unmapped now, mapped at a change
-                return SkillMap(skill_id, name)
+            except AgentReachError as exc:  # the matcher busy
+                if busy:
+                    raise MatcherBusy(str(exc)) from exc
+                return SkillMap(skill_id, name)  # unmapped now, mapped at the next change
             best = near[0] if near else None
             if best and best["tag"] in dictionary and best["confidence"] >= threshold:
                 found[best["tag"]] = max(found.get(best["tag"], 0.0), best["confidence"])
@@ -288,13 +319,21 @@ class CardKeeper:
         return SkillMap(skill_id, name, tag, "dictionary", round(confidence, 4))
 
     @staticmethod
-    def _registration(endpoint_id: str, card: Card, description: str = "") -> RegisterBody:
-        return RegisterBody(
-            endpoint_id=endpoint_id,
-            capabilities=card.capabilities,
-            endpoint_url="a2a+" + card.interface,
-            description=(description or card.description)[:4096],
-        )
+    def _registration(
+        endpoint_id: str, card: Card, description: str = "", capabilities: list[str] | None = None
+    ) -> RegisterBody:
+        """The registration of the card, checked as a body is (the interface URL's form, the
+        number of tags): InvalidRequest naming the card."""
+        fields = {
+            "endpoint_id": endpoint_id,
+            "capabilities": capabilities if capabilities is not None else card.capabilities,
+            "endpoint_url": "a2a+" + card.interface,
+            "description": (description or card.description)[:4096],
+        }
+        try:
+            return msgspec.convert(fields, RegisterBody)
+        except msgspec.ValidationError as exc:
+            raise _unusable(card.card_url, f"it does not make a registration: {exc}") from None
 
     # --- keeping ---------------------------------------------------------------------------
 
@@ -316,7 +355,10 @@ class CardKeeper:
     async def run(self) -> None:
         """Every heartbeat interval: fetch every kept card (a node loop)."""
         gate = asyncio.Semaphore(MAX_PARALLEL)
+        clock = self.node.clock
+        every = ROUND_SHARE * float(self.node.settings.heartbeat_interval)
         while True:
+            started = clock.monotonic()
             try:
                 kept = await self.map.items()
                 self.local = {eid: _decode(raw) for eid, raw in kept.items()}
@@ -329,7 +371,8 @@ class CardKeeper:
                 log(logging.WARNING, "a2a.cards_unreadable", error=str(exc))
             except Exception:  # a bug must not end the loop
                 log(logging.ERROR, "a2a.keeper_error", exc_info=True)
-            await self.node.clock.sleep(float(self.node.settings.heartbeat_interval))
+            # start to start, as the agent SDK beats: a round's own time does not delay the next
+            await clock.sleep(max(0.0, every - (clock.monotonic() - started)))
 
     async def _round(self, endpoint_id: str, card: Card, gate: asyncio.Semaphore) -> None:
         async with gate:
@@ -343,35 +386,70 @@ class CardKeeper:
                 log(logging.ERROR, "a2a.keeper_error", endpoint_id=endpoint_id, exc_info=True)
 
     async def refresh(self, endpoint_id: str, card: Card) -> None:
-        """One fetch of a kept card: a heartbeat when it answers; a changed card mapped again."""
+        """One fetch of a kept card: a heartbeat when it answers (module docstring).
+
+        A changed card is read again; it may drop tags, or take back ones the registration
+        accepted, but never add others (those need a registration again, with its checks), and
+        a moved interface is not followed (no heartbeat: register it again). A record missing
+        from this gateway's view (a shared registry's view may lag) is forgotten only after
+        :data:`MISSES` rounds."""
         router = self.node.router
         record = self.node.registry.get(endpoint_id)
-        if record is None or not record.endpoint_url.startswith("a2a+"):
-            # gone (purged, deregistered through another gateway) or registered otherwise
+        if record is None:
+            self._missing[endpoint_id] = misses = self._missing.get(endpoint_id, 0) + 1
+            if misses >= MISSES:
+                await self.forget(endpoint_id)
+            return
+        self._missing.pop(endpoint_id, None)
+        if not record.endpoint_url.startswith("a2a+"):  # registered otherwise since
             await self.forget(endpoint_id)
             return
         status, body, etag = await self.fetch(card.card_url, card.etag)
-        if status == 200:  # (304: the card is as kept)
-            new = await self._card(card.card_url, body, etag, card.given)
-            if new.interface != card.interface or new.capabilities != card.capabilities:
-                if not new.capabilities:
+        if status == 200 and hashlib.sha256(body).hexdigest() != card.digest:
+            try:
+                new = await self._card(card.card_url, body, etag, card.given, busy=True)
+            except MatcherBusy:
+                new = None  # read again at the next round; its old mapping holds meanwhile
+            if new is not None:
+                accepted = card.accepted or list(record.capabilities)
+                new = msgspec.structs.replace(new, accepted=accepted)
+                await self.keep(endpoint_id, new)
+                if new.interface != card.interface:
+                    log(
+                        logging.WARNING,
+                        "a2a.card_moved",
+                        endpoint_id=endpoint_id,
+                        interface=new.interface,
+                        registered=card.interface,
+                    )
+                    return  # no heartbeat: a new address is registered with its checks
+                extra = [t for t in new.capabilities if t not in accepted]
+                if extra:
+                    log(
+                        logging.WARNING,
+                        "a2a.card_new_skills",
+                        endpoint_id=endpoint_id,
+                        tags=extra,
+                        note="register the agent again to add them",
+                    )
+                tags = [t for t in new.capabilities if t in accepted]
+                if not tags:
                     log(logging.WARNING, "a2a.card_unmapped", endpoint_id=endpoint_id)
-                    return  # no heartbeat: the agent serves nothing we can route
-                await router.register(
-                    self._registration(endpoint_id, new, record.description),
-                    owner=record.owner,
-                )
-                log(
-                    logging.INFO,
-                    "a2a.card_changed",
-                    endpoint_id=endpoint_id,
-                    capabilities=new.capabilities,
-                    interface=new.interface,
-                )
-                await self.keep(endpoint_id, new)
-                return
-            if new != card:
-                await self.keep(endpoint_id, new)
+                    return  # no heartbeat: the agent serves nothing it may be routed for
+                if tags != list(record.capabilities):
+                    current = self.node.registry.get(endpoint_id)  # again: after the fetch
+                    if current is None or current.endpoint_url != record.endpoint_url:
+                        return
+                    await router.register(
+                        self._registration(endpoint_id, new, record.description, tags),
+                        owner=record.owner,
+                    )
+                    log(
+                        logging.INFO, "a2a.card_changed", endpoint_id=endpoint_id, capabilities=tags
+                    )
+                    return
+        elif status == 200 and etag != card.etag:
+            await self.keep(endpoint_id, msgspec.structs.replace(card, etag=etag))
         try:
             await router.heartbeat(endpoint_id)
         except EndpointNotRegistered:

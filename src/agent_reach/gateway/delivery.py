@@ -352,6 +352,15 @@ class Reacher:
         if got.outcome is Outcome.OK:
             return msgspec.json.decode(got.body)
         if got.outcome is Outcome.AGENT_ERROR:
+            rpc_error = None
+            if got.body:
+                try:
+                    rpc_error = msgspec.json.decode(got.body)
+                except msgspec.DecodeError:
+                    rpc_error = None
+            if isinstance(rpc_error, dict) and isinstance(rpc_error.get("code"), int):
+                # the agent's own JSON-RPC error (task not found, not cancelable): passed on
+                raise AgentError(f"{record.endpoint_id}: {got.detail}", rpc_error=rpc_error)
             raise AgentError(f"{record.endpoint_id}: {got.detail}")
         raise AllAttemptsFailed(f"{record.endpoint_id} did not answer {method}: {got.detail}")
 

@@ -128,15 +128,19 @@ class Service:
         if isinstance(body, bytes):
             body = decode_register(body)
         card = None
+        access = self.access
         if isinstance(body, CardRegisterBody):  # an A2A agent by its card (gateway/cards.py)
-            self.access.check_register(principal, body.endpoint_id, body.capabilities or [])
+            # judged and counted before the card is fetched: a refused or limited caller makes
+            # the gateway fetch nothing
+            access.check_register(principal, body.endpoint_id, body.capabilities or [])
+            access.limit_registration(principal, body.endpoint_id)
             body, card = await self.node.cards.read(body)
         refusal = self.node.endpoint_refusal(body.endpoint_url)
         if refusal is not None:
             raise InvalidRequest(f"{refusal} - at `$.endpoint_url`", field="endpoint_url")
-        access = self.access
         grant = access.check_register(principal, body.endpoint_id, body.capabilities)
-        access.limit_registration(principal, body.endpoint_id)
+        if card is None:
+            access.limit_registration(principal, body.endpoint_id)
         unknown = await self._check_tags(body)  # strict: UnknownIntent, nothing registered
         await access.check_endpoint_url(principal, body.endpoint_id, body.endpoint_url)
         try:

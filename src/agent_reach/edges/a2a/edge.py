@@ -38,6 +38,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import re
 from typing import Any
 
 import msgspec
@@ -48,7 +49,6 @@ from agent_reach.errors import (
     Forbidden,
     InvalidRequest,
     MethodNotAllowed,
-    PayloadTooLarge,
     Unauthorized,
 )
 from agent_reach.gateway.node import Node
@@ -79,14 +79,26 @@ _NAMES = {
     -32009: "Version not supported",
 }
 _UNSUPPORTED = {"no_capable_agent", "recipient_incapable", "recipient_not_found"}
+_ID = re.compile(r"[\x21-\x7e]{1,128}")  # task and context ids: they travel in headers
 
 
 class RpcError(Exception):
     """A JSON-RPC error of this edge's own (not one of the service's refusals)."""
 
+    status = 200
+
     def __init__(self, code: int, message: str, reason: str = "") -> None:
         super().__init__(message)
         self.code, self.message, self.reason = code, message, reason
+
+
+class TooLarge(RpcError):
+    """A body over the size limit: HTTP 413 with a JSON-RPC error."""
+
+    status = 413
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(-32600, f"body over the {limit} byte limit", "PAYLOAD_TOO_LARGE")
 
 
 def _error_info(reason: str, metadata: dict[str, str]) -> list[dict[str, Any]]:
@@ -210,23 +222,36 @@ class A2aEdge:
             origin=headers.get("Origin"),
             traceparent=headers.get("traceparent"),
             received_at=received_at,
+            # a gateway's delivery (an agent's card pointing at a gateway's /a2a): refused as
+            # /v1/send refuses it, so that a request cannot go round in a loop
+            delivery="X-Reach-Attempt" in headers,
         )
+
+    async def _body(self, request: web.BaseRequest) -> bytes:
+        """The whole body, refused past ``max_body_bytes`` (RpcError: the JSON-RPC answer)."""
+        limit = self.settings.max_body_bytes
+        length = request.content_length
+        if length is not None and length > limit:
+            raise TooLarge(limit)
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.content.iter_any():
+            size += len(chunk)
+            if size > limit:
+                raise TooLarge(limit)
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     async def rpc(self, request: web.BaseRequest) -> web.StreamResponse:
         """``POST /a2a``: one JSON-RPC request (module docstring)."""
         if request.method != "POST":
             raise MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
         caller = self._caller(request, self._monotonic())
-        limit = self.settings.max_body_bytes
-        if (request.content_length or 0) > limit:
-            raise PayloadTooLarge(f"body over the {limit} byte limit")
-        raw = await request.content.read(limit + 1)
-        if len(raw) > limit:
-            raise PayloadTooLarge(f"body over the {limit} byte limit")
         rid: Any = None
         try:
+            raw = await self._body(request)
             version = request.headers.get("A2A-Version", "1.0").strip()
-            if version not in ("1.0", "1"):
+            if version.split(".")[0] != "1":
                 raise RpcError(-32009, f"A2A version {version!r} is not supported: 1.0 is")
             try:
                 call = msgspec.json.decode(raw)
@@ -250,8 +275,11 @@ class A2aEdge:
             error = {"code": exc.code, "message": exc.message}
             if exc.reason:
                 error["data"] = _error_info(exc.reason, {"detail": exc.message})
-            return web.Response(body=_rpc(rid, error=error), headers=_JSON)
+            return web.Response(body=_rpc(rid, error=error), status=exc.status, headers=_JSON)
         except AgentReachError as exc:
+            relayed = exc.fields.get("rpc_error")
+            if isinstance(relayed, dict):  # the owner's own answer to GetTask / CancelTask
+                return web.Response(body=_rpc(rid, error=relayed), headers=_JSON)
             _, error = _refusal(exc)
             status = (
                 401 if isinstance(exc, Unauthorized) else 403 if isinstance(exc, Forbidden) else 200
@@ -283,6 +311,12 @@ class A2aEdge:
             elif "data" in part and data is None:
                 data = part["data"]
         task_id, context_id = message.get("taskId"), message.get("contextId")
+        for name, value in (("taskId", task_id), ("contextId", context_id)):
+            if value is not None and not (isinstance(value, str) and _ID.fullmatch(value)):
+                raise RpcError(-32602, f"message.{name} must be 1-128 visible ASCII characters")
+        deadline = meta.get("deadline_ms")  # a gateway's delivery names what is left
+        if isinstance(deadline, int | float) and not isinstance(deadline, bool):
+            meta["timeout_ms"] = min(meta.get("timeout_ms") or deadline, deadline)
         fields: dict[str, Any] = {}
         for key in ("intent", "recipient_hint", "trace_id"):
             if meta.get(key) is not None:
@@ -295,7 +329,8 @@ class A2aEdge:
         text = " ".join(t.strip() for t in texts if t.strip())
         if text:
             fields["intent_text"] = text[:2000]
-        owner = await self._owner(task_id, context_id)
+        who = self.service.reader(caller, "reach over A2A") or ""  # before any lookup
+        owner = await self._owner(task_id, context_id, who)
         if owner is not None:  # a follow-up: to the agent that owns it, never re-routed
             fields["recipient_hint"], fields["intent"] = owner["endpoint_id"], owner["intent"]
         fields["payload"] = {} if data is None else data
@@ -336,12 +371,13 @@ class A2aEdge:
                     },
                 }
             }
-        await self._own(out, context_id, endpoint_id, intent)
+        await self._own(out, context_id, endpoint_id, intent, who)
         return out
 
-    async def _owner(self, task_id: Any, context_id: Any) -> dict[str, Any] | None:
-        """The owner of a follow-up's task (or context); RpcError -32001 for an unknown task or
-        an owner gone (never another agent)."""
+    async def _owner(self, task_id: Any, context_id: Any, who: str) -> dict[str, Any] | None:
+        """The owner of a follow-up's task (or context), for the caller ``who`` (its token's
+        kind and subject; "" in open mode); RpcError -32001 for a task unknown to that caller
+        or an owner gone (never another agent), -32602 for a context another caller holds."""
         for kind, key in (("task", task_id), ("ctx", context_id)):
             if not key:
                 continue
@@ -350,6 +386,10 @@ class A2aEdge:
             if found is not None and found["expires"] < self._wall():
                 await self.owners.delete(f"{kind}:{key}")
                 found = None
+            if found is not None and found.get("caller", "") != who:
+                if kind == "ctx":  # named by someone else: not to be taken over
+                    raise RpcError(-32602, f"contextId {key!r} is another caller's: name another")
+                found = None  # another caller's task: as if unknown
             if found is None:
                 if kind == "task":
                     raise RpcError(-32001, f"no task {key!r} is known here", "TASK_NOT_FOUND")
@@ -367,37 +407,53 @@ class A2aEdge:
         return None
 
     async def _own(
-        self, out: dict[str, Any], context_id: Any, endpoint_id: str, intent: str
+        self, out: dict[str, Any], context_id: Any, endpoint_id: str, intent: str, who: str
     ) -> None:
         """Note who owns what a follow-up may name: a Task's id and context, and a context the
-        caller named. Nothing for a one-off message (no task, no context of the caller's): a
-        stateless send writes nothing, so the map grows with conversations, not requests."""
+        caller named, for the caller ``who``. Nothing for a one-off message (no task, no context
+        of the caller's): a stateless send writes nothing, so the map grows with
+        conversations, not requests. An entry another endpoint or caller holds is never
+        overwritten (an agent cannot claim the ids of another's task)."""
         task = out.get("task") if isinstance(out.get("task"), dict) else None
         keys = []
         if task is not None:
-            if task.get("id"):
+            if isinstance(task.get("id"), str) and _ID.fullmatch(task["id"]):
                 keys.append(f"task:{task['id']}")
-            if task.get("contextId"):
+            if isinstance(task.get("contextId"), str) and _ID.fullmatch(task["contextId"]):
                 keys.append(f"ctx:{task['contextId']}")
         if context_id:
             keys.append(f"ctx:{context_id}")
-        if not keys:
-            return
         value = json.dumps(
-            {"endpoint_id": endpoint_id, "intent": intent, "expires": self._wall() + OWNER_TTL_S}
+            {
+                "endpoint_id": endpoint_id,
+                "intent": intent,
+                "caller": who,
+                "expires": self._wall() + OWNER_TTL_S,
+            }
         )
         for key in dict.fromkeys(keys):
-            await self.owners.put(key[:300], value)
+            raw = await self.owners.get(key)
+            if raw is not None:
+                held = json.loads(raw)
+                other = (held.get("endpoint_id"), held.get("caller", "")) != (endpoint_id, who)
+                if other and held.get("expires", 0) >= self._wall():
+                    log(logging.WARNING, "a2a.owner_kept", key=key, claimed_by=endpoint_id)
+                    continue
+            await self.owners.put(key, value)
 
     async def _task(self, caller: Caller, method: str, params: dict[str, Any]) -> Any:
         task_id = params.get("id")
         if not isinstance(task_id, str) or not task_id:
             raise RpcError(-32602, "params.id (the task's id) is needed")
-        owner = await self._owner(task_id, None)
+        who = self.service.reader(caller, "reach over A2A") or ""  # before any lookup
+        owner = await self._owner(task_id, None, who)
         assert owner is not None  # an unknown task raised -32001
-        return await self.service.relay(
+        result = await self.service.relay(
             caller, owner["endpoint_id"], owner["intent"], method, params
         )
+        owned = {"task": {"id": task_id}}  # polled: its owner is kept another hour
+        await self._own(owned, None, owner["endpoint_id"], owner["intent"], who)
+        return result
 
     async def _sweep(self) -> None:
         while True:
