@@ -7,7 +7,7 @@ breadth); the transport sends it again on a fresh connection, inside the same at
 agent is neither ejected nor charged a retry. Each caller stream waits 0.95-1.05 s between an
 answer and its next request, idle times equal to the agent's keep-alive, where the race lives.
 The race window is about a millisecond wide: without the resend, runs of the quick test saw
-2-11 requests of its 840 hit it.
+2-11 requests of 840 hit it (it now sends 480: about 1-6).
 
 The first tests pin down the rule itself, deterministically, with a raw asyncio server that
 treats the second request on a connection as it is told: answer it, drop it unanswered (a
@@ -233,8 +233,9 @@ def check(gw: Proc, requests: int, seed: int) -> None:
 
 
 def test_an_agent_closing_idle_connections_is_never_ejected(gw: Proc, agent: Proc) -> None:
-    """24 streams of 35 requests: 840 requests in about 36 s."""
-    check(gw, requests=35, seed=1)
+    """24 streams of 20 requests: 480 requests in about 21 s (the rule itself is pinned down
+    by the deterministic tests above; the longer run is ``make test-slow``'s)."""
+    check(gw, requests=20, seed=1)
 
 
 @pytest.mark.slow
