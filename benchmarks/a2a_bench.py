@@ -418,7 +418,7 @@ def report(rep: Rows, data: dict[str, Runs], st: A2aStack) -> None:
         f"SendMessage with A2A-Version: 1.0 ({len(A2A_BODY)} B body, the intent in "
         "message.metadata, wrk_a2a.lua: good = 200 whose body is the JSON-RPC result of id 1, "
         "a Message holding the agent's answer; a JSON-RPC error counts as an error). Every "
-        "request has the same messageId (the gateway does not deduplicate). Each A2A answer "
-        "carries a new contextId that the gateway keeps in its a2a-owners map for an hour "
+        "request has the same messageId (the gateway does not deduplicate). A one-off message "
+        "(no task, no contextId) writes nothing to the gateway's a2a-owners map "
         f"(the RSS row; the gateway's RSS at the end: {rss / 1024:,.0f} MiB)."
     )
