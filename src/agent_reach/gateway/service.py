@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from agent_reach.core.model import Status
 from agent_reach.core.names import is_endpoint_id
 from agent_reach.errors import (
     AgentReachError,
@@ -294,10 +295,22 @@ class Service:
         """The tags some agent can take a request for now (healthy or degraded): what an edge
         that lists them (the MCP tools' descriptions) watches for changes. No caller: the set
         goes to nobody, only its changes are announced."""
-        listing = explain.intents_listing(
-            self.router, self.node.dictionary, self.settings.effective_intent_mode
-        )
-        return frozenset(item.tag for item in listing.intents if item.routable)
+        router, registry = self.router, self.registry
+        now = router.now()
+        live: dict[str, bool] = {}  # endpoint id -> healthy or degraded now (each judged once)
+        found = set()
+        for tag in registry.intents():
+            for endpoint_id in registry.by_intent(tag):  # one live endpoint is enough
+                ok = live.get(endpoint_id)
+                if ok is None:
+                    record = registry.get(endpoint_id)
+                    ok = live[endpoint_id] = record is not None and router.health(
+                        record, now
+                    ).status in (Status.HEALTHY, Status.DEGRADED)
+                if ok:
+                    found.add(tag)
+                    break
+        return frozenset(found)
 
     def routable_skills(self) -> list[tuple[str, str, list[str]]]:
         """The tags some agent can take now, each with words for it (the dictionary's
@@ -311,10 +324,12 @@ class Service:
                 out.append((tag, entry.description, list(entry.examples)))
                 continue
             described = ""
-            for endpoint_id in self.registry.by_intent(tag):
+            for n, endpoint_id in enumerate(self.registry.by_intent(tag)):
                 record = self.registry.get(endpoint_id)
                 if record is not None and record.description:
                     described = record.description
+                    break
+                if n == 2:  # the first few declaring agents' words, or none
                     break
             out.append((tag, described, []))
         return out

@@ -64,6 +64,7 @@ RPC_PATH = "/a2a"
 OWNER_MAP = "a2a-owners"
 OWNER_TTL_S = 3600.0  # an owner is forgotten an hour after the last message of its task
 SWEEP_INTERVAL_S = 60.0
+CARD_TTL_S = 1.0  # the card is built again at most this often
 CONTEXT_HEADER = "X-Reach-A2A-Context-Id"  # transport/a2a.py puts them in the message
 TASK_HEADER = "X-Reach-A2A-Task-Id"
 _JSON = {"Content-Type": "application/json"}
@@ -147,6 +148,7 @@ class A2aEdge:
         self.owners = node.registry.shared_map(OWNER_MAP)
         self._monotonic = node.clock.monotonic
         self._wall = node.clock.wall
+        self._cards: dict[str, tuple[float, bytes, str]] = {}  # base URL -> (until, body, etag)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -168,9 +170,18 @@ class A2aEdge:
             raise MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
         self.service.admit(self._caller(request))
         host = request.headers.get("Host") or f"{self.settings.host}:{self.settings.port}"
-        card = self._card(f"{request.scheme}://{host}")
-        body = encode(card)
-        etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+        base = f"{request.scheme}://{host}"
+        now = self._monotonic()
+        cached = self._cards.get(base)
+        if cached is None or cached[0] <= now:
+            # built at most once a second per base URL: a flood of card requests costs one
+            # build a second (a registry of 50,000 endpoints: ~25 ms), not one each
+            body = encode(self._card(base))
+            etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+            if len(self._cards) >= 16:  # Host is the caller's: a few bases at most
+                self._cards.clear()
+            self._cards[base] = cached = (now + CARD_TTL_S, body, etag)
+        _, body, etag = cached
         headers = {"ETag": etag, "Cache-Control": "no-cache"}
         if etag in {t.strip() for t in request.headers.get("If-None-Match", "").split(",")}:
             return web.Response(status=304, headers=headers)
