@@ -12,15 +12,16 @@ reach two ways, measured alternately by ``run.py``'s ``_rotate`` at 1 and at 32 
   an A2A Message.
 
 Invariants:
-- Both sides go through the same runner (``_wrk``, the accounting of ``harness.wrk``): good
-  answers/s, p50/p99, errors, the gateway's CPU per request from /proc, the CPU of processes
-  outside the benchmark and steal time over the run, plus the gateway's RSS before and after.
+- Both sides go through the same runner (``harness.wrk``, each with its own wrk script): good
+  answers/s, p50/p99, errors, the gateway's CPU per request from /proc and its busy share, the
+  CPU of processes outside the benchmark and steal time over the run, plus the gateway's RSS
+  before and after.
 - Errors: a non-200, a socket error, a body that is not the expected answer, and on the A2A side
   a JSON-RPC error (``rpcerror``) are all counted as errors, never as throughput.
 - The answers are checked, not assumed: ``SAMPLES`` requests of each kind are sent and parsed
   when the stack is up and again after the rounds (``check_answers``); any one that is not a
   result holding the agent's answer stops the benchmark with the body it got.
-- A measured run waits for quiet and is measured once more when noisy, as ``harness.wrk``.
+- A measured run waits for quiet and is measured once more when noisy (``harness.quiet_run``).
 - Bounded: readiness polls ``READY_TIMEOUT_S``, a wrk run its duration + 30 s, a sampled request
   10 s; both children are stopped on the way out of ``stack``, whatever happens.
 """
@@ -30,33 +31,28 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import os
-import re
-import subprocess
-import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from harness import (
-    CLK_TCK,
     HERE,
-    NOISY_PCT,
     PY,
-    QUIET,
     Child,
     Cores,
-    all_jiffies,
-    die_with_parent,
-    fmt,
-    foreign_cpu,
-    jiffies,
-    med,
-    pin,
-    start,
-    steal_jiffies,
+    Rows,
+    Run,
+    Runs,
+    fmt_col,
+    fmt_ms,
+    fmt_ratio,
+    fmt_signed,
+    paired,
+    quiet_run,
+    start_listening,
     wait_http,
+    wrk,
 )
 from trivial_agent import BODY as AGENT_BODY
 
@@ -183,14 +179,11 @@ def stack(cores: Cores) -> Iterator[A2aStack]:
     try:
         serve = [PY, "-m", "agent_reach", "serve", "--port", "0", "--matcher", "none"]
         serve += ["--heartbeat-interval", "3600", "--log-level", "WARNING"]
-        gateway = start("agent-reach-a2a", serve, gw_core)
-        children.append(gateway)
-        gateway.url = gateway.wait_line(r"listening on (http://\S+)")
+        gateway = start_listening("agent-reach-a2a", serve, gw_core, children)
         wait_http(gateway.url + "/healthz")
         cmd = [PY, str(HERE / "trivial_agent.py"), "--id", AGENT_ID, "--intent", INTENT]
-        agent = start("agent-a2a", [*cmd, "--register", gateway.url], load_core)
-        children.append(agent)
-        agent.url = agent.wait_line(r"listening on (http://\S+)")
+        cmd += ["--register", gateway.url]
+        agent = start_listening("agent-a2a", cmd, load_core, children)
         st = A2aStack(gateway, agent)
         st.samples.append(check_answers(st, "before"))
         yield st
@@ -212,66 +205,28 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
-def _wrk(st: A2aStack, cores: Cores, kind: str, conns: int, seconds: int) -> dict[str, Any]:
-    """One wrk run of ``kind`` (v1, a2a): ``harness.wrk``'s figures, with this kind's script."""
-    url = st.gateway.url + PATHS[kind]
-    cmd = [*pin(cores[1]), "wrk", "-t1", f"-c{conns}", f"-d{seconds}s", "--timeout", "10s"]
-    cmd += ["-s", str(LUA[kind]), url]
+def _wrk(st: A2aStack, cores: Cores, kind: str, conns: int, seconds: int) -> Run:
+    """One wrk run of ``kind`` (v1, a2a): ``harness.wrk``'s figures with this kind's script and
+    the gateway's busy share, plus its RSS growth over the run."""
     gw = st.gateway.pid
-    snap0, steal0 = all_jiffies(), steal_jiffies()
-    rss0, g0, t0 = rss_kb(gw), jiffies(gw), time.monotonic()
-    with subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "WRK_BODY": BODIES[kind]},
-        preexec_fn=die_with_parent,
-    ) as proc:
-        try:
-            stdout, stderr = proc.communicate(timeout=seconds + 30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate(timeout=10)
-            raise RuntimeError(f"wrk on {url} did not finish in {seconds + 30} s") from None
-    elapsed = time.monotonic() - t0
-    g1, rss1 = jiffies(gw), rss_kb(gw)
-    snap1, steal1 = all_jiffies(), steal_jiffies()
-    m = re.search(rb"WRKJSON (\{.*\})", stdout)
-    if proc.returncode != 0 or not m:
-        raise RuntimeError(f"wrk failed ({proc.returncode}): {stderr.decode()[-500:]}")
-    r: dict[str, Any] = json.loads(m.group(1))
+    rss0 = rss_kb(gw)
+    r = wrk(
+        st.gateway.url + PATHS[kind],
+        BODIES[kind],
+        conns,
+        seconds,
+        core=cores[1],
+        gateway_pid=gw,
+        ours=st.pids(),
+        measured=False,  # the quiet wait is ``targets``' (quiet_run): RSS spans one run
+        script=LUA[kind],
+        busy=True,
+    )
+    rss1 = rss_kb(gw)
     r.setdefault("rpcerror", 0)  # wrk_post.lua has no JSON-RPC to count
-    keys = ("non200", "badbody", "rpcerror", "connect", "read", "write", "timeout")
-    r["errors"] = sum(r[k] for k in keys)
-    # good answers only: a side that fails fast must not look fast
-    r["rps"] = round(max(0, r["requests"] - r["errors"]) / (r["duration_us"] / 1e6), 1)
     if r["requests"]:
-        r["gw_cpu_us_per_req"] = round((g1 - g0) / CLK_TCK * 1e6 / r["requests"], 1)
         r["rss_kb_per_1k_req"] = round((rss1 - rss0) * 1000 / r["requests"], 2)
     r["rss_kb_after"] = rss1
-    r["gw_busy_pct"] = round((g1 - g0) * 100 / CLK_TCK / elapsed, 1)
-    r["steal_pct"] = round((steal1 - steal0) * 100 / CLK_TCK / elapsed, 1)
-    r["foreign_cpu_pct"], r["foreign_top"] = foreign_cpu(
-        snap0, snap1, st.pids() | {os.getpid()}, elapsed
-    )
-    return r
-
-
-def _quiet_run(
-    once: Callable[[], dict[str, Any]], ours: set[int], measured: bool
-) -> dict[str, Any]:
-    """``once()`` after a quiet window when ``measured``, and once more if it was noisy (the
-    quieter kept): what ``harness.wrk`` does."""
-    if not measured:
-        return once()
-    QUIET.wait(ours)
-    r = once()
-    if r["foreign_cpu_pct"] >= 2 * NOISY_PCT and QUIET.waited_s < QUIET.budget_s:
-        QUIET.reruns += 1
-        QUIET.wait(ours)
-        again = once()
-        if again["foreign_cpu_pct"] < r["foreign_cpu_pct"]:
-            r = again
     return r
 
 
@@ -279,67 +234,12 @@ def targets(conns: int, st: A2aStack, cores: Cores) -> tuple[list[str], One]:
     """The target names (v1, a2a) at ``conns`` connections and how to run one, for ``_rotate``."""
 
     def one(name: str, seconds: int, measured: bool) -> dict[str, Any]:
-        return _quiet_run(lambda: _wrk(st, cores, name, conns, seconds), st.pids(), measured)
+        return quiet_run(lambda: _wrk(st, cores, name, conns, seconds), st.pids(), measured)
 
     return ["v1", "a2a"], one
 
 
 # --- the report ---------------------------------------------------------------------------------
-
-
-class Rows(Protocol):
-    """What of run.py's Report this module writes to."""
-
-    notes: list[str]
-
-    def row(
-        self,
-        bench: str,
-        metric: str,
-        ar: str,
-        seed: str = "",
-        ratio: str = "",
-        target: str = "",
-        floor: str = "",
-    ) -> None:
-        """One row of the table (this module fills ``ar``, ``ratio`` and ``target``)."""
-
-    def verdict(self, name: str, ok: bool, detail: str) -> None:
-        """One target, met or not."""
-
-    def noise(self, name: str, runs: list[dict[str, Any]]) -> None:
-        """A note when other processes or the hypervisor took CPU during ``runs``."""
-
-
-Run = dict[str, Any]
-Runs = dict[str, list[Run]]
-
-
-def _col(runs: list[Run], key: str, unit: str = "", digits: int = 0, div: float = 1) -> str:
-    values = [r[key] / div for r in runs if key in r]
-    return fmt(med(values), unit, digits) if values else "-"
-
-
-def _ms(runs: list[Run], key: str = "p50_us", digits: int = 2) -> str:
-    return _col(runs, key, " ms", digits, 1000)
-
-
-def _pairs(a: list[Run], b: list[Run], f: Callable[[Run, Run], float]) -> dict[str, float]:
-    """``f`` of the runs of a and b measured in the same round, then their median."""
-    return med([f(x, y) for x, y in zip(a, b, strict=True)])
-
-
-def _ratio(a: list[Run], b: list[Run], key: str) -> str:
-    return fmt(_pairs(a, b, lambda x, y: x[key] / max(y[key], 1e-9)), "x", 2)
-
-
-def _signed(s: dict[str, float], unit: str, digits: int = 0) -> str:
-    """``harness.fmt`` for a difference: signed, the range as (min to max)."""
-    f = f"{{:+,.{digits}f}}"
-    text = f.format(s["median"]) + unit
-    if f.format(s["min"]) == f.format(s["max"]):
-        return text
-    return f"{text} ({f.format(s['min'])} to {f.format(s['max'])})"
 
 
 def _errors(runs: list[Run]) -> str:
@@ -359,41 +259,41 @@ def report(rep: Rows, data: dict[str, Runs], st: A2aStack) -> None:
         v1, a2a = data[f"c{conns}"]["v1"], data[f"c{conns}"]["a2a"]
         at = f"{conns} connection{'s' if conns > 1 else ''}"
         p50_digits = 3 if conns == 1 else 2
-        row(f"POST /v1/send good answers/s, {at}", _col(v1, "rps"))
+        row(f"POST /v1/send good answers/s, {at}", fmt_col(v1, "rps"))
         row(
             "  latency p50 / p99; errors; gateway CPU per request",
-            f"{_ms(v1, digits=p50_digits)} / {_ms(v1, 'p99_us')}; {_errors(v1)}; "
-            f"{_col(v1, cpu, ' µs')}",
+            f"{fmt_ms(v1, digits=p50_digits)} / {fmt_ms(v1, 'p99_us')}; {_errors(v1)}; "
+            f"{fmt_col(v1, cpu, ' µs')}",
             target="0 errors",
         )
         row(
             f"POST /a2a SendMessage good answers/s, {at}; ratio a2a / v1",
-            _col(a2a, "rps"),
-            _ratio(a2a, v1, "rps"),
+            fmt_col(a2a, "rps"),
+            fmt_ratio(a2a, v1, "rps"),
         )
         row(
             "  latency p50 / p99; errors (non-200, JSON-RPC error, bad body, socket); "
             "gateway CPU per request",
-            f"{_ms(a2a, digits=p50_digits)} / {_ms(a2a, 'p99_us')}; {_errors(a2a)}; "
-            f"{_col(a2a, cpu, ' µs')}",
+            f"{fmt_ms(a2a, digits=p50_digits)} / {fmt_ms(a2a, 'p99_us')}; {_errors(a2a)}; "
+            f"{fmt_col(a2a, cpu, ' µs')}",
             target="0 errors",
         )
-        p50 = _pairs(a2a, v1, lambda x, y: (x["p50_us"] - y["p50_us"]) / 1000)
+        p50 = paired(a2a, v1, lambda x, y: (x["p50_us"] - y["p50_us"]) / 1000)
         row(
             "  p50, a2a minus v1 (run by run); ratio a2a / v1",
-            _signed(p50, " ms", 3),
-            _ratio(a2a, v1, "p50_us"),
+            fmt_signed(p50, " ms", 3),
+            fmt_ratio(a2a, v1, "p50_us"),
         )
-        added = _pairs(a2a, v1, lambda x, y: x[cpu] - y[cpu])
+        added = paired(a2a, v1, lambda x, y: x[cpu] - y[cpu])
         row(
             "  gateway CPU per request, a2a minus v1 (run by run); ratio a2a / v1",
-            _signed(added, " µs"),
-            _ratio(a2a, v1, cpu),
+            fmt_signed(added, " µs"),
+            fmt_ratio(a2a, v1, cpu),
         )
         row(
             "  gateway RSS growth per 1,000 requests, v1 / a2a; gateway core busy, v1 / a2a",
-            f"{_col(v1, rss, ' kB', 1)} / {_col(a2a, rss, ' kB', 1)}; "
-            f"{_col(v1, 'gw_busy_pct', ' %')} / {_col(a2a, 'gw_busy_pct', ' %')}",
+            f"{fmt_col(v1, rss, ' kB', 1)} / {fmt_col(a2a, rss, ' kB', 1)}; "
+            f"{fmt_col(v1, 'gw_busy_pct', ' %')} / {fmt_col(a2a, 'gw_busy_pct', ' %')}",
         )
         rep.noise(f"a2a at {at}", [*v1, *a2a])
     checked = sum(s[k]["checked"] for s in st.samples for k in ("v1", "a2a"))

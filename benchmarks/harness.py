@@ -1,4 +1,5 @@
-"""Shared machinery of the benchmarks: child processes, wrk runs, CPU accounting, profiles.
+"""Shared machinery of the benchmarks: child processes, wrk runs, CPU accounting, report
+helpers, profiles.
 
 - Children are started with their stdout/stderr in benchmarks/out/logs/, found ready by a
   bounded poll (never a fixed sleep), get SIGTERM if the runner dies (PR_SET_PDEATHSIG), and
@@ -6,6 +7,11 @@
 - Every wrk run is bounded (its duration plus 30 s) and reports, besides wrk's own figures,
   the gateway's CPU per request (from /proc) and the CPU taken by processes outside the
   benchmark during the run, so that a noisy neighbour shows in the results.
+- A measured run (``quiet_run``, which ``wrk`` uses) starts after a quiet window and is measured
+  once more when noisy, the quieter of the two kept, within the budget of ``QUIET``.
+- The report helpers (``fmt_col``, ``fmt_ms``, ``paired``, ``fmt_ratio``, ``fmt_signed``) only
+  format: a figure is the median of the runs with their (min-max), a ratio or a difference is
+  taken run by run (the runs of one round paired), then its median.
 """
 
 from __future__ import annotations
@@ -27,9 +33,10 @@ import sys
 import time
 import urllib.parse
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out"
@@ -39,6 +46,8 @@ READY_TIMEOUT_S = 30.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 NOISY_PCT = 10.0  # CPU of other processes, in % of one core, above which a run is "noisy"
 Cores = tuple[int | None, int | None]  # (gateways, load generator + agent)
+Run = dict[str, Any]  # the figures of one run (wrk's, or a load generator's), by name
+Runs = dict[str, list[Run]]  # the runs of each target of a measure, in the order measured
 
 # --- processes --------------------------------------------------------------------------------
 
@@ -106,6 +115,21 @@ def start(name: str, cmd: list[str], core: int | None) -> Child:
             preexec_fn=die_with_parent,
         )
     return Child(name, proc, out)
+
+
+def start_listening(
+    name: str,
+    cmd: list[str],
+    core: int | None,
+    children: list[Child],
+    pattern: str = r"listening on (http://\S+)",
+) -> Child:
+    """``start``, the child added to ``children`` at once (the caller stops them, whatever
+    happens), then its ``url``: the first group of ``pattern`` in its stdout (bounded poll)."""
+    child = start(name, cmd, core)
+    children.append(child)
+    child.url = child.wait_line(pattern)
+    return child
 
 
 def wait_http(url: str, timeout: float = READY_TIMEOUT_S) -> None:
@@ -213,6 +237,26 @@ class Quiet:
 QUIET = Quiet()
 
 
+def quiet_run(once: Callable[[], Run], ours: set[int], measured: bool) -> Run:
+    """``once()`` after a quiet window when ``measured``, and once more if it was noisy (the
+    quieter kept): what ``wrk`` does, for runs that are not (only) a wrk run.
+
+    ``once`` must return the run's ``foreign_cpu_pct``; ``ours`` are the benchmark's processes,
+    not counted as other processes' CPU. Unmeasured (warm-up) runs go straight to ``once()``.
+    """
+    if not measured:
+        return once()
+    QUIET.wait(ours)
+    r = once()
+    if r["foreign_cpu_pct"] >= 2 * NOISY_PCT and QUIET.waited_s < QUIET.budget_s:
+        QUIET.reruns += 1
+        QUIET.wait(ours)
+        again = once()
+        if again["foreign_cpu_pct"] < r["foreign_cpu_pct"]:
+            r = again
+    return r
+
+
 def wrk(
     url: str,
     body: str,
@@ -224,22 +268,19 @@ def wrk(
     ours: set[int],
     measured: bool = True,
     headers: dict[str, str] | None = None,
-) -> dict[str, Any]:
+    script: Path = LUA,
+    busy: bool = False,
+) -> Run:
     """One wrk run, after a quiet window when ``measured``, and once more if it was noisy;
-    ``headers`` are added to every request (``-H``: ``Authorization`` in token mode)."""
+    ``headers`` are added to every request (``-H``: ``Authorization`` in token mode).
+
+    ``script`` is the wrk script (wrk_post.lua by default; another must print the same WRKJSON
+    line, and may add an ``rpcerror`` count); ``busy`` adds ``gw_busy_pct``, the gateway's CPU
+    over the run's wall time in % of one core.
+    """
     kw: dict[str, Any] = {"core": core, "gateway_pid": gateway_pid, "ours": ours}
-    kw["headers"] = headers
-    if not measured:
-        return _wrk(url, body, conns, duration, **kw)
-    QUIET.wait(ours)
-    r = _wrk(url, body, conns, duration, **kw)
-    if r["foreign_cpu_pct"] >= 2 * NOISY_PCT and QUIET.waited_s < QUIET.budget_s:
-        QUIET.reruns += 1
-        QUIET.wait(ours)
-        again = _wrk(url, body, conns, duration, **kw)
-        if again["foreign_cpu_pct"] < r["foreign_cpu_pct"]:
-            r = again
-    return r
+    kw |= {"headers": headers, "script": script, "busy": busy}
+    return quiet_run(lambda: _wrk(url, body, conns, duration, **kw), ours, measured)
 
 
 def _wrk(
@@ -252,12 +293,15 @@ def _wrk(
     gateway_pid: int | None,
     ours: set[int],
     headers: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """One wrk run: its WRKJSON figures plus good answers/s, errors, gateway CPU per request."""
+    script: Path = LUA,
+    busy: bool = False,
+) -> Run:
+    """One wrk run of ``script``: its WRKJSON figures plus good answers/s, errors, gateway CPU per
+    request (and the gateway's busy share when ``busy``)."""
     cmd = [*pin(core), "wrk", "-t1", f"-c{conns}", f"-d{duration}s", "--timeout", "10s"]
     for name, value in (headers or {}).items():
-        cmd += ["-H", f"{name}: {value}"]  # set before wrk_post.lua runs, which keeps them
-    cmd += ["-s", str(LUA), url]
+        cmd += ["-H", f"{name}: {value}"]  # set before the script runs, which keeps them
+    cmd += ["-s", str(script), url]
     snap0, steal0 = all_jiffies(), steal_jiffies()
     g0 = jiffies(gateway_pid) if gateway_pid else 0
     t0 = time.monotonic()
@@ -280,12 +324,15 @@ def _wrk(
     m = re.search(rb"WRKJSON (\{.*\})", stdout)
     if proc.returncode != 0 or not m:
         raise RuntimeError(f"wrk failed ({proc.returncode}): {stderr.decode()[-500:]}")
-    r: dict[str, Any] = json.loads(m.group(1))
+    r: Run = json.loads(m.group(1))
     r["errors"] = sum(r[k] for k in ("non200", "badbody", "connect", "read", "write", "timeout"))
+    r["errors"] += r.get("rpcerror", 0)  # JSON-RPC errors (wrk_a2a.lua); wrk_post.lua has none
     # good answers only: a gateway that fails fast must not look fast
     r["rps"] = round(max(0, r["requests"] - r["errors"]) / (r["duration_us"] / 1e6), 1)
     if gateway_pid and r["requests"]:
         r["gw_cpu_us_per_req"] = round((g1 - g0) / CLK_TCK * 1e6 / r["requests"], 1)
+    if gateway_pid and busy:
+        r["gw_busy_pct"] = round((g1 - g0) * 100 / CLK_TCK / elapsed, 1)
     r["steal_pct"] = round((steal1 - steal0) * 100 / CLK_TCK / elapsed, 1)
     r["foreign_cpu_pct"], r["foreign_top"] = foreign_cpu(
         snap0, snap1, ours | {os.getpid()}, elapsed
@@ -303,6 +350,54 @@ def fmt(s: dict[str, float], unit: str = "", digits: int = 0) -> str:
     if f.format(s["min"]) == f.format(s["max"]):
         return text
     return f"{text} ({f.format(s['min'])}-{f.format(s['max'])})"
+
+
+# --- report helpers ---------------------------------------------------------------------------
+
+
+class Rows(Protocol):
+    """What of run.py's Report a benchmark module's ``report`` writes to."""
+
+    notes: list[str]
+
+    def row(self, bench: str, metric: str, ar: str, *, ratio: str = "", target: str = "") -> None:
+        """One row of the table: the Agent-Reach figure ``ar``, a ``ratio`` and a ``target``."""
+
+    def verdict(self, name: str, ok: bool, detail: str) -> None:
+        """One target, met or not."""
+
+    def noise(self, name: str, runs: list[Run]) -> None:
+        """A note when other processes or the hypervisor took CPU during ``runs``."""
+
+
+def fmt_col(runs: list[Run], key: str, unit: str = "", digits: int = 0, div: float = 1) -> str:
+    """``fmt`` of ``key / div`` over the runs that have ``key``; "-" when none has it."""
+    values = [r[key] / div for r in runs if key in r]
+    return fmt(med(values), unit, digits) if values else "-"
+
+
+def fmt_ms(runs: list[Run], key: str = "p50_us", digits: int = 2) -> str:
+    """``fmt_col`` of a latency in µs (``key``), shown in ms."""
+    return fmt_col(runs, key, " ms", digits, 1000)
+
+
+def paired(a: list[Run], b: list[Run], f: Callable[[Run, Run], float]) -> dict[str, float]:
+    """``f`` of the runs of a and b measured in the same round, then their median (``med``)."""
+    return med([f(x, y) for x, y in zip(a, b, strict=True)])
+
+
+def fmt_ratio(a: list[Run], b: list[Run], key: str = "rps") -> str:
+    """``a[key] / b[key]`` run by run, their median (min-max), as "1.23x"."""
+    return fmt(paired(a, b, lambda x, y: x[key] / max(y[key], 1e-9)), "x", 2)
+
+
+def fmt_signed(s: dict[str, float], unit: str, digits: int = 0) -> str:
+    """``fmt`` for a difference: signed, the range as (min to max)."""
+    f = f"{{:+,.{digits}f}}"
+    text = f.format(s["median"]) + unit
+    if f.format(s["min"]) == f.format(s["max"]):
+        return text
+    return f"{text} ({f.format(s['min'])} to {f.format(s['max'])})"
 
 
 # --- profile of a missed target ---------------------------------------------------------------

@@ -19,7 +19,7 @@ Invariants:
 - Every run reports what ``harness.wrk`` reports (good answers/s, errors, the gateway's CPU per
   request from /proc, the CPU of processes outside the benchmark and steal time over the run),
   plus the CPU per request of nats-server and of the agent, and the generator's CPU.
-- A measured run waits for quiet and is measured once more when noisy, as ``harness.wrk``.
+- A measured run waits for quiet and is measured once more when noisy (``harness.quiet_run``).
 - Bounded: readiness polls ``READY_TIMEOUT_S``; a generator run its duration + 30 s, then it
   is killed; every child is stopped on the way out of ``stack``, whatever happens.
 """
@@ -38,26 +38,34 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from harness import (
     CLK_TCK,
     HERE,
-    NOISY_PCT,
     OUT,
     PY,
-    QUIET,
     READY_TIMEOUT_S,
     Child,
     Cores,
+    Rows,
+    Run,
+    Runs,
     all_jiffies,
     die_with_parent,
     fmt,
+    fmt_col,
+    fmt_ms,
+    fmt_ratio,
+    fmt_signed,
     foreign_cpu,
     jiffies,
     med,
+    paired,
     pin,
+    quiet_run,
     start,
+    start_listening,
     steal_jiffies,
     wait_http,
     wrk,
@@ -156,20 +164,15 @@ def stack(cores: Cores) -> Iterator[NatsStack]:
         prefix = f"bench-{secrets.token_hex(3)}"
         serve = [*_cli(), "serve", "--port", "0", "--log-level", "WARNING"]
         serve += ["--heartbeat-interval", "3600", "--nats", nats_url, "--nats-prefix", prefix]
-        gateway = start("agent-reach-nats", serve, gw_core)
-        children.append(gateway)
-        gateway.url = gateway.wait_line(r"listening on (http://\S+)")
+        gateway = start_listening("agent-reach-nats", serve, gw_core, children)
         wait_http(gateway.url + "/healthz")
         cmd = [PY, str(HERE / "trivial_agent.py"), "--id", HTTP_AGENT, "--intent", INTENT]
-        http_agent = start("agent-http", [*cmd, "--register", gateway.url], load_core)
-        children.append(http_agent)
-        http_agent.url = http_agent.wait_line(r"listening on (http://\S+)")
+        cmd += ["--register", gateway.url]
+        http_agent = start_listening("agent-http", cmd, load_core, children)
         subject = f"bench.{secrets.token_hex(3)}.echo"
         cmd = [PY, str(HERE / "trivial_nats_agent.py"), "--nats", nats_url, "--subject", subject]
         cmd += ["--id", NATS_AGENT, "--intent", INTENT, "--register", gateway.url]
-        nats_agent = start("agent-nats", cmd, load_core)
-        children.append(nats_agent)
-        nats_agent.url = nats_agent.wait_line(r"serving (nats:\S+)")
+        nats_agent = start_listening("agent-nats", cmd, load_core, children, r"serving (nats:\S+)")
         yield NatsStack(server, gateway, http_agent, nats_agent, nats_url, prefix, subject)
     finally:
         for child in reversed(children):
@@ -188,24 +191,6 @@ def server_version() -> str:
 
 
 # --- measured runs ------------------------------------------------------------------------------
-
-
-def _quiet_run(
-    once: Callable[[], dict[str, Any]], ours: set[int], measured: bool
-) -> dict[str, Any]:
-    """``once()`` after a quiet window when ``measured``, and once more if it was noisy (the
-    quieter kept): what ``harness.wrk`` does, for runs that are not all wrk's."""
-    if not measured:
-        return once()
-    QUIET.wait(ours)
-    r = once()
-    if r["foreign_cpu_pct"] >= 2 * NOISY_PCT and QUIET.waited_s < QUIET.budget_s:
-        QUIET.reruns += 1
-        QUIET.wait(ours)
-        again = once()
-        if again["foreign_cpu_pct"] < r["foreign_cpu_pct"]:
-            r = again
-    return r
 
 
 def _per_request(r: dict[str, Any], key: str, j0: int, j1: int) -> None:
@@ -357,7 +342,7 @@ def targets(kind: str, st: NatsStack, cores: Cores) -> tuple[list[str], One]:
         raise ValueError(f"unknown NATS measure {kind!r}")
 
     def one(name: str, seconds: int, measured: bool) -> dict[str, Any]:
-        return _quiet_run(lambda: runs[name](seconds), st.pids(), measured)
+        return quiet_run(lambda: runs[name](seconds), st.pids(), measured)
 
     return list(runs), one
 
@@ -365,78 +350,23 @@ def targets(kind: str, st: NatsStack, cores: Cores) -> tuple[list[str], One]:
 # --- the report ---------------------------------------------------------------------------------
 
 
-class Rows(Protocol):
-    """What of run.py's Report this module writes to."""
-
-    notes: list[str]
-
-    def row(
-        self,
-        bench: str,
-        metric: str,
-        ar: str,
-        seed: str = "",
-        ratio: str = "",
-        target: str = "",
-        floor: str = "",
-    ) -> None:
-        """One row of the table (this module fills ``ar``, ``ratio`` and ``target``)."""
-
-    def verdict(self, name: str, ok: bool, detail: str) -> None:
-        """One target, met or not."""
-
-    def noise(self, name: str, runs: list[dict[str, Any]]) -> None:
-        """A note when other processes or the hypervisor took CPU during ``runs``."""
-
-
-Run = dict[str, Any]
-Runs = dict[str, list[Run]]
-
-
-def _col(runs: list[Run], key: str, unit: str = "", digits: int = 0, div: float = 1) -> str:
-    values = [r[key] / div for r in runs if key in r]
-    return fmt(med(values), unit, digits) if values else "-"
-
-
-def _ms(runs: list[Run], key: str = "p50_us", digits: int = 2) -> str:
-    return _col(runs, key, " ms", digits, 1000)
-
-
 def _us(runs: list[Run], key: str) -> str:
-    return _col(runs, f"{key}_cpu_us_per_req", " µs")
-
-
-def _pairs(a: list[Run], b: list[Run], f: Callable[[Run, Run], float]) -> dict[str, float]:
-    """``f`` of the runs of a and b measured in the same round, then their median."""
-    return med([f(x, y) for x, y in zip(a, b, strict=True)])
-
-
-def _ratio(a: list[Run], b: list[Run], key: str = "rps") -> str:
-    return fmt(_pairs(a, b, lambda x, y: x[key] / max(y[key], 1e-9)), "x", 2)
+    return fmt_col(runs, f"{key}_cpu_us_per_req", " µs")
 
 
 def _errors(*runs: list[Run]) -> int:
     return sum(r["errors"] for rs in runs for r in rs)
 
 
-def _signed(s: dict[str, float], unit: str, digits: int = 0) -> str:
-    """``harness.fmt`` for a difference: signed, the range as (min to max)."""
-    f = f"{{:+,.{digits}f}}"
-    text = f.format(s["median"]) + unit
-    if f.format(s["min"]) == f.format(s["max"]):
-        return text
-    return f"{text} ({f.format(s['min'])} to {f.format(s['max'])})"
-
-
 def _cpu_added(nats: list[Run], http: list[Run]) -> str:
     k = "gw_cpu_us_per_req"
-    added = _pairs(nats, http, lambda n, h: n[k] - h[k])
-    pct = _pairs(nats, http, lambda n, h: 100 * (n[k] / max(h[k], 1e-9) - 1))
-    return f"{_signed(added, ' µs')}, {_signed(pct, ' %')}"
+    added = paired(nats, http, lambda n, h: n[k] - h[k])
+    pct = paired(nats, http, lambda n, h: 100 * (n[k] / max(h[k], 1e-9) - 1))
+    return f"{fmt_signed(added, ' µs')}, {fmt_signed(pct, ' %')}"
 
 
 def _p50_added(a: list[Run], b: list[Run]) -> str:
-    return _signed(_pairs(a, b, lambda x, y: (x["p50_us"] - y["p50_us"]) / 1000), " ms", 3)
+    return fmt_signed(paired(a, b, lambda x, y: (x["p50_us"] - y["p50_us"]) / 1000), " ms", 3)
 
 
 def report(rep: Rows, data: dict[str, Runs], prefix: str, subject: str) -> None:
@@ -448,16 +378,16 @@ def report(rep: Rows, data: dict[str, Runs], prefix: str, subject: str) -> None:
         rep.row("nats", metric, figure, ratio=ratio, target=target)
 
     send = f"POST /v1/send good answers/s, {CONNS} connections"
-    row(f"{send}, to the HTTP agent", _col(h, "rps"))
+    row(f"{send}, to the HTTP agent", fmt_col(h, "rps"))
     row(
         "  latency p50 / p99; errors; gateway CPU per request",
-        f"{_ms(h)} / {_ms(h, 'p99_us')}; {_errors(h)}; {_us(h, 'gw')}",
+        f"{fmt_ms(h)} / {fmt_ms(h, 'p99_us')}; {_errors(h)}; {_us(h, 'gw')}",
         target="0 errors",
     )
-    row(f"{send}, to the NATS agent; ratio to HTTP", _col(n, "rps"), _ratio(n, h))
+    row(f"{send}, to the NATS agent; ratio to HTTP", fmt_col(n, "rps"), fmt_ratio(n, h))
     row(
         "  latency p50 / p99; errors; gateway CPU per request, NATS minus HTTP (run by run)",
-        f"{_ms(n)} / {_ms(n, 'p99_us')}; {_errors(n)}; {_us(n, 'gw')}, {_cpu_added(n, h)}",
+        f"{fmt_ms(n)} / {fmt_ms(n, 'p99_us')}; {_errors(n)}; {_us(n, 'gw')}, {_cpu_added(n, h)}",
         target="0 errors",
     )
     row(
@@ -468,46 +398,46 @@ def report(rep: Rows, data: dict[str, Runs], prefix: str, subject: str) -> None:
     h1, n1, d1 = s1["http"], s1["nats"], s1["direct"]
     row(
         "p50 at 1 caller (wrk -c1), to the HTTP agent; added over direct",
-        f"{_ms(h1, digits=3)}; {_p50_added(h1, d1)}",
+        f"{fmt_ms(h1, digits=3)}; {_p50_added(h1, d1)}",
     )
     row(
         "p50 at 1 caller (wrk -c1), to the NATS agent; added over direct; ratio to HTTP",
-        f"{_ms(n1, digits=3)}; {_p50_added(n1, d1)}",
-        _ratio(n1, h1, "p50_us"),
+        f"{fmt_ms(n1, digits=3)}; {_p50_added(n1, d1)}",
+        fmt_ratio(n1, h1, "p50_us"),
     )
     row(
         "  p50 NATS minus HTTP (run by run); p50 direct to the HTTP agent",
-        f"{_p50_added(n1, h1)}; {_ms(d1, digits=3)}",
+        f"{_p50_added(n1, h1)}; {fmt_ms(d1, digits=3)}",
     )
     row(
         "  p99 HTTP / NATS; gateway CPU per request HTTP / NATS; errors",
-        f"{_ms(h1, 'p99_us')} / {_ms(n1, 'p99_us')}; {_us(h1, 'gw')} / {_us(n1, 'gw')}; "
+        f"{fmt_ms(h1, 'p99_us')} / {fmt_ms(n1, 'p99_us')}; {_us(h1, 'gw')} / {_us(n1, 'gw')}; "
         f"{_errors(h1, n1)}",
         target="0 errors",
     )
 
     hh, hn = hb["http"], hb["nats"]
-    row(f"POST /v1/heartbeat answered/s over HTTP, {CONNS} connections (wrk)", _col(hh, "rps"))
+    row(f"POST /v1/heartbeat answered/s over HTTP, {CONNS} connections (wrk)", fmt_col(hh, "rps"))
     row(
         "  gateway CPU per heartbeat; gateway core busy; errors",
-        f"{_us(hh, 'gw')}; {_col(hh, 'gw_busy_pct', ' %')}; {_errors(hh)}",
+        f"{_us(hh, 'gw')}; {fmt_col(hh, 'gw_busy_pct', ' %')}; {_errors(hh)}",
         target="0 errors",
     )
     row(
         f"heartbeats answered/s over NATS ({prefix}.v1.heartbeat), {CONNS} requests in flight "
         "(nats-py generator); ratio to HTTP",
-        _col(hn, "rps"),
-        _ratio(hn, hh),
+        fmt_col(hn, "rps"),
+        fmt_ratio(hn, hh),
     )
     row(
         "  gateway CPU per heartbeat, NATS minus HTTP (run by run); gateway core busy; errors",
-        f"{_us(hn, 'gw')}, {_cpu_added(hn, hh)}; {_col(hn, 'gw_busy_pct', ' %')}; {_errors(hn)}",
+        f"{_us(hn, 'gw')}, {_cpu_added(hn, hh)}; {fmt_col(hn, 'gw_busy_pct', ' %')}; {_errors(hn)}",
         target="0 errors",
     )
     row(
         "  load core: generator busy; nats-server CPU per heartbeat, busy; latency p50 / p99",
-        f"{_col(hn, 'gen_cpu_pct', ' %')}; {_us(hn, 'nats')}, {_col(hn, 'nats_busy_pct', ' %')}; "
-        f"{_ms(hn)} / {_ms(hn, 'p99_us')}",
+        f"{fmt_col(hn, 'gen_cpu_pct', ' %')}; {_us(hn, 'nats')}, "
+        f"{fmt_col(hn, 'nats_busy_pct', ' %')}; {fmt_ms(hn)} / {fmt_ms(hn, 'p99_us')}",
     )
 
     for name, runs in (("send at 32", s32), ("send at 1", s1), ("heartbeats", hb)):
