@@ -40,11 +40,16 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 run: $(VENV)/.installed-run
 	$(BIN)/agent-reach demo --keep-running --port $${AGENT_REACH_PORT:-7700}
 
+# the suite runs in PYTEST_WORKERS processes (pytest-xdist), a test file to each at a time so
+# that a module's fixtures stay in one process; 0: all in this one (PYTEST_WORKERS=0 make test)
+PYTEST_WORKERS ?= 2
+XDIST := -n $(PYTEST_WORKERS) --dist loadfile
+
 ## test: the whole suite (unit, contract, integration, end-to-end), then the end-to-end suite
 ## again with every gateway on the shared Redis registry, and again with the agents on NATS;
 ## long scenarios: test-slow
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-e2e-redis
 	$(MAKE) --no-print-directory test-e2e-nats
 
@@ -52,13 +57,14 @@ test: $(VENV)/.installed-test
 ## registration must hold across a shared registry), with the gateways on redis://127.0.0.1:6379/0
 test-e2e-redis: $(VENV)/.installed-test
 	AGENT_REACH_TEST_REGISTRY=$${AGENT_REACH_TEST_REGISTRY:-redis://127.0.0.1:6379/0} \
-		$(BIN)/python -m pytest tests/e2e tests/integration/test_security.py -m "not slow" $(PYTEST_ARGS)
+		$(BIN)/python -m pytest tests/e2e tests/integration/test_security.py -m "not slow" $(XDIST) \
+		$(PYTEST_ARGS)
 
 ## test-e2e-nats: the end-to-end suite with the agents serving over NATS (AGENT_REACH_SERVE)
 ## and every gateway on --nats nats://127.0.0.1:4222 under a prefix of its own
 test-e2e-nats: $(VENV)/.installed-test
 	AGENT_REACH_TEST_SERVE=$${AGENT_REACH_TEST_SERVE:-nats://127.0.0.1:4222} \
-		$(BIN)/python -m pytest tests/e2e -m "not slow" $(PYTEST_ARGS)
+		$(BIN)/python -m pytest tests/e2e -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 # long load and fault scenarios (marked slow; none yet: pytest's "no tests" exit 5 is fine here)
 test-slow: $(VENV)/.installed-test
