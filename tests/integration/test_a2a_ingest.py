@@ -265,6 +265,7 @@ def test_bad_cards_are_refused_and_register_nothing(gw: Proc) -> None:
             ({"a2a_card_url": f"{gw.url}/healthz"}, "a2a_card_url"),  # JSON, no card
             ({"a2a_card_url": f"{gw.url}/metrics"}, "a2a_card_url"),  # not JSON
             ({"a2a_card_url": "ftp://127.0.0.1/card"}, "a2a_card_url"),
+            ({"a2a_card_url": "http://u:p@127.0.0.1:9/card"}, "a2a_card_url"),
             ({"a2a_card_url": "http://169.254.169.254/latest/card"}, "a2a_card_url"),
             ({"a2a_card_url": unmapped.url}, "capabilities"),  # no skill maps to a tag
             ({"a2a_card_url": unmapped.url, "endpoint_url": "http://127.0.0.1:9/"}, ""),

@@ -182,6 +182,23 @@ def test_oversized_bodies_get_payload_too_large(gw: Proc, path: str) -> None:
             "endpoint_url",
         ),
         (b'{"endpoint_id": "agent://ok", "capabilities": ["a.b"]}', 422, "endpoint_url"),
+        # user info would be sent as Basic auth and shown to every reader: refused
+        (
+            b'{"endpoint_id": "agent://ok", "capabilities": ["a.b"], '
+            b'"endpoint_url": "http://user:secret@127.0.0.1:9/"}',
+            422,
+            "endpoint_url",
+        ),
+        # legacy numeric hosts the HTTP client does not dial: refused, naming the address
+        *(
+            (
+                b'{"endpoint_id": "agent://ok", "capabilities": ["a.b"], '
+                b'"endpoint_url": "http://' + host + b':9/"}',
+                422,
+                "endpoint_url",
+            )
+            for host in (b"127.1", b"2130706433", b"017700000001", b"0x7f.0.0.1")
+        ),
         (
             b'{"endpoint_id": "agent://ok", "capabilities": ["a.b"], '
             b'"endpoint_url": "http://127.0.0.1:9/", "colour": 1}',

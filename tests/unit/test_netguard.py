@@ -314,3 +314,26 @@ def test_nat64_of_an_allowed_ipv4_is_allowed() -> None:
     guard = AddressGuard(allowed=["10.0.0.0/8"])
     assert guard.refusal_for_address("64:ff9b::a00:1") is None  # 10.0.0.1
     assert guard.refusal_for_address("64:ff9b::b00:1") is not None  # 11.0.0.1
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "::ffff:0:a9fe:a9fe",  # SIIT (RFC 2765): an IPv4-translated address
+        "64:ff9b:1::a9fe:a9fe",  # the local-use NAT64 prefix (RFC 8215)
+        "64:ff9b:1:abcd::a9fe:a9fe",
+        "::a9fe:a9fe",  # IPv4-compatible (deprecated, still routed by some stacks)
+        "::169.254.169.254",
+    ],
+)
+def test_the_metadata_address_is_refused_in_every_ipv6_dress(address: str) -> None:
+    refusal = AddressGuard().refusal_for_address(address)
+    assert refusal is not None and "169.254.0.0/16" in refusal, refusal
+    assert "(169.254.169.254)" in refusal
+
+
+def test_the_ipv6_loopback_and_unspecified_are_themselves() -> None:
+    guard = AddressGuard()
+    assert guard.refusal_for_address("::1") is None  # not 0.0.0.1
+    assert "the unspecified address" in (guard.refusal_for_address("::") or "")
+    assert guard.refusal_for_address("::ffff:0:808:808") is None  # 8.8.8.8, allowed

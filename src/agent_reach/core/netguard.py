@@ -5,8 +5,10 @@ Invariants:
 - By default (:data:`DEFAULT_DENIED`) the gateway never delivers to this-network, link-local
   (169.254.169.254 cloud metadata included), multicast, broadcast, unspecified or known cloud
   metadata addresses, nor to the metadata host names in :data:`DENIED_HOSTS`.
-- An IPv4-mapped IPv6 address (``::ffff:a.b.c.d``) is judged as the IPv4 address it reaches
-  (and refused too when its IPv6 form is denied); an IPv6 zone id (``%eth0``) is ignored.
+- An IPv6 address that carries an IPv4 one (mapped ``::ffff:a.b.c.d``, SIIT
+  ``::ffff:0:a.b.c.d``, IPv4-compatible ``::a.b.c.d``, NAT64 ``64:ff9b::/96`` and the local-use
+  ``64:ff9b:1::/48``, 6to4 ``2002::/16``) is judged as the IPv4 address it reaches (and refused
+  too when its IPv6 form is denied); an IPv6 zone id (``%eth0``) is ignored.
 - A host written as a legacy numeric IPv4 form that resolvers accept (``2852039166``,
   ``0xa9.0xfe.0xa9.0xfe``, ``169.254.43518``) is judged as that address, not as a name.
 - :meth:`AddressGuard.refusal_for_host` only checks what the name itself says: callers must
@@ -19,7 +21,7 @@ import ipaddress
 import re
 from collections.abc import Sequence
 
-__all__ = ["DEFAULT_DENIED", "DENIED_HOSTS", "AddressGuard", "is_ip"]
+__all__ = ["DEFAULT_DENIED", "DENIED_HOSTS", "AddressGuard", "is_ip", "legacy_ipv4"]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -85,6 +87,16 @@ def _legacy_ipv4(host: str) -> ipaddress.IPv4Address | None:
     return ipaddress.IPv4Address(number)
 
 
+def legacy_ipv4(host: str) -> ipaddress.IPv4Address | None:
+    """The IPv4 address a host in a legacy numeric form names (``127.1``, ``2130706433``,
+    ``017700000001``, ``0x7f.1``: what ``inet_aton`` reads), or None for a dotted quad, an
+    IPv6 address or a name. Such hosts are refused at registration: the HTTP client does not
+    dial them as addresses."""
+    if is_ip(host):
+        return None
+    return _legacy_ipv4(host.strip().rstrip(".").lower())
+
+
 def _int(part: str) -> int:
     if part[:2].lower() == "0x":
         return int(part[2:] or "0", 16)  # a bare "0x" reads as 0, as inet_aton does
@@ -103,16 +115,27 @@ def _networks(cidrs: Sequence[str], what: str) -> tuple[IPNetwork, ...]:
     return tuple(out)
 
 
-_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # RFC 6052's well-known prefix
+# IPv6 prefixes whose last 32 bits an IPv4 address rides in, where a network may take a packet
+# to that IPv4 address: RFC 6052's well-known NAT64 prefix, RFC 8215's local-use NAT64 prefix
+# (its /96s: the layout every NAT64 deployment uses), SIIT's IPv4-translated addresses
+# (RFC 2765, ``::ffff:0:a.b.c.d``), and the deprecated IPv4-compatible ones (``::a.b.c.d``)
+_LAST_32 = (
+    ipaddress.IPv6Network("64:ff9b::/96"),
+    ipaddress.IPv6Network("64:ff9b:1::/48"),
+    ipaddress.IPv6Network("::ffff:0:0:0/96"),
+    ipaddress.IPv6Network("::/96"),
+)
 
 
 def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
     """The IPv4 address an IPv6 address carries, where a network may deliver it to that IPv4
-    address: IPv4-mapped (``::ffff:a.b.c.d``), NAT64 (``64:ff9b::a.b.c.d``), 6to4 (``2002:AABB:
-    CCDD::``). Judged as that IPv4 address, so that 169.254.169.254 is refused in any dress."""
+    address: IPv4-mapped (``::ffff:a.b.c.d``), NAT64 (``64:ff9b::a.b.c.d``, and the local-use
+    ``64:ff9b:1::/48``), SIIT (``::ffff:0:a.b.c.d``), IPv4-compatible (``::a.b.c.d``), 6to4
+    (``2002:AABB:CCDD::``). Judged as that IPv4 address, so that 169.254.169.254 is refused in
+    any dress."""
     if ip.ipv4_mapped is not None:
         return ip.ipv4_mapped
-    if ip in _NAT64:
+    if int(ip) > 1 and any(ip in net for net in _LAST_32):  # (:: and ::1 are themselves)
         return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
     if ip.sixtofour is not None:
         return ip.sixtofour

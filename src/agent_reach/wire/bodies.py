@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from agent_reach.core.names import ENDPOINT_ID_PATTERN, INTENT_MAX_LEN, INTENT_PATTERN
+from agent_reach.core.netguard import legacy_ipv4
 from agent_reach.errors import Forbidden, InternalError, InvalidRequest, ReachError
 
 __all__ = [
@@ -75,6 +76,19 @@ class RegisterBody(msgspec.Struct, forbid_unknown_fields=True):
             parts.hostname.encode("idna")  # raises on a host no resolver takes ("a..b")
         except (ValueError, UnicodeError) as exc:
             raise ValueError(f"{exc} - at `$.endpoint_url`") from None
+        if parts.username is not None or parts.password is not None:
+            # it would go to the agent as Basic auth and be shown by /v1/agents to any reader
+            raise ValueError(
+                "must not carry user:password@: an agent's credentials are not the registry's"
+                " to keep (in token mode, deliveries carry the gateway's signed assertion)"
+                " - at `$.endpoint_url`"
+            )
+        legacy = legacy_ipv4(parts.hostname)
+        if legacy is not None:
+            raise ValueError(
+                f"the host {parts.hostname!r} is a legacy numeric form of {legacy}, which the"
+                f" HTTP client does not dial: write {legacy} - at `$.endpoint_url`"
+            )
         # one declaration per tag, in the order given
         self.capabilities = list(dict.fromkeys(self.capabilities))
 
@@ -96,6 +110,8 @@ class CardRegisterBody(msgspec.Struct, forbid_unknown_fields=True):
             or not self.a2a_card_url.isascii()
         ):
             raise ValueError("must be an ASCII http or https URL with a host - at `$.a2a_card_url`")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("must not carry user:password@ (it is shown) - at `$.a2a_card_url`")
         if self.capabilities is not None:
             self.capabilities = list(dict.fromkeys(self.capabilities))
 
