@@ -325,6 +325,7 @@ def _run(main_coro: Any) -> None:
 
 async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None:
     from agent_reach.edges.http.app import HttpEdge
+    from agent_reach.edges.http.server import ReachServer
     from agent_reach.gateway.node import Node
 
     node = Node(settings)  # a ConfigError here, or from start(), is mapped by the Group
@@ -357,7 +358,7 @@ async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None
         raise
     # on SIGTERM, requests in flight get SHUTDOWN_S to finish (their deadlines may be longer)
     runner = web.ServerRunner(
-        web.Server(http.handle, access_log=None),
+        ReachServer(http.handle, access_log=None),  # malformed HTTP: the contract's body
         handle_signals=False,
         shutdown_timeout=SHUTDOWN_S,
     )

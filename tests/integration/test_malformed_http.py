@@ -1,0 +1,91 @@
+"""Malformed HTTP, sent raw to a real gateway: the contract's error body, one rate-limited
+WARNING line, no ERROR and no traceback, and the gateway serves on (issue 17's finding: the
+HTTP library's text/plain ``HTTP/1.0 400`` echoing the input, and an ERROR line with a traceback
+for each, a cheap way to flood the log)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from agent_reach.edges.http.server import LOG_PER_S
+from tests.support import Proc, gateway, http, wait_until
+
+MALFORMED = {
+    "bad Content-Length": b"POST /v1/send HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}",
+    "chunked and Content-Length": (
+        b"POST /v1/send HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+    ),
+    "the HTTP/2 preface": b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+    "a NUL in a header": b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Bad: a\x00b\r\n\r\n",
+    "an 8 KB header": b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",
+    "no method": b"G\x01T / HTTP/1.1\r\nHost: x\r\n\r\n",
+    "a bad version": b"GET / HTTP/9.9x\r\nHost: x\r\n\r\n",
+}
+
+
+@pytest.fixture(scope="module")
+def gw() -> Iterator[Proc]:
+    with gateway("--matcher", "none") as proc:
+        yield proc
+
+
+def raw_request(url: str, data: bytes) -> tuple[str, dict[str, str], bytes]:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(data)
+        got = b""
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break  # the gateway closes the connection after the answer
+            got += chunk
+    head, _, body = got.partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+    return status, headers, body
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_http_gets_the_contract_body(gw: Proc, case: str) -> None:
+    status, headers, body = raw_request(gw.url, MALFORMED[case])
+    code = int(status.split()[1])
+    assert 400 <= code < 500, (case, status)
+    assert headers["content-type"].startswith("application/json"), (case, headers)
+    answer = json.loads(body)
+    assert answer["ok"] is False and answer["error"] == "invalid_request", answer
+    assert answer["detail"].startswith("malformed HTTP request"), answer
+    assert "\x00" not in answer["detail"]
+    assert http("GET", f"{gw.url}/healthz")[0] == 200
+
+
+def test_a_flood_of_malformed_requests_logs_a_few_warnings_and_no_error(gw: Proc) -> None:
+    before = len(gw.log_lines())
+    started = time.monotonic()
+    for _ in range(40):
+        raw_request(gw.url, MALFORMED["bad Content-Length"])
+
+    def logged() -> list[dict[str, Any]]:
+        lines = gw.log_lines()[before:]
+        return [line for line in lines if line.get("event") == "http.malformed"]
+
+    # more malformed requests until one is let through (one a second): it counts the others
+    def one_more() -> bool:
+        raw_request(gw.url, MALFORMED["bad Content-Length"])
+        return sum(line["suppressed"] for line in logged()) > 0
+
+    wait_until(one_more, 5, interval=0.1)
+    took = time.monotonic() - started
+    malformed = logged()
+    assert 1 <= len(malformed) <= took * LOG_PER_S + 1, (len(malformed), took)
+    assert all(line["level"] == "warning" and "exc" not in line for line in malformed)
+    # every request of the flood is in a line or counted in the next one's "suppressed"
+    assert sum(line["suppressed"] for line in malformed) + len(malformed) >= 40
+    lines = gw.log_lines()[before:]
+    assert not [line for line in lines if line.get("level") == "error"], lines
