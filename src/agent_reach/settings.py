@@ -294,6 +294,8 @@ class GatewaySettings:
     mcp_max_sessions: int = 100
     mcp_session_idle: float = 600.0
     # bounds on what callers can make the gateway hold (docs/operations.md)
+    max_connections: int = 0  # open HTTP connections at most (0: the open-files limit - 256)
+    idle_timeout: float = 30.0  # seconds a connection may send nothing (before or between)
     max_endpoints: int = 100_000  # records the registry holds at most (down ones count too)
     register_rate_limit: float = 50.0  # registrations a second per address/subject (0: none)
     register_rate_burst: float = 500.0  # that bucket's size
@@ -355,6 +357,10 @@ class GatewaySettings:
             )
         if self.max_body_bytes < 1024:
             raise ConfigError("max-body-bytes must be at least 1024")
+        if self.max_connections < 0:
+            raise ConfigError("max-connections must be 0 (the open-files limit less 256) or more")
+        if not 0 < self.idle_timeout < float("inf"):
+            raise ConfigError("idle-timeout must be a positive number of seconds")
         if self.mcp_max_sessions < 0:
             raise ConfigError("mcp-max-sessions must be 0 (no /mcp) or more")
         if not 0 < self.mcp_session_idle < float("inf"):

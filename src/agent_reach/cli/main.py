@@ -257,6 +257,22 @@ def main() -> None:
     metavar="SECONDS",
 )
 @option(
+    "max-connections",
+    click.IntRange(min=0),
+    0,
+    "open HTTP connections held at most; past it the oldest idle one is closed for a new one"
+    "  (0: the open-files limit less 256)",
+    metavar="N",
+)
+@option(
+    "idle-timeout",
+    click.FloatRange(min=0, min_open=True),
+    30.0,
+    "seconds an HTTP connection may send nothing, before its first request or between two,"
+    " before it is closed",
+    metavar="SECONDS",
+)
+@option(
     "max-endpoints",
     click.IntRange(min=1),
     100_000,
@@ -325,7 +341,7 @@ def _run(main_coro: Any) -> None:
 
 async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None:
     from agent_reach.edges.http.app import HttpEdge
-    from agent_reach.edges.http.server import ReachServer
+    from agent_reach.edges.http.server import ReachServer, default_max_connections
     from agent_reach.gateway.node import Node
 
     node = Node(settings)  # a ConfigError here, or from start(), is mapped by the Group
@@ -358,7 +374,13 @@ async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None
         raise
     # on SIGTERM, requests in flight get SHUTDOWN_S to finish (their deadlines may be longer)
     runner = web.ServerRunner(
-        ReachServer(http.handle, access_log=None),  # malformed HTTP: the contract's body
+        # malformed HTTP: the contract's body; the connections bounded in number and idleness
+        ReachServer(
+            http.handle,
+            access_log=None,
+            max_connections=settings.max_connections or default_max_connections(),
+            keepalive_timeout=settings.idle_timeout,
+        ),
         handle_signals=False,
         shutdown_timeout=SHUTDOWN_S,
     )

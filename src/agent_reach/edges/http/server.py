@@ -1,4 +1,5 @@
-"""aiohttp's low-level server, with malformed HTTP answered in the contract's shape.
+"""aiohttp's low-level server, with malformed HTTP answered in the contract's shape, and
+bounds on the connections it holds (:class:`ReachServer`).
 
 A request aiohttp's parser cannot read (a bad ``Content-Length``, chunked with a
 ``Content-Length``, the HTTP/2 preface, a NUL in a header, a header over its limit, a method
@@ -10,8 +11,15 @@ log. Here (:class:`ReachServer`) such a request gets the contract's error body
 line ``http.malformed`` (the peer, the status, the parser's reason, cut short): at most
 :data:`LOG_PER_S` a second, the rest counted in the next line's ``suppressed``.
 
-This overrides ``RequestHandler.handle_error`` and ``Server.__call__``, which aiohttp (3.9 to
-3.14) uses to make each connection's protocol: check both when upgrading aiohttp
+Connections: at most ``--max-connections`` open (default: the open-files limit less
+:data:`FD_RESERVE`); past it the oldest idle one is closed for the new one (a line
+``http.connections_full``, rate-limited as above), so that a crowd of idle connections cannot
+lock the gateway out of its descriptors; and ``--idle-timeout`` closes one that sends nothing
+for that long, before its first request or between two.
+
+This overrides ``RequestHandler.handle_error``, ``RequestHandler.connection_made`` and
+``Server.__call__``, and reads ``Server._connections`` and ``RequestHandler._current_request``,
+which aiohttp (3.9 to 3.14) uses: check both when upgrading aiohttp
 (tests/integration/test_malformed_http.py fails if they stop being used).
 """
 
@@ -27,7 +35,7 @@ from aiohttp.web_protocol import RequestHandler
 from agent_reach.observability.logs import log
 from agent_reach.wire.bodies import encode
 
-__all__ = ["LOG_PER_S", "ReachServer"]
+__all__ = ["LOG_PER_S", "ReachServer", "default_max_connections"]
 
 LOG_PER_S = 1.0  # http.malformed lines a second, at most
 _REASON_MAX = 120  # characters of the parser's reason kept (it may quote the input)
@@ -53,6 +61,22 @@ class _Throttle:
 
 
 _THROTTLE = _Throttle(LOG_PER_S)
+FD_RESERVE = 256  # descriptors kept for the agents' pools, Redis, NATS, logs and files
+
+
+def default_max_connections() -> int:
+    """Open connections to hold at most by default: the process's open-files limit less
+    :data:`FD_RESERVE` (at least 64), so that idle connections cannot take the descriptors
+    that deliveries and the registry need."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return 1024
+    if soft == resource.RLIM_INFINITY:
+        return 65536
+    return max(64, int(soft) - FD_RESERVE)
 
 
 def _reason(exc: BaseException | None, message: str | None) -> str:
@@ -63,6 +87,12 @@ def _reason(exc: BaseException | None, message: str | None) -> str:
 
 
 class _ReachRequestHandler(RequestHandler):
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        manager = self._manager
+        if isinstance(manager, ReachServer):
+            manager.admit(self)
+
     def handle_error(
         self,
         request: web.BaseRequest,
@@ -95,9 +125,46 @@ class _ReachRequestHandler(RequestHandler):
         return resp
 
 
+def _closing(handler: RequestHandler) -> bool:
+    transport = handler.transport
+    return transport is None or transport.is_closing()
+
+
 class ReachServer(web.Server):
-    """``web.Server`` whose connections answer malformed HTTP as the module says."""
+    """``web.Server`` whose connections answer malformed HTTP as the module says, and that
+    holds at most ``max_connections`` open: past it, the oldest idle connection (none of its
+    requests in hand) is closed for the new one, or, with none idle, the new one is.
+
+    ``keepalive_timeout`` (aiohttp's, counted from the connection's start too) closes a
+    connection that sends nothing for that long, before its first request or between two.
+    """
+
+    def __init__(self, handler: Any, *, max_connections: int, **kwargs: Any) -> None:
+        super().__init__(handler, **kwargs)
+        self.max_connections = max_connections
+        self._evictions = _Throttle(LOG_PER_S)
 
     def __call__(self) -> RequestHandler:
         kwargs: dict[str, Any] = self._kwargs
         return _ReachRequestHandler(self, loop=self._loop, **kwargs)
+
+    def admit(self, new: RequestHandler) -> None:
+        """Keep the open connections within ``max_connections`` (the class docstring)."""
+        # (one closed a moment ago stays listed until its connection is lost: not counted)
+        open_now = [h for h in self._connections if not _closing(h)]
+        if len(open_now) <= self.max_connections:
+            return
+        victim = next(
+            (h for h in open_now if h is not new and h._current_request is None),  # oldest first
+            new,
+        )
+        held = self._evictions.take()
+        if held is not None:
+            log(
+                logging.WARNING,
+                "http.connections_full",
+                limit=self.max_connections,
+                closed="the oldest idle connection" if victim is not new else "the new one",
+                suppressed=held,
+            )
+        victim.force_close()
