@@ -148,6 +148,21 @@ async def test_by_plain_text(net: dict[str, Any], words: str) -> None:
     assert dict(answer.message.metadata)["match"]["method"] == "semantic"
 
 
+async def test_a_metadata_intent_is_exact_the_words_do_not_choose(net: dict[str, Any]) -> None:
+    async with a2a_client(net["url"]) as client:
+        # words that would reach the weather agent, under a tag nobody declares: refused
+        with pytest.raises(UnsupportedOperationError) as refused:
+            await send(client, message("帮我查一下明天成都的天气", intent="travel.query"))
+        # an alias is not the tag either
+        with pytest.raises(UnsupportedOperationError):
+            await send(client, message(data={"city": "x"}, intent="weather.lookup"))
+        answer = await send(client, message("明天成都", intent="weather.query"))
+    assert refused.value.data["error"] == "no_capable_agent"
+    (data,) = get_data_parts(answer.message.parts)
+    assert data["intent_text"] == "明天成都"  # the words went along to the agent
+    assert data["match"] == ["exact", 1.0]
+
+
 async def test_out_of_scope_text_is_refused_with_the_nearest_tags(net: dict[str, Any]) -> None:
     async with a2a_client(net["url"]) as client:
         with pytest.raises(UnsupportedOperationError) as refused:

@@ -340,6 +340,10 @@ class A2aEdge:
         text = " ".join(t.strip() for t in texts if t.strip())
         if text:
             fields["intent_text"] = text[:2000]
+        if "intent" in fields:
+            # metadata.intent is an exact tag (CONTRACT.md): the words then travel to the agent,
+            # they do not choose it
+            fields["fallback"] = False
         who = self.service.reader(caller, "reach over A2A") or ""  # before any lookup
         owner = await self._owner(task_id, context_id, who)
         if owner is not None:  # a follow-up: to the agent that owns it, never re-routed
