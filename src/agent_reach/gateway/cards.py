@@ -37,6 +37,7 @@ import msgspec
 from agent_reach.core.names import is_intent
 from agent_reach.errors import AgentReachError, ConfigError, EndpointNotRegistered, InvalidRequest
 from agent_reach.observability.logs import log
+from agent_reach.registry.base import RegistryChange
 from agent_reach.wire.bodies import CardRegisterBody, RegisterBody
 
 if TYPE_CHECKING:
@@ -220,6 +221,10 @@ class CardKeeper:
         # this gateway's copy of the kept cards, as of its last round (for /v1/agents)
         self.local: dict[str, Card] = {}
         self._missing: dict[str, int] = {}  # rounds a kept card's record was not in the view
+        # the ids registered at an a2a+ URL in the view (kept by its changes): with none, a
+        # round reads nothing from the shared map, so a gateway without A2A agents pays nothing
+        self._a2a_ids: set[str] = set()
+        node.registry.subscribe(self._changed)
         self.timeout_s = min(FETCH_TIMEOUT_S, max(0.5, node.settings.heartbeat_interval / 2))
         self.verify: Any = None  # the signature verifier, once the keys are loaded
 
@@ -352,14 +357,30 @@ class CardKeeper:
         raw = await self.map.get(endpoint_id)
         return None if raw is None else _decode(raw)
 
+    def _changed(self, change: RegistryChange) -> None:
+        after = change.after
+        if after is not None and after.endpoint_url.startswith("a2a+"):
+            self._a2a_ids.add(change.endpoint_id)
+        else:
+            self._a2a_ids.discard(change.endpoint_id)
+
     async def run(self) -> None:
-        """Every heartbeat interval: fetch every kept card (a node loop)."""
+        """Every heartbeat interval: fetch every kept card (a node loop). A round is skipped
+        while the view holds no A2A agent, or while the shared registry is known away (its
+        own line says so: one transition, one line)."""
         gate = asyncio.Semaphore(MAX_PARALLEL)
         clock = self.node.clock
         every = ROUND_SHARE * float(self.node.settings.heartbeat_interval)
+        registry = self.node.registry
+        self._a2a_ids |= {
+            r.endpoint_id for r in registry.records() if r.endpoint_url.startswith("a2a+")
+        }
         while True:
             started = clock.monotonic()
             try:
+                if not self._a2a_ids or not registry.state().available:
+                    await clock.sleep(every)
+                    continue
                 kept = await self.map.items()
                 self.local = {eid: _decode(raw) for eid, raw in kept.items()}
                 await asyncio.gather(

@@ -473,6 +473,8 @@ class A2aEdge:
     async def _sweep(self) -> None:
         while True:
             await self.node.clock.sleep(SWEEP_INTERVAL_S)
+            if not self.node.registry.state().available:
+                continue  # the shared registry is away: its own line says so
             try:
                 now = self._wall()
                 for key, raw in (await self.owners.items()).items():
