@@ -36,7 +36,9 @@ brings its own), as ``{"ok": false, "error": code, "detail": str(exc), ...}``.
         ├── NoAvailableAgent             no_available_agent
         ├── AgentError                   agent_error
         ├── AllAttemptsFailed            all_attempts_failed
-        └── DeadlineExceeded             deadline_exceeded
+        ├── DeadlineExceeded             deadline_exceeded
+        └── LoopDetected                 loop_detected          (a forwarded request would
+                                                                 cross a second domain)
 
 An error the client SDK rebuilt from an answer (:func:`error_from_answer`) also has the
 answer's ``http_status``; an error raised in the gateway has ``http_status`` None.
@@ -67,6 +69,7 @@ __all__ = [
     "InternalError",
     "InvalidRequest",
     "KeyDirectoryError",
+    "LoopDetected",
     "MethodNotAllowed",
     "NoAvailableAgent",
     "NoCapableAgent",
@@ -368,6 +371,13 @@ class DeadlineExceeded(ReachError):
     """The caller's deadline ran out (or left no room for another attempt)."""
 
     code = "deadline_exceeded"
+
+
+class LoopDetected(ReachError):
+    """A request forwarded from another domain (``X-Reach-Hops``) would have to be forwarded
+    again: requests cross one domain boundary at most (CONTRACT.md v1.1, "Federation")."""
+
+    code = "loop_detected"
 
 
 def _codes() -> dict[str, type[AgentReachError]]:

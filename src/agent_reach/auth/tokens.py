@@ -13,6 +13,9 @@ endpoint    one endpoint id                     heartbeat, deregister and re-reg
                                                 id (this registration only: ``gen``), and
                                                 send as that id
 client      a sender id, ``agent://NAME``       send as that id
+peer        a domain name (federation)          publish that domain's summary to the
+                                                directory, forward requests from that
+                                                domain, read the traces it forwarded
 delivery    the sender (or ``""``)              -- (the gateway's assertion to a recipient)
 ==========  ==================================  =========================================
 
@@ -38,7 +41,7 @@ import jwt
 import msgspec
 
 from agent_reach.auth.keys import KeyRing, b64url
-from agent_reach.core.names import is_endpoint_id
+from agent_reach.core.names import is_domain, is_endpoint_id
 from agent_reach.errors import Unauthorized
 
 __all__ = [
@@ -67,6 +70,7 @@ class Kind(enum.StrEnum):
     ENROLL = "enroll"
     ENDPOINT = "endpoint"
     CLIENT = "client"
+    PEER = "peer"
     DELIVERY = "delivery"
 
 
@@ -154,6 +158,8 @@ class TokenService:
             raise ValueError(
                 f"the subject of a {kind} token is an agent://name id, not {subject!r}"
             )
+        if kind is Kind.PEER and not is_domain(subject):
+            raise ValueError(f"the subject of a peer token is a domain name, not {subject!r}")
         now = self.wall()
         claims: dict[str, Any] = {
             "iss": self.issuer,
@@ -292,6 +298,8 @@ class TokenService:
             raise Unauthorized("token has no subject")
         if kind in (Kind.ENDPOINT, Kind.CLIENT) and not is_endpoint_id(subject):
             raise Unauthorized(f"a {kind} token's subject must be an agent://name id")
+        if kind is Kind.PEER and not is_domain(subject):
+            raise Unauthorized("a peer token's subject must be a domain name")
         generation = raw.get("gen", "")
         if not isinstance(generation, str) or (kind is Kind.ENDPOINT and not generation):
             raise Unauthorized("endpoint token without a registration generation")

@@ -15,6 +15,7 @@ __all__ = [
     "BEARERS",
     "ENDPOINTS",
     "OPERATORS",
+    "PEERS",
     "READERS",
     "REGISTRANTS",
     "SENDERS",
@@ -28,6 +29,7 @@ REGISTRANTS = frozenset({Kind.ENROLL, Kind.ENDPOINT})
 READERS = frozenset({Kind.OPERATOR, Kind.ENDPOINT, Kind.CLIENT})
 OPERATORS = frozenset({Kind.OPERATOR})
 ENDPOINTS = frozenset({Kind.ENDPOINT})
+PEERS = frozenset({Kind.PEER})  # another domain's gateway (federation)
 BEARERS = frozenset(Kind) - {Kind.DELIVERY}  # every kind a bearer token may be
 
 

@@ -42,6 +42,7 @@ STATUS: dict[str, int] = {
     "agent_error": 502,
     "all_attempts_failed": 502,
     "deadline_exceeded": 504,
+    "loop_detected": 508,  # a forwarded request asked to be forwarded again
 }
 
 

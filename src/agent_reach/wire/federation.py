@@ -1,0 +1,118 @@
+"""The bodies of federation (CONTRACT.md v1.1, "Federation"): a domain's summary, as a gateway
+publishes it to the directory and the directory hands it to the other domains.
+
+A summary carries counts only: per intent tag, how many endpoints are healthy and degraded,
+their p95 latency and the attempts in flight. Never an endpoint id or URL: what crosses a
+domain boundary is what another domain needs to decide whether to forward, nothing more.
+
+Decoding is strict and bounded (:func:`decode_summary`): the directory takes summaries from
+other processes, and a bad one is refused by the field it fails on.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgspec
+
+from agent_reach.core.names import is_domain, is_intent
+from agent_reach.errors import InvalidRequest
+
+__all__ = [
+    "MAX_SUMMARY_INTENTS",
+    "DirectoryAnswer",
+    "DirectoryEntry",
+    "DomainSummary",
+    "IntentSummary",
+    "decode_summary",
+]
+
+MAX_SUMMARY_INTENTS = 100_000  # tags a summary may carry (a registry's --max-endpoints)
+
+
+class IntentSummary(msgspec.Struct, frozen=True):
+    """One tag of a domain: endpoints healthy and degraded now, the p95 latency (ms) of the
+    best-placed one with history (None: none has any), attempts in flight across them."""
+
+    healthy: int
+    degraded: int
+    p95_ms: float | None
+    inflight: int
+
+
+class DomainSummary(msgspec.Struct, frozen=True):
+    """A domain's summary: who publishes it, where its gateway answers forwarded requests,
+    when it was made (unix seconds, the publisher's clock), and its tags."""
+
+    domain: str
+    gateway_url: str
+    at: float
+    intents: dict[str, IntentSummary]
+
+
+class DirectoryEntry(msgspec.Struct, frozen=True):
+    """A summary as the directory hands it out: with ``age_s``, the seconds since the
+    directory received it (its own clock: publishers' clocks need not agree)."""
+
+    domain: str
+    gateway_url: str
+    at: float
+    intents: dict[str, IntentSummary]
+    age_s: float
+
+
+class DirectoryAnswer(msgspec.Struct, frozen=True):
+    """``PUT /v1/summaries/DOMAIN`` (the other domains' summaries) and ``GET /v1/summaries``
+    (every one)."""
+
+    summaries: list[DirectoryEntry]
+    ok: bool = True
+
+
+_summary_decoder = msgspec.json.Decoder(DomainSummary)
+
+
+def decode_summary(data: bytes | str) -> DomainSummary:
+    """A summary from JSON, checked: InvalidRequest naming the field that is wrong."""
+    try:
+        summary = _summary_decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(f"summary: {exc}") from None
+    except (msgspec.DecodeError, RecursionError):
+        raise InvalidRequest("summary is not JSON", malformed=True) from None
+    check_summary(summary)
+    return summary
+
+
+def check_summary(summary: DomainSummary) -> None:
+    """InvalidRequest naming the first field of ``summary`` that is not of the contract."""
+    if not is_domain(summary.domain):
+        raise InvalidRequest(f"domain {summary.domain!r} is not a domain name", field="domain")
+    if not summary.gateway_url.startswith(("http://", "https://")):
+        raise InvalidRequest("gateway_url must be an http(s) URL", field="gateway_url")
+    if not math.isfinite(summary.at) or summary.at < 0:
+        raise InvalidRequest("at must be unix seconds", field="at")
+    if len(summary.intents) > MAX_SUMMARY_INTENTS:
+        raise InvalidRequest(
+            f"a summary carries at most {MAX_SUMMARY_INTENTS} intents", field="intents"
+        )
+    for tag, counts in summary.intents.items():
+        if not is_intent(tag):
+            raise InvalidRequest(f"intents: {tag!r} is not an intent tag", field="intents")
+        p95 = counts.p95_ms
+        if (
+            counts.healthy < 0
+            or counts.degraded < 0
+            or counts.inflight < 0
+            or (p95 is not None and not (math.isfinite(p95) and p95 >= 0))
+        ):
+            raise InvalidRequest(
+                f"intents.{tag}: counts must be >= 0 and p95_ms finite", field="intents"
+            )
+
+
+def summary_dict(summary: DomainSummary | DirectoryEntry) -> dict[str, Any]:
+    """A summary as plain JSON values (``/v1/federation``)."""
+    out: dict[str, Any] = msgspec.to_builtins(summary)
+    return out
