@@ -75,7 +75,14 @@ class Proc:
         return self.popen.returncode
 
 
-def _start(cmd: list[str], timeout: float = 15.0, env: dict[str, str] | None = None) -> Proc:
+def _start(
+    cmd: list[str],
+    timeout: float = 15.0,
+    env: dict[str, str] | None = None,
+    pattern: re.Pattern[bytes] = _URL,
+) -> Proc:
+    # ``pattern``: what the printed URL looks like (group 1, else 2); tests/netns_support.py
+    # passes one for addresses other than 127.0.0.1
     log = Path(tempfile.mkstemp(prefix="agent-reach-", suffix=".log")[1])
     env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     with log.open("wb") as err:
@@ -88,7 +95,7 @@ def _start(cmd: list[str], timeout: float = 15.0, env: dict[str, str] | None = N
         chunk = popen.stdout.read()
         if chunk:
             buf += chunk
-            match = _URL.search(buf)
+            match = pattern.search(buf)
             if match and b"\n" in buf[match.end() :]:  # the whole line
                 return Proc(popen, (match.group(1) or match.group(2)).decode(), log)
         if popen.poll() is not None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from agent_reach.core.model import Thresholds
+from agent_reach.core.names import is_domain
 from agent_reach.core.netguard import AddressGuard
 from agent_reach.errors import ConfigError
 
@@ -299,6 +300,12 @@ class GatewaySettings:
     max_endpoints: int = 100_000  # records the registry holds at most (down ones count too)
     register_rate_limit: float = 50.0  # registrations a second per address/subject (0: none)
     register_rate_burst: float = 500.0  # that bucket's size
+    # federation (docs/federation.md)
+    domain: str = "local"
+    directory: str | None = None  # the directory's URL (None: no federation)
+    summary_interval: float = 5.0  # seconds between two publications of the summary
+    advertise_url: str | None = None  # where other domains forward to [http://HOST:PORT]
+    peer_token: str | None = None  # token mode: presented to the directory and to peers
 
     @property
     def thresholds(self) -> Thresholds:
@@ -365,7 +372,27 @@ class GatewaySettings:
             raise ConfigError("mcp-max-sessions must be 0 (no /mcp) or more")
         if not 0 < self.mcp_session_idle < float("inf"):
             raise ConfigError("mcp-session-idle must be a positive number of seconds")
+        self._check_federation()
         self._check_access()
+
+    def _check_federation(self) -> None:
+        if not is_domain(self.domain):
+            raise ConfigError(
+                f"domain {self.domain!r} must be named as an endpoint NAME is:"
+                " [a-z0-9][a-z0-9._-]{0,127}",
+                source="domain",
+            )
+        for name, url in (("directory", self.directory), ("advertise-url", self.advertise_url)):
+            if url is not None and not url.startswith(("http://", "https://")):
+                raise ConfigError(f"{name} must be an http(s) URL, got {url!r}", source=name)
+        if not 0 < self.summary_interval < float("inf"):
+            raise ConfigError("summary-interval must be a positive number of seconds")
+        if self.directory and self.advertise_url is None and self.host in ("0.0.0.0", "::", ""):
+            raise ConfigError(
+                f"--directory with --host {self.host or '(all)'} needs --advertise-url: other"
+                " domains cannot forward to a wildcard address",
+                source="advertise-url",
+            )
 
     def _check_access(self) -> None:
         if self.auth not in ("open", "tokens"):

@@ -66,6 +66,7 @@ async def handle(payload: Any, ctx: ReachContext) -> dict[str, Any]:
         "requested_intent": ctx.requested_intent,
         "intent_text": ctx.intent_text,
         "match": None if ctx.match is None else [ctx.match.method, ctx.match.confidence],
+        "origin": ctx.origin,
     }
 
 

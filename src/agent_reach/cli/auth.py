@@ -18,7 +18,7 @@ import click
 
 from agent_reach.cli import render
 from agent_reach.cli.common import env_name, gateway_options, json_option, reach
-from agent_reach.core.names import is_endpoint_id
+from agent_reach.core.names import is_domain, is_endpoint_id
 from agent_reach.core.policy import PatternKind, PolicyFileError, compile_pattern, parse_policy
 from agent_reach.wire.bodies import (
     DEFAULT_CLIENT_TTL_S,
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["auth"]
 
 OPERATOR_TTL_S = 12 * 3600.0
+PEER_TTL_S = 7 * 86400.0
 
 
 def _keys_option(*, required: bool, help: str) -> Callable[[Any], Any]:
@@ -158,7 +159,8 @@ def keygen(keys: Path, activate_in: float) -> None:
 
 @auth.group()
 def token() -> None:
-    """Make a reach token: operator (offline), enroll or client (offline or by a gateway)."""
+    """Make a reach token: operator and peer (offline), enroll or client (offline or by a
+    gateway)."""
 
 
 @token.command()
@@ -288,6 +290,33 @@ def client(
         return
     signed, expires_at = _sign(keys, "client", subject, ttl)
     _print_token("client", subject, signed, expires_at, as_json)
+
+
+def _domain(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if not is_domain(value):
+        raise click.BadParameter(
+            f"a domain name is needed (1-128 of a-z 0-9 . _ -), not {value!r}", ctx, param
+        )
+    return value
+
+
+@token.command()
+@_keys_option(required=True, help="the key directory: the token is signed here, offline")
+@click.option(
+    "--domain",
+    required=True,
+    metavar="NAME",
+    callback=_domain,
+    help="the domain its holder speaks for (that domain's gateways' --domain)",
+)
+@_ttl_option(PEER_TTL_S, "7 days")
+@_JSON
+def peer(keys: Path, domain: str, ttl: float, as_json: bool) -> None:
+    """A peer token (federation): the gateways of --domain publish its summary to the
+    directory with it, and forward requests to the other domains' gateways. Signed with
+    --keys, offline only."""
+    signed, expires_at = _sign(keys, "peer", domain, ttl)
+    _print_token("peer", domain, signed, expires_at, as_json)
 
 
 @auth.command("check-policy")

@@ -28,6 +28,7 @@ from agent_reach.cli.a2a import a2a
 from agent_reach.cli.auth import auth
 from agent_reach.cli.client import COMMANDS as CLIENT_COMMANDS
 from agent_reach.cli.common import ExitCode, Group, env_name, option, stdout
+from agent_reach.cli.directory import directory
 from agent_reach.cli.endpoints import COMMANDS as ENDPOINT_COMMANDS
 from agent_reach.cli.intents import intents
 from agent_reach.cli.mcp import mcp
@@ -295,6 +296,43 @@ def main() -> None:
     metavar="N",
 )
 @option(
+    "domain",
+    str,
+    "local",
+    "this gateway's domain (federation): its endpoints are agent://NAME@DOMAIN elsewhere",
+    metavar="NAME",
+)
+@option(
+    "directory",
+    str,
+    None,
+    "the federation directory's URL (`agent-reach directory`): publish this domain's summary"
+    " there and forward what no local agent can serve (docs/federation.md)",
+    metavar="URL",
+)
+@option(
+    "summary-interval",
+    click.FloatRange(min=0, min_open=True),
+    5.0,
+    "seconds between two publications of the summary (a peer's older than 3 is not used)",
+    metavar="SECONDS",
+)
+@option(
+    "advertise-url",
+    str,
+    None,
+    "the URL other domains' gateways forward to  [http://HOST:PORT as bound]",
+    metavar="URL",
+)
+@option(
+    "peer-token",
+    str,
+    None,
+    "token mode: the peer token this gateway presents to the directory and to other domains"
+    "  [one it signs itself for --domain with --keys]",
+    metavar="TOKEN",
+)
+@option(
     "log-level",
     click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     "INFO",
@@ -428,6 +466,8 @@ async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     url = f"http://{host}:{port}"
     registry = redacted(settings.registry)
+    if node.membership is not None:  # federation: publish where other domains forward to
+        node.membership.serving(settings.advertise_url or url)
     logs.log(logging.INFO, "gateway.listening", url=url, registry=registry)
     print(f"agent-reach gateway listening on {url} (registry {registry})", flush=True)
     try:
@@ -504,3 +544,4 @@ def demo(host: str, port: int, keep_running: bool, log_dir: Path | None) -> None
 
 for command in (*CLIENT_COMMANDS, *ENDPOINT_COMMANDS, auth, intents, mcp, a2a):
     main.add_command(command)
+main.add_command(directory)

@@ -15,6 +15,7 @@ __all__ = [
     "DOMAIN_PATTERN",
     "ENDPOINT_ID_PATTERN",
     "INTENT_PATTERN",
+    "TARGET_ID_PATTERN",
     "is_domain",
     "is_endpoint_id",
     "is_intent",
@@ -28,6 +29,8 @@ INTENT_PATTERN = r"^[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)*\Z"
 INTENT_MAX_LEN = 128
 # a domain (--domain, federation) is named as an endpoint NAME is
 DOMAIN_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,127}\Z"
+# an endpoint of this domain or of another: agent://NAME[@DOMAIN]
+TARGET_ID_PATTERN = r"^agent://[a-z0-9][a-z0-9._-]{0,127}(@[a-z0-9][a-z0-9._-]{0,127})?\Z"
 
 _ENDPOINT_ID = re.compile(ENDPOINT_ID_PATTERN)
 _INTENT = re.compile(INTENT_PATTERN)

@@ -54,12 +54,13 @@ __all__ = [
 PatternKind = Literal["intent", "endpoint"]
 
 _INTENT_PATTERN = re.compile(r"[a-z0-9_.*-]{1,128}")
-_ENDPOINT_PATTERN = re.compile(r"agent://[a-z0-9._*-]{1,128}|\*")
+# agent://NAME or agent://NAME@DOMAIN (a sender forwarded from another domain: federation)
+_ENDPOINT_PATTERN = re.compile(r"agent://[a-z0-9._*-]{1,128}(@[a-z0-9._*-]{1,128})?|\*")
 _GRAMMAR = {
     "intent": "1-128 of a-z 0-9 _ . - and * (any run of characters)",
     "endpoint": (
         "agent:// followed by 1-128 of a-z 0-9 . _ - and * (any run of characters), "
-        "or * alone for any endpoint"
+        "optionally @ and a domain pattern of the same, or * alone for any endpoint"
     ),
 }
 _CACHE_MAX = 4096
@@ -75,6 +76,9 @@ class Pattern:
     text: str
     kind: PatternKind
     _parts: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    # an endpoint pattern that names no domain matches this domain's ids only: ``*`` never
+    # stretches over the ``@DOMAIN`` of a forwarded sender (``*`` alone matches any id)
+    _local: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         grammar = _INTENT_PATTERN if self.kind == "intent" else _ENDPOINT_PATTERN
@@ -83,9 +87,13 @@ class Pattern:
                 f"invalid {self.kind} pattern {self.text!r}: use {_GRAMMAR[self.kind]}"
             )
         object.__setattr__(self, "_parts", tuple(self.text.split("*")))
+        local = self.kind == "endpoint" and self.text != "*" and "@" not in self.text
+        object.__setattr__(self, "_local", local)
 
     def matches(self, value: str) -> bool:
         """True when the whole of ``value`` matches this pattern."""
+        if self._local and "@" in value:
+            return False
         parts = self._parts
         if len(parts) == 1:
             return value == parts[0]

@@ -446,11 +446,33 @@ class Access:
             return subject, None
         return subject, RouteScope(self.policy.allowed_endpoints(subject, intent))
 
+    def check_origin(self, caller: Principal, origin: str) -> str:
+        """A forwarded request's origin domain (``X-Reach-Origin``): in token mode it must be
+        the peer token's subject (a domain cannot forward in another's name)."""
+        claims = caller.claims
+        if claims is None:
+            return origin
+        if claims.kind is not Kind.PEER or claims.subject != origin:
+            self.deny(
+                caller,
+                "forward",
+                origin,
+                f"a request from domain {origin} needs that domain's peer token, not"
+                f" {with_article(claims.kind.value)} token for {claims.subject}",
+            )
+        return origin
+
     def sender_of(self, caller: Principal, sender: str | None, action: str, target: str) -> str:
         """Token mode: the request's sender, the token's subject; Forbidden (with an audit
-        line about ``target``) when the request names another one."""
+        line about ``target``) when the request names another one. A peer token (a request
+        forwarded from its domain) sends as ``agent://NAME@DOMAIN``, its domain's sender."""
         assert caller.claims is not None
         subject = caller.claims.subject
+        if caller.claims.kind is Kind.PEER:
+            if sender is None or not sender.endswith(f"@{subject}"):
+                self.deny(caller, action, target, f"a forwarded sender must be of {subject}")
+            assert sender is not None
+            return sender
         if sender is not None and sender != subject:
             self.deny(
                 caller, action, target, f"sender {sender} is not the token's subject {subject}"
@@ -486,9 +508,11 @@ class Access:
         if caller.claims.kind is Kind.OPERATOR:
             self.admin(caller, "trace.read", trace_id)
             return True
-        sender = next((e.get("sender") for e in events if e.get("kind") == "received"), None)
-        if sender == caller.claims.subject:
+        received = next((e for e in events if e.get("kind") == "received"), {})
+        if received.get("sender") == caller.claims.subject:
             return True
+        if caller.claims.kind is Kind.PEER and received.get("origin") == caller.claims.subject:
+            return True  # the domain that forwarded it reads its part (federation)
         self.denied(
             caller.who,
             "trace.read",

@@ -25,6 +25,7 @@ import msgspec
 
 from agent_reach.auth.keys import KeyDirectoryError
 from agent_reach.core.model import EndpointRecord, Outcome
+from agent_reach.core.names import split_domain
 from agent_reach.core.retry import Deadline, backoff_s
 from agent_reach.errors import (
     AgentError,
@@ -32,8 +33,13 @@ from agent_reach.errors import (
     AllAttemptsFailed,
     DeadlineExceeded,
     InternalError,
+    InvalidRequest,
+    LoopDetected,
+    NoAvailableAgent,
     NoCapableAgent,
+    RecipientNotFound,
 )
+from agent_reach.gateway.forward import Forwarder, ForwardRequest
 from agent_reach.gateway.matching import Match, match_by_meaning
 from agent_reach.gateway.metrics import GatewayMetrics
 from agent_reach.gateway.router import RoutePlan, Router, RouteScope
@@ -54,6 +60,30 @@ __all__ = ["Reacher"]
 
 _TRACE_CANDIDATES = 16  # candidates listed by name in a trace's route event
 RELAY_TIMEOUT_S = 5.0  # an A2A GetTask/CancelTask relayed to the agent that owns the task
+
+
+FORWARDED = "_forwarded"  # the metrics' intent label of a request served by another domain
+
+
+@dataclass(slots=True)
+class _Routed:
+    """Where a request goes: ``plan`` (this domain's endpoints) or ``forward`` (others)."""
+
+    match: Match
+    tag: str
+    plan: RoutePlan | None
+    forward: ForwardRequest | None
+
+
+def _no_trace(kind: str, **data: Any) -> None:
+    """A ForwardRequest's trace until the send binds its own."""
+
+
+def _loop(tag: str, origin: str) -> str:
+    return (
+        f"no agent of this domain can serve {tag!r} now, and a request forwarded from {origin}"
+        " is not forwarded to a third domain"
+    )
 
 
 @dataclass(slots=True)
@@ -87,6 +117,7 @@ class Reacher:
         wall: Callable[[], float] = time.time,
         tracer: GatewayTracer | None = None,
         signer: TokenService | None = None,
+        forwarder: Forwarder | None = None,
     ) -> None:
         self.router = router
         self.transport = transport
@@ -100,6 +131,8 @@ class Reacher:
         self.otel = tracer if tracer is not None else gateway_tracer()
         # token mode: each delivery carries an assertion signed by the gateway
         self.signer = signer
+        # federation (--directory): requests no local agent can serve go to other domains
+        self.forwarder = forwarder
 
     def _trace(self, trace_id: str, kind: str, **data: Any) -> None:
         self.traces.add(trace_id, self._wall(), kind, **data)
@@ -120,6 +153,7 @@ class Reacher:
         admit: Callable[[str], tuple[str | None, RouteScope | None]] | None = None,
         reachable: Callable[[str], bool] | None = None,
         extra_headers: Mapping[str, str] | None = None,
+        origin: str | None = None,
     ) -> Reply:
         """Deliver ``body`` (its msg_id and trace_id filled in); raise an AgentReachError
         carrying msg_id, trace_id and attempts. Every ending, a fault of ours included (an
@@ -129,7 +163,8 @@ class Reacher:
         Token mode: ``scope`` keeps the candidates the policy lets this sender reach with the
         requested intent; a request matched to another tag (alias, fallback) is judged again
         by ``admit(tag)`` (the sender and the scope for that tag), and a fallback chooses only
-        among the tags ``reachable`` accepts.
+        among the tags ``reachable`` accepts. ``origin``: the domain a forwarded request comes
+        from (federation: it is served here or refused, never forwarded again).
         """
         assert body.msg_id is not None
         msg_id, trace_id, span = body.msg_id, opened.trace_id, opened.span
@@ -147,53 +182,38 @@ class Reacher:
                 recipient_hint=body.recipient_hint,
                 priority=body.priority,
                 timeout_ms=timeout_ms,
+                **({} if origin is None else {"origin": origin}),
             )
             deadline = Deadline(
                 received_at + max(0.0, timeout_ms - self.settings.answer_margin_ms) / 1000.0
             )
             if span is not None:
                 span.planning()
-            router = self.router
-            # the hint, the exact tag, the alias: no await; only a fallback awaits the matcher
-            match = router.settle(body.intent, body.recipient_hint, fallback=body.fallback)
-            if match is None:
-                match = await self._match_by_meaning(body, deadline, timeout_ms, reachable)
-            if admit is not None and match.tag != body.intent:
-                body.sender, scope = admit(match.tag)
-            plan = router.plan(match, body.recipient_hint, scope=scope)
+            routed = await self._route(body, deadline, scope, admit, reachable, origin)
+            match, tag = routed.match, routed.tag
             # a registered tag, so that callers cannot grow the metrics' label set at will
-            intent_label = plan.intent
+            intent_label = tag if routed.forward is None else FORWARDED
             self._matched(match)
-            payload = encode(
-                DeliveryBody(
-                    msg_id=msg_id,
-                    trace_id=trace_id,
-                    sender=body.sender,
-                    recipient_hint=body.recipient_hint,
-                    intent=plan.intent,
-                    payload=body.payload,
-                    priority=body.priority,
-                    timeout_ms=timeout_ms,
-                    requested_intent=body.intent,
-                    intent_text=body.intent_text,
+            if routed.forward is not None:
+                assert self.forwarder is not None
+                routed.forward.trace = lambda kind, **data: self._trace(trace_id, kind, **data)
+                routed.forward.traceparent = opened.parent
+                domains = self.forwarder.domains_for(tag, routed.forward.domain)
+                self._trace(
+                    trace_id,
+                    "route",
+                    chosen=f"@{domains[0]}" if domains else None,
+                    match=match.event(),
+                    forward=True,
+                    local=None if routed.forward.local is None else routed.forward.local.code,
+                    domains=domains,
                 )
-            )
-            assertion = None
-            if self.signer is not None:
-                assertion = self._assertion(self.signer, body, plan.intent, msg_id, payload)
-            run = _Run(
-                plan,
-                deadline,
-                timeout_ms,
-                msg_id,
-                trace_id,
-                payload,
-                opened,
-                assertion,
-                match.header(),
-                extra_headers,
-            )
-            endpoint_id, answer = await self._attempts(run, attempts)
+                endpoint_id, answer = await self.forwarder.forward(routed.forward, attempts)
+            else:
+                assert routed.plan is not None
+                endpoint_id, answer = await self._deliver(
+                    body, routed.plan, match, deadline, opened, attempts, extra_headers
+                )
         except AgentReachError as exc:
             self._failed(body, opened, exc, attempts, intent_label, received_at)
             raise
@@ -211,9 +231,7 @@ class Reacher:
         elapsed = round((self.clock.monotonic() - received_at) * 1000.0, 3)
         self._finish(intent_label, "ok", elapsed)
         self._trace(trace_id, "answer", ok=True, endpoint_id=endpoint_id, latency_ms=elapsed)
-        self.traces.request_done(
-            self._wall(), trace_id, msg_id, plan.intent, "ok", attempts, elapsed
-        )
+        self.traces.request_done(self._wall(), trace_id, msg_id, tag, "ok", attempts, elapsed)
         if span is not None:
             span.answered("ok", span_answer(trace_id, endpoint_id, attempts))
             span.end()
@@ -221,23 +239,162 @@ class Reacher:
             logging.INFO,
             "reach.completed",
             msg_id=msg_id,
-            intent=plan.intent,
+            intent=tag,
             endpoint_id=endpoint_id,
             attempts=len(attempts),
             latency_ms=elapsed,
         )
-        return Reply(
-            msg_id, trace_id, plan.intent, endpoint_id, answer, attempts, elapsed, match.info()
+        return Reply(msg_id, trace_id, tag, endpoint_id, answer, attempts, elapsed, match.info())
+
+    async def _route(
+        self,
+        body: SendBody,
+        deadline: Deadline,
+        scope: RouteScope | None,
+        admit: Callable[[str], tuple[str | None, RouteScope | None]] | None,
+        reachable: Callable[[str], bool] | None,
+        origin: str | None,
+    ) -> _Routed:
+        """Where ``body`` goes: a plan over this domain's endpoints, or a forward to other
+        domains (federation: docs/federation.md). The order is the contract's: the hint; the
+        exact tag (or its alias) here, then in another domain; the fallback by meaning here,
+        then in another domain. ``origin`` is set for a request forwarded from another domain:
+        it is served here or refused, never forwarded again (``loop_detected``)."""
+        router = self.router
+        fwd = self.forwarder
+        hint = body.recipient_hint
+        if hint is not None and "@" in hint:
+            name, domain = split_domain(hint)
+            if domain == self.settings.domain:
+                hint = body.recipient_hint = name
+            else:
+                if origin is not None:
+                    raise LoopDetected(
+                        f"{hint} is in another domain, and a request forwarded from {origin} is"
+                        " not forwarded again"
+                    )
+                if fwd is None:
+                    raise RecipientNotFound(
+                        f"recipient_hint {hint} names domain {domain!r}, and this gateway is in"
+                        " no federation (--directory)"
+                    )
+                if body.intent is None:
+                    raise InvalidRequest(
+                        "recipient_hint needs intent: the tag the named endpoint declares",
+                        field="intent",
+                    )
+                fw = self._forward(body, body.intent, deadline, None, hint=name, domain=domain)
+                return _Routed(Match("hint", body.intent, 1.0), body.intent, None, fw)
+        settled = router.settle(body.intent, hint, fallback=body.fallback)
+        if settled is None and body.intent is not None and fwd is not None:
+            # the exact tag (or its alias) in another domain, before any match by meaning
+            canonical = router.dictionary.canonical(body.intent) if body.fallback else None
+            for tag, method in ((body.intent, "exact"), (canonical, "alias")):
+                if tag is not None and fwd.offers(tag, exclude=origin):
+                    if origin is not None:
+                        raise LoopDetected(_loop(tag, origin))
+                    if admit is not None and tag != body.intent:
+                        body.sender, scope = admit(tag)
+                    local = NoCapableAgent(f"no agent of this domain declares intent {tag!r}")
+                    return _Routed(
+                        Match(method, tag, 1.0),
+                        tag,
+                        None,
+                        self._forward(body, tag, deadline, local),
+                    )
+        if settled is None:
+            elsewhere = None if fwd is None or origin is not None else fwd.offers
+            match = await self._match_by_meaning(body, deadline, reachable, elsewhere)
+            if elsewhere is not None and not router.registry.by_intent(match.tag):
+                if admit is not None and match.tag != body.intent:
+                    body.sender, scope = admit(match.tag)
+                local = NoCapableAgent(f"no agent of this domain declares {match.tag!r}")
+                return _Routed(
+                    match, match.tag, None, self._forward(body, match.tag, deadline, local)
+                )
+        else:
+            match = settled
+        if admit is not None and match.tag != body.intent:
+            body.sender, scope = admit(match.tag)
+        try:
+            plan = router.plan(match, hint, scope=scope)
+        except NoAvailableAgent as exc:
+            # every local endpoint of the tag is suspect, down or ejected: another domain's
+            if hint is not None or fwd is None or not fwd.offers(match.tag, exclude=origin):
+                raise
+            if origin is not None:
+                raise LoopDetected(_loop(match.tag, origin)) from None
+            return _Routed(match, match.tag, None, self._forward(body, match.tag, deadline, exc))
+        return _Routed(match, match.tag, plan, None)
+
+    def _forward(
+        self,
+        body: SendBody,
+        tag: str,
+        deadline: Deadline,
+        local: AgentReachError | None,
+        *,
+        hint: str | None = None,
+        domain: str | None = None,
+    ) -> ForwardRequest:
+        timeout_ms = body.timeout_ms or self.settings.default_timeout_ms
+        return ForwardRequest(
+            body, tag, deadline, timeout_ms, _no_trace, "", hint=hint, domain=domain, local=local
         )
+
+    async def _deliver(
+        self,
+        body: SendBody,
+        plan: RoutePlan,
+        match: Match,
+        deadline: Deadline,
+        opened: OpenTrace,
+        attempts: list[Attempt],
+        extra_headers: Mapping[str, str] | None,
+    ) -> tuple[str, msgspec.Raw]:
+        """The attempts at this domain's endpoints of ``plan``."""
+        assert body.msg_id is not None
+        msg_id, trace_id, timeout_ms = body.msg_id, opened.trace_id, opened.timeout_ms
+        payload = encode(
+            DeliveryBody(
+                msg_id=msg_id,
+                trace_id=trace_id,
+                sender=body.sender,
+                recipient_hint=body.recipient_hint,
+                intent=plan.intent,
+                payload=body.payload,
+                priority=body.priority,
+                timeout_ms=timeout_ms,
+                requested_intent=body.intent,
+                intent_text=body.intent_text,
+            )
+        )
+        assertion = None
+        if self.signer is not None:
+            assertion = self._assertion(self.signer, body, plan.intent, msg_id, payload)
+        run = _Run(
+            plan,
+            deadline,
+            timeout_ms,
+            msg_id,
+            trace_id,
+            payload,
+            opened,
+            assertion,
+            match.header(),
+            extra_headers,
+        )
+        return await self._attempts(run, attempts)
 
     async def _match_by_meaning(
         self,
         body: SendBody,
         deadline: Deadline,
-        timeout_ms: int,
         reachable: Callable[[str], bool] | None,
+        elsewhere: Callable[[str], bool] | None = None,
     ) -> Match:
-        """The fallback step, within the request's deadline like the rest."""
+        """The fallback step, within the request's deadline like the rest; ``elsewhere``:
+        the tags another domain serves (federation), taken when no local one is near enough."""
         try:
             async with asyncio.timeout(deadline.remaining(self.clock.monotonic())):
                 return await match_by_meaning(
@@ -246,8 +403,10 @@ class Reacher:
                     body.intent_text,
                     fallback=body.fallback,
                     reachable=reachable,
+                    elsewhere=elsewhere,
                 )
         except TimeoutError:
+            timeout_ms = body.timeout_ms or self.settings.default_timeout_ms
             raise DeadlineExceeded(
                 f"the match of the request's words did not finish within {timeout_ms} ms"
             ) from None

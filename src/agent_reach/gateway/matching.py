@@ -151,9 +151,12 @@ async def match_by_meaning(
     fallback: bool = True,
     reachable: Callable[[str], bool] | None = None,
     dry_run: bool = False,
+    elsewhere: Callable[[str], bool] | None = None,
 ) -> Match:
     """The fallback step (after :func:`settle` found nothing), or ``no_capable_agent`` with
-    the suggestions."""
+    the suggestions. ``elsewhere`` (federation): the tags another domain serves; the best one
+    at or above the threshold is the match when no tag an endpoint here declares is (local
+    first)."""
     registry = router.registry
     holder = router.matches
     method = holder.method
@@ -169,12 +172,18 @@ async def match_by_meaning(
     if reachable is not None:  # a tag the sender may not reach is neither chosen nor shown
         scored = [item for item in scored if reachable(item[0])]
     if fallback and method is not None:
+        remote: tuple[str, float] | None = None
         for tag, confidence in scored:
             if confidence < threshold:
                 break
             if registry.by_intent(tag):
                 rest = tuple(item for item in scored if item[0] != tag)
                 return Match(method, tag, confidence, rest)
+            if remote is None and elsewhere is not None and elsewhere(tag):
+                remote = (tag, confidence)
+        if remote is not None:
+            rest = tuple(item for item in scored if item[0] != remote[0])
+            return Match(method, remote[0], remote[1], rest)
     if not dry_run and intent is not None:
         router.unrouted.note(intent, router.clock.wall())
     near = suggestions(scored, threshold)

@@ -317,6 +317,19 @@ class GatewayMetrics:
             ["op", "status"],
             registry=r,
         )
+        self.forwards = Counter(
+            "agent_reach_forwards",
+            "Requests forwarded to another domain's gateway (federation), by domain and the "
+            "attempt's outcome (ok, timeout, connect_error, agent_error, server_error)",
+            ["domain", "outcome"],
+            registry=r,
+        )
+        self.summaries_published = Counter(
+            "agent_reach_federation_publications",
+            "Publications of this domain's summary to the directory, by result (ok, failed)",
+            ["result"],
+            registry=r,
+        )
         self.loop_lag = Gauge(
             "agent_reach_event_loop_lag_seconds", "Last measured event-loop lag", registry=r
         )

@@ -28,12 +28,17 @@ import logging
 import random
 from typing import TYPE_CHECKING
 
+from agent_reach.auth.keys import KeyDirectoryError
+from agent_reach.auth.tokens import Kind
 from agent_reach.clock import Clock, SystemClock
 from agent_reach.core.netguard import AddressGuard
 from agent_reach.errors import ConfigError
+from agent_reach.federation.member import Membership
+from agent_reach.federation.summary import build_summary
 from agent_reach.gateway.access import Access
 from agent_reach.gateway.cards import CardKeeper
 from agent_reach.gateway.delivery import Reacher
+from agent_reach.gateway.forward import Forwarder
 from agent_reach.gateway.metrics import GatewayMetrics
 from agent_reach.gateway.monitor import run_purger, run_ticker
 from agent_reach.gateway.router import Router
@@ -47,6 +52,7 @@ from agent_reach.settings import GatewaySettings
 from agent_reach.transport import Transport, TransportMux, http_mux, scheme_of
 from agent_reach.transport.a2a import A2aTransport
 from agent_reach.transport.http import HttpTransport
+from agent_reach.wire.federation import DomainSummary
 
 if TYPE_CHECKING:
     from agent_reach.transport.nats import NatsTransport
@@ -54,6 +60,7 @@ if TYPE_CHECKING:
 __all__ = ["Node"]
 
 START_INDEX_WAIT_S = 10.0  # how long start() waits for the fallback matcher's first index
+PEER_TOKEN_TTL_S = 3600.0  # the life of a peer token a gateway signs for itself
 
 
 class Node:
@@ -118,6 +125,33 @@ class Node:
             monotonic=clock.monotonic,
             on_denied=lambda action, status: self.metrics.denied.labels(action, status).inc(),
         )
+        # federation (--directory): this domain's summary out, the others' in, forwarding
+        self.membership: Membership | None = None
+        forwarder = None
+        self._peer_token: tuple[str, float] | None = None  # (token, expires_at) we signed
+        if settings.directory:
+            membership = self.membership = Membership(
+                settings.domain,
+                settings.directory,
+                settings.summary_interval,
+                clock,
+                self._summary,
+                token=self.peer_token,
+                on_peers_changed=self.router.matches.changed,
+                on_published=lambda ok: self.metrics.summaries_published.labels(
+                    "ok" if ok else "failed"
+                ).inc(),
+            )
+            forwarder = Forwarder(
+                settings.domain,
+                membership.peers,
+                self.transport,
+                self.router.budget,
+                self.metrics,
+                clock,
+                membership.headers,
+            )
+            self.router.remote_tags = lambda: membership.peers.tags(clock.monotonic())
         self.reacher = Reacher(
             self.router,
             self.transport,
@@ -125,6 +159,7 @@ class Node:
             self.traces,
             wall=clock.wall,
             signer=self.access.tokens,
+            forwarder=forwarder,
         )
         # the intent dictionary in force (docs/intents.md): read at start, swapped on reload
         self.dictionary: IntentDictionary = EMPTY_DICTIONARY
@@ -146,6 +181,38 @@ class Node:
         if self.nats is not None and scheme_of(url) == "nats":
             return self.nats.refusal(url)
         return None
+
+    def _summary(self, gateway_url: str) -> DomainSummary:
+        """This domain's summary now (federation), counted from the router's tiers."""
+        router = self.router
+        return build_summary(
+            self.settings.domain,
+            gateway_url,
+            self.clock.wall(),
+            list(self.registry.intents()),
+            router.tiers_of,
+            router.stats,
+        )
+
+    def peer_token(self) -> str | None:
+        """Token mode: what this gateway presents to the directory and to other domains:
+        --peer-token, else a peer token for --domain signed with its own keys (renewed once
+        half of its life is gone). None in open mode."""
+        settings = self.settings
+        if settings.peer_token:
+            return settings.peer_token
+        tokens = self.access.tokens
+        if tokens is None:
+            return None
+        now = self.clock.wall()
+        held = self._peer_token
+        if held is None or held[1] - now < PEER_TOKEN_TTL_S / 2:
+            try:
+                held = self._peer_token = tokens.issue(Kind.PEER, settings.domain, PEER_TOKEN_TTL_S)
+            except KeyDirectoryError as exc:  # every key retired: present none, say why
+                log(logging.ERROR, "federation.peer_token_failed", error=exc.detail)
+                return None
+        return held[0]
 
     def read_dictionary(self) -> IntentDictionary:
         """The dictionary of ``--intents``, read and checked now (the empty one without the
@@ -206,6 +273,11 @@ class Node:
             self._tasks.append(
                 asyncio.create_task(self._run_reloader(), name="agent-reach-reloader")
             )
+        if self.membership is not None:
+            await self.membership.start()
+            self._tasks.append(
+                asyncio.create_task(self.membership.run(), name="agent-reach-federation")
+            )
 
     async def _run_reloader(self) -> None:
         """Poll the key directory and the policy file; enforce a changed policy on the ids
@@ -226,6 +298,8 @@ class Node:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self.membership is not None:
+            await self.membership.close()
         await self.transport.close()  # both idempotent, and safe on a part never started
         await self.registry.close()
 

@@ -96,6 +96,8 @@ class Router:
         self.budget = RetryBudget(settings.retry_budget_ratio, settings.retry_budget_min_per_s)
         self._tiers: dict[str, Tiers] = {}
         self.unrouted = UnroutedIntents()  # intents refused with no_capable_agent
+        # federation: the tags other domains serve, known to the fallback matcher too
+        self.remote_tags: Callable[[], Collection[str]] = tuple
         registry.bind(self.now)  # records' last_seen are on this gateway's liveness clock
         registry.subscribe(self._on_change)
 
@@ -171,7 +173,7 @@ class Router:
         self.matches.changed()
 
     def _known_tags(self) -> set[str]:
-        return {*self.registry.intents(), *self._dictionary.tags()}
+        return {*self.registry.intents(), *self._dictionary.tags(), *self.remote_tags()}
 
     def _tag_texts(self, tag: str) -> list[str]:
         """The dictionary's description and examples of ``tag``, and the agents' descriptions
@@ -298,6 +300,10 @@ class Router:
 
             tiers.expire(now, rederive)
         return tiers
+
+    def tiers_of(self, intent: str) -> Tiers:
+        """The tiers of ``intent`` now (the summary of a domain counts them)."""
+        return self._intent_tiers(intent, self.now())
 
     def settle(
         self, intent: str | None, hint: str | None = None, *, fallback: bool = True

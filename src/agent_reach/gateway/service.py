@@ -22,8 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from agent_reach.auth.tokens import Kind
 from agent_reach.core.model import Status
-from agent_reach.core.names import is_endpoint_id
+from agent_reach.core.names import is_domain, is_endpoint_id, qualified
 from agent_reach.errors import (
     AgentReachError,
     ConfigError,
@@ -31,15 +32,19 @@ from agent_reach.errors import (
     DictionaryError,
     EndpointHeld,
     EndpointNotRegistered,
+    Forbidden,
     InvalidRequest,
+    LoopDetected,
     NoAvailableAgent,
     Overloaded,
     TraceNotFound,
 )
 from agent_reach.gateway import explain
+from agent_reach.gateway.forward import HOPS_HEADER, ORIGIN_HEADER
 from agent_reach.gateway.principal import (
     ENDPOINTS,
     OPERATORS,
+    PEERS,
     READERS,
     REGISTRANTS,
     SENDERS,
@@ -65,7 +70,12 @@ if TYPE_CHECKING:
     from agent_reach.gateway.node import Node
     from agent_reach.gateway.router import RouteScope
 
-__all__ = ["Caller", "Service", "delivery_refusal", "with_ids"]
+__all__ = ["ANONYMOUS_SENDER", "Caller", "Service", "delivery_refusal", "with_ids"]
+
+# the sender of a forwarded request that named none (open mode), as the receiver sees it
+ANONYMOUS_SENDER = "agent://anonymous"
+MAX_TRACE_DOMAINS = 4  # other domains a trace read fetches events from
+TRACE_FETCH_S = 2.0  # how long it waits for each
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +88,8 @@ class Caller:
     without browsers leave them None). ``traceparent`` is the W3C header, ``received_at`` the
     monotonic time the request arrived (a deadline counts from it), and ``delivery`` says that
     the request is a gateway's delivery (``X-Reach-Attempt``): an endpoint URL pointing at a
-    gateway's own send.
+    gateway's own send. ``hops`` and ``reach_origin`` are the ``X-Reach-Hops`` and
+    ``X-Reach-Origin`` headers as sent (a forwarded request, federation), checked by the send.
     """
 
     remote: str = "?"
@@ -88,6 +99,9 @@ class Caller:
     traceparent: str | None = None
     received_at: float | None = None
     delivery: bool = False
+    # federation: a request forwarded by another domain's gateway (X-Reach-Hops, X-Reach-Origin)
+    hops: str | None = None
+    reach_origin: str | None = None
 
 
 class Service:
@@ -373,7 +387,15 @@ class Service:
             if caller.delivery:
                 raise delivery_refusal()
             access = self.access
-            principal = access.authenticate(caller, SENDERS, "send")
+            origin = self._origin(caller)
+            principal = access.authenticate(caller, SENDERS if origin is None else PEERS, "send")
+            if origin is not None:
+                origin = access.check_origin(principal, origin)
+                # the sender as the receiving domain's policy sees it: agent://NAME@ORIGIN
+                body.sender = qualified(body.sender or ANONYMOUS_SENDER, origin)
+                headers = {**(headers or {}), ORIGIN_HEADER: origin}
+            elif principal.claims is not None and principal.claims.kind is Kind.PEER:
+                raise Forbidden("a peer token forwards requests (X-Reach-Origin); it sends none")
             access.limit(principal)
             scope = None
             if body.intent is not None:  # judged on what was asked first, as in v1
@@ -398,6 +420,7 @@ class Service:
                 admit=admit,
                 reachable=access.reachable(principal, self.registry.by_intent),
                 extra_headers=headers,
+                origin=origin,
             )
         except AgentReachError as exc:
             opened.refused(exc)
@@ -408,6 +431,33 @@ class Service:
         finally:
             TRACE_ID.reset(token)
         return result
+
+    def _origin(self, caller: Caller) -> str | None:
+        """The domain a forwarded request comes from (None: not forwarded); LoopDetected for
+        one that crossed a boundary already, InvalidRequest for headers that do not parse."""
+        if caller.hops is None and caller.reach_origin is None:
+            return None
+        hops = (caller.hops or "").strip()
+        if not hops.isdigit():
+            raise InvalidRequest(
+                f"{HOPS_HEADER} must be a number of hops, got {caller.hops!r}", field=HOPS_HEADER
+            )
+        if int(hops) >= 2:
+            raise LoopDetected(
+                f"the request crossed {int(hops)} domain boundaries: requests cross one at most"
+            )
+        origin = (caller.reach_origin or "").strip()
+        if not is_domain(origin):
+            raise InvalidRequest(
+                f"{ORIGIN_HEADER} must name the domain the request comes from, got"
+                f" {caller.reach_origin!r}",
+                field=ORIGIN_HEADER,
+            )
+        if origin == self.settings.domain:
+            raise LoopDetected(
+                f"a request forwarded from domain {origin!r} came back to it: not served again"
+            )
+        return origin
 
     async def explain(
         self, caller: Caller, query: RouteQuery | Mapping[str, str]
@@ -446,14 +496,62 @@ class Service:
 
     # --- traces and operations -----------------------------------------------------------------
 
-    def trace(self, caller: Caller, trace_id: str) -> dict[str, Any]:
+    async def trace(self, caller: Caller, trace_id: str) -> dict[str, Any]:
         """The recorded events of a recent request; TraceNotFound otherwise (also when the
-        caller may not read it: a trace of someone else's request is not confirmed)."""
-        principal = self.access.authenticate(caller, READERS, "read a trace")
+        caller may not read it: a trace of someone else's request is not confirmed).
+
+        Federation: a request forwarded to other domains has their events merged in, fetched
+        from their gateways (each marked with ``from_domain``; one that cannot be fetched
+        leaves a ``remote_trace_unavailable`` event saying why). A peer reading the trace gets
+        this gateway's events only."""
+        principal = self.access.authenticate(caller, READERS | PEERS, "read a trace")
         events = self.traces.get(trace_id)
         if events is None or not self.access.may_read_trace(principal, trace_id, events):
             raise TraceNotFound(f"no recent request with trace_id {trace_id!r}")
+        membership = self.node.membership
+        if membership is not None and (
+            principal.claims is None or principal.claims.kind is not Kind.PEER
+        ):
+            domains = list(
+                dict.fromkeys(
+                    e["domain"] for e in events if e.get("kind") == "attempt" and e.get("domain")
+                )
+            )[:MAX_TRACE_DOMAINS]
+            if domains:
+                fetched = await asyncio.gather(
+                    *(membership.fetch_trace(d, trace_id, TRACE_FETCH_S) for d in domains)
+                )
+                now = self.node.clock.wall()
+                for domain, got in zip(domains, fetched, strict=True):
+                    if isinstance(got, list):
+                        events.extend(
+                            {**e, "from_domain": domain} for e in got if isinstance(e, dict)
+                        )
+                    else:
+                        events.append(
+                            {
+                                "ts": round(now, 6),
+                                "kind": "remote_trace_unavailable",
+                                "from_domain": domain,
+                                "detail": got,
+                            }
+                        )
+                events.sort(key=lambda e: e.get("ts") or 0.0)
         return {"trace_id": trace_id, "events": events}
+
+    def federation(self, caller: Caller) -> dict[str, Any]:
+        """``GET /v1/federation``: this gateway's domain, its directory, its own summary and
+        its peers' with their ages (docs/federation.md)."""
+        self.access.authenticate(caller, READERS, "read the federation")
+        membership = self.node.membership
+        if membership is None:
+            return {
+                "domain": self.settings.domain,
+                "directory": None,
+                "summary": None,
+                "peers": [],
+            }
+        return membership.describe()
 
     def recent_traces(
         self, caller: Caller, query: TraceQuery | Mapping[str, str]
@@ -570,6 +668,13 @@ class Service:
                 "last_error": link.last_error,
                 "slow_consumers": link.slow_consumers,
                 "unreadable_messages": link.unreadable,
+            }
+        membership = self.node.membership
+        if membership is not None:  # a gateway whose directory is away still serves
+            answer["federation"] = {
+                "domain": membership.domain,
+                "directory_ok": membership.directory_ok,
+                "peers": len(membership.peers),
             }
         return answer
 

@@ -309,6 +309,7 @@ class Dispatcher:
             match=Match.parse(headers.get("x-reach-match")),
             requested_intent=d.requested_intent,
             intent_text=d.intent_text,
+            origin=headers.get("x-reach-origin") or None,
             _agent=self._owner,
             _span=span,
         )

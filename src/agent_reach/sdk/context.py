@@ -81,6 +81,7 @@ class ReachContext:
     match: Match | None = None
     requested_intent: str | None = None
     intent_text: str | None = None
+    origin: str | None = None
     # the agent that received the request, for helpers built on it (agent-to-agent reach)
     _agent: Agent | None = field(default=None, repr=False, compare=False)
     # the delivery's OpenTelemetry span (None while export is off): onward reaches are its children

@@ -28,12 +28,14 @@ __all__ = [
 ]
 
 
-class Attempt(msgspec.Struct, frozen=True):
-    """One delivery attempt of a send: to which endpoint, how it ended, how long it took."""
+class Attempt(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One delivery attempt of a send: to which endpoint, how it ended, how long it took.
+    ``domain``: the domain it was forwarded to (federation; absent for a local attempt)."""
 
     endpoint_id: str
     outcome: str
     latency_ms: float
+    domain: str | None = None
 
 
 class MatchInfo(msgspec.Struct, frozen=True):

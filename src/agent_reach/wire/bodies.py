@@ -12,7 +12,12 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from agent_reach.core.names import ENDPOINT_ID_PATTERN, INTENT_MAX_LEN, INTENT_PATTERN
+from agent_reach.core.names import (
+    ENDPOINT_ID_PATTERN,
+    INTENT_MAX_LEN,
+    INTENT_PATTERN,
+    TARGET_ID_PATTERN,
+)
 from agent_reach.core.netguard import legacy_ipv4
 from agent_reach.errors import Forbidden, InternalError, InvalidRequest, ReachError
 
@@ -32,6 +37,8 @@ __all__ = [
 ]
 
 EndpointId = Annotated[str, msgspec.Meta(pattern=ENDPOINT_ID_PATTERN)]
+# a recipient_hint may name another domain's endpoint: agent://NAME@DOMAIN (federation)
+TargetId = Annotated[str, msgspec.Meta(pattern=TARGET_ID_PATTERN)]
 Intent = Annotated[str, msgspec.Meta(pattern=INTENT_PATTERN, max_length=INTENT_MAX_LEN)]
 # ids travel in HTTP headers: visible ASCII only, no spaces
 Token = Annotated[str, msgspec.Meta(pattern=r"^[\x21-\x7e]{1,128}\Z")]
@@ -168,7 +175,7 @@ class SendBody(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     msg_id: Token | None = None
     trace_id: Token | None = None
     sender: EndpointId | None = None
-    recipient_hint: EndpointId | None = None
+    recipient_hint: TargetId | None = None
     payload: msgspec.Raw = msgspec.field(default_factory=lambda: _EMPTY_OBJECT)
     priority: Literal["low", "normal", "high"] = "normal"
     timeout_ms: Annotated[int, msgspec.Meta(ge=1, le=MAX_TIMEOUT_MS)] | None = None

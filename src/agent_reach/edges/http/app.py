@@ -119,6 +119,7 @@ class HttpEdge:
             # extensions beyond contract v1
             ("GET", "/v1/traces"): self.recent_traces,
             ("GET", "/v1/inflight"): self.inflight,
+            ("GET", "/v1/federation"): self.federation,
             ("GET", "/v1/diagnostics"): self.diagnostics,
             ("GET", "/v1/keys"): self.keys,
             ("POST", "/v1/tokens"): self.issue_token,
@@ -219,6 +220,8 @@ class HttpEdge:
             traceparent=headers.get("traceparent"),
             received_at=received_at,
             delivery="X-Reach-Attempt" in headers,
+            hops=headers.get("X-Reach-Hops"),
+            reach_origin=headers.get("X-Reach-Origin"),
         )
 
     # --- handlers: parse, call the service, render -----------------------------------------
@@ -260,7 +263,10 @@ class HttpEdge:
         return _json(await self.service.explain(self._caller(request), dict(request.query)))
 
     async def trace(self, request: web.BaseRequest, trace_id: str) -> web.Response:
-        return _json(self.service.trace(self._caller(request), trace_id))
+        return _json(await self.service.trace(self._caller(request), trace_id))
+
+    async def federation(self, request: web.BaseRequest, _: str) -> web.Response:
+        return _json(self.service.federation(self._caller(request)))
 
     async def recent_traces(self, request: web.BaseRequest, _: str) -> web.Response:
         # an empty value (``?intent=``) means no filter, as a form with a blank field sends it

@@ -1,0 +1,285 @@
+"""A gateway's membership of a federation: publish its summary to the directory, keep the other
+domains' summaries, measure the round trip to their gateways (docs/federation.md).
+
+Every ``--summary-interval`` seconds :class:`Membership` publishes this domain's summary
+(``PUT DIRECTORY/v1/summaries/DOMAIN``), takes the others' from the answer into
+:class:`~agent_reach.federation.peers.Peers`, and probes each fresh peer's ``/healthz``: the
+round trip orders forwarding candidates, and a probe that fails marks the peer unreachable
+until one answers.
+
+Invariants:
+- The directory away changes nothing but the ages: the peers' last summaries are used until
+  they are stale (3 intervals), and the loop goes on trying; its state changes are logged once
+  each (``federation.directory_unreachable``, ``federation.directory_back``), not every round.
+- Nothing here decides a route: forwarding is the gateway's (:mod:`agent_reach.gateway.forward`).
+- The loop catches per round, logs, and lets cancellation pass; every call is bounded in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from agent_reach.clock import Clock
+from agent_reach.federation.peers import Peers
+from agent_reach.observability.logs import log
+from agent_reach.wire.federation import DirectoryAnswer, DomainSummary
+
+__all__ = ["STALE_INTERVALS", "Membership"]
+
+STALE_INTERVALS = 3  # a summary older than this many intervals is not used (CONTRACT.md)
+KEEP_INTERVALS = 20  # ... and forgotten past this many (shown as stale until then)
+MAX_ANSWER_BYTES = 64 << 20  # a directory answer read at most
+PROBE_TIMEOUT_S = 1.0
+
+_answer_decoder = msgspec.json.Decoder(DirectoryAnswer)
+_encode = msgspec.json.Encoder().encode
+
+
+class Membership:
+    """This gateway in the federation of ``directory``: its loop and what it learnt."""
+
+    def __init__(
+        self,
+        domain: str,
+        directory: str,
+        interval_s: float,
+        clock: Clock,
+        summarize: Callable[[str], DomainSummary],
+        *,
+        token: Callable[[], str | None] = lambda: None,
+        on_peers_changed: Callable[[], None] = lambda: None,
+        on_published: Callable[[bool], None] = lambda ok: None,
+    ) -> None:
+        self.domain = domain
+        self.directory = directory.rstrip("/")
+        self.interval_s = interval_s
+        self.clock = clock
+        self.peers = Peers(domain, STALE_INTERVALS * interval_s)
+        self._summarize = summarize
+        self._token = token
+        self._on_peers_changed = on_peers_changed
+        self._on_published = on_published
+        self.gateway_url: str | None = None  # set once the gateway listens (serving())
+        self._served = asyncio.Event()
+        self._session: aiohttp.ClientSession | None = None
+        self.directory_ok: bool | None = None  # None: not tried yet
+        self.directory_error = ""
+        self.published_at: float | None = None  # monotonic time of the last publication
+        self.last_summary: DomainSummary | None = None
+        self.publish_ms: float | None = None  # what building and sending the last one took
+        self.summary_bytes = 0
+
+    def serving(self, url: str) -> None:
+        """The gateway listens at ``url`` (or the --advertise-url it was given)."""
+        if self.gateway_url is None:
+            self.gateway_url = url.rstrip("/")
+        self._served.set()
+
+    def headers(self) -> dict[str, str]:
+        token = self._token()
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    async def start(self) -> None:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=64, limit_per_host=4),
+                timeout=aiohttp.ClientTimeout(total=None),
+            )
+
+    async def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    # --- the loop --------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Publish, take the others', probe; every interval until cancelled."""
+        await self._served.wait()
+        while True:
+            try:
+                await self.publish()
+                await self.probe()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug must not end the loop: the next round tries again
+                log(logging.ERROR, "federation.round_error", exc_info=True)
+            await self.clock.sleep(self.interval_s)
+
+    async def publish(self) -> bool:
+        """One publication: the summary out, the others' in. Whether the directory answered."""
+        assert self._session is not None and self.gateway_url is not None
+        started = self.clock.monotonic()
+        summary = self._summarize(self.gateway_url)
+        body = _encode(summary)
+        self.last_summary, self.summary_bytes = summary, len(body)
+        url = f"{self.directory}/v1/summaries/{self.domain}"
+        timeout = min(max(1.0, self.interval_s), 10.0)
+        error = ""
+        answer: DirectoryAnswer | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                resp = await self._session.put(
+                    url,
+                    data=body,
+                    headers={"Content-Type": "application/json", **self.headers()},
+                )
+                async with resp:
+                    data = await resp.content.read(MAX_ANSWER_BYTES + 1)
+                    status = resp.status
+            if len(data) > MAX_ANSWER_BYTES:
+                error = f"its answer is over {MAX_ANSWER_BYTES} bytes"
+            elif status != 200:
+                error = f"HTTP {status}: {_detail(data)}"
+            else:
+                answer = _answer_decoder.decode(data)
+        except TimeoutError:
+            error = f"no answer within {timeout:g} s"
+        except aiohttp.ClientError as exc:
+            error = f"cannot reach it: {exc}"
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            error = f"its answer is not a directory answer: {exc}"
+        now = self.clock.monotonic()
+        self.publish_ms = round((now - started) * 1000.0, 3)
+        if answer is not None:
+            before = self.peers.version
+            self.peers.update(answer.summaries, now)
+            self.published_at = now
+            self._directory_state(True, "")
+        else:
+            self._directory_state(False, error)
+            before = self.peers.version
+        self._on_published(answer is not None)
+        gone = self.peers.drop_stale(now, KEEP_INTERVALS * self.interval_s)
+        for domain in gone:
+            log(logging.INFO, "federation.peer_forgotten", domain=domain)
+        if self.peers.version != before:
+            self._on_peers_changed()
+        return answer is not None
+
+    def _directory_state(self, ok: bool, error: str) -> None:
+        if ok and self.directory_ok is not True:
+            log(logging.INFO, "federation.directory_back", directory=self.directory)
+        elif not ok and (self.directory_ok is not False or error != self.directory_error):
+            log(
+                logging.WARNING,
+                "federation.directory_unreachable",
+                directory=self.directory,
+                error=error,
+                peers=len(self.peers),
+            )
+        self.directory_ok, self.directory_error = ok, error
+
+    async def probe(self) -> None:
+        """Measure the round trip to every fresh peer's gateway (``GET /healthz``)."""
+        now = self.clock.monotonic()
+        peers = [p for p in self.peers.all() if self.peers.fresh(p, now)]
+        if peers:
+            await asyncio.gather(*(self._probe(p.domain, p.summary.gateway_url) for p in peers))
+
+    async def _probe(self, domain: str, gateway_url: str) -> None:
+        assert self._session is not None
+        timeout = min(PROBE_TIMEOUT_S, self.interval_s)
+        started = self.clock.monotonic()
+        why = ""
+        try:
+            async with asyncio.timeout(timeout):
+                resp = await self._session.get(f"{gateway_url}/healthz", headers=self.headers())
+                async with resp:
+                    await resp.read()
+                    if resp.status >= 500:
+                        why = f"its /healthz answered HTTP {resp.status}"
+        except TimeoutError:
+            why = f"its gateway did not answer a probe within {timeout * 1000:.0f} ms"
+        except aiohttp.ClientError as exc:
+            why = f"its gateway cannot be reached: {exc}"
+        rtt = None if why else (self.clock.monotonic() - started) * 1000.0
+        if self.peers.probed(domain, rtt, why):
+            peer = self.peers.get(domain)
+            if why:
+                log(logging.WARNING, "federation.peer_unreachable", domain=domain, reason=why)
+            else:
+                log(
+                    logging.INFO,
+                    "federation.peer_reachable",
+                    domain=domain,
+                    rtt_ms=None if peer is None or peer.rtt_ms is None else round(peer.rtt_ms, 3),
+                )
+
+    # --- reading ---------------------------------------------------------------------------
+
+    async def fetch_trace(self, domain: str, trace_id: str, timeout_s: float) -> Any:
+        """The events another domain's gateway holds for ``trace_id`` (its ``/v1/traces``
+        answer's events), or a string saying why there are none."""
+        peer = self.peers.get(domain)
+        if peer is None or self._session is None:
+            return f"{domain} is not a known domain now"
+        url = f"{peer.summary.gateway_url}/v1/traces/{trace_id}"
+        try:
+            async with asyncio.timeout(timeout_s):
+                resp = await self._session.get(url, headers=self.headers())
+                async with resp:
+                    data = await resp.content.read(MAX_ANSWER_BYTES + 1)
+                    status = resp.status
+        except TimeoutError:
+            return f"{domain} did not answer within {timeout_s * 1000:.0f} ms"
+        except aiohttp.ClientError as exc:
+            return f"{domain} cannot be reached: {exc}"
+        if status != 200 or len(data) > MAX_ANSWER_BYTES:
+            return f"{domain} answered HTTP {status}: {_detail(data)}"
+        try:
+            events = msgspec.json.decode(data).get("events")
+        except (msgspec.DecodeError, AttributeError):
+            return f"{domain}'s answer is not a trace"
+        return events if isinstance(events, list) else f"{domain}'s answer is not a trace"
+
+    def describe(self) -> dict[str, Any]:
+        """``GET /v1/federation``: this domain, its directory, its summary and its peers'."""
+        now = self.clock.monotonic()
+        peers = []
+        for peer in self.peers.all():
+            age = peer.age_s(now)
+            peers.append(
+                {
+                    **msgspec.to_builtins(peer.summary),
+                    "age_s": round(age, 3),
+                    "stale": not self.peers.fresh(peer, now),
+                    "rtt_ms": None if peer.rtt_ms is None else round(peer.rtt_ms, 3),
+                    "reachable": not peer.unreachable,
+                    "unreachable_reason": peer.unreachable or None,
+                }
+            )
+        own = None
+        if self.last_summary is not None:
+            own = {
+                **msgspec.to_builtins(self.last_summary),
+                "age_s": None if self.published_at is None else round(now - self.published_at, 3),
+                "bytes": self.summary_bytes,
+                "publish_ms": self.publish_ms,
+            }
+        return {
+            "domain": self.domain,
+            "directory": self.directory,
+            "directory_ok": self.directory_ok,
+            "directory_error": self.directory_error or None,
+            "summary_interval_s": self.interval_s,
+            "stale_after_s": self.peers.stale_after_s,
+            "summary": own,
+            "peers": peers,
+        }
+
+
+def _detail(data: bytes) -> str:
+    try:
+        decoded = msgspec.json.decode(data[:4096])
+    except msgspec.DecodeError:
+        return data[:200].decode("utf-8", "replace")
+    if isinstance(decoded, dict):
+        return str(decoded.get("detail") or decoded.get("error") or "")[:200]
+    return ""

@@ -1,0 +1,353 @@
+"""Forwarding a request to another domain's gateway (CONTRACT.md v1.1, "Federation").
+
+A peer gateway is a target like an agent: the forward goes out through the transport mux
+(``POST {gateway_url}/v1/send``), the passive check applies (a refused connection marks the
+peer unreachable until a probe answers), and a failover after an attempt that reached the
+other domain is charged to the retry budget.
+
+Invariants:
+- One deadline: each forward gets what is left of the caller's (less the measured round trip,
+  so that the answer is back in time), or, when another domain could still be tried after it,
+  its per-try timeout (``max(1.5 x p95, 2000 ms)`` of the forwards to that domain) if shorter.
+- The forwarded request keeps ``msg_id``, ``trace_id`` and ``sender``, routes on the exact tag
+  the other domain offers (``fallback`` false: it must not guess again), and carries
+  ``X-Reach-Origin`` and ``X-Reach-Hops: 1``; the receiving gateway never forwards it further.
+- The answer names the remote endpoint ``agent://NAME@DOMAIN``; each forward is one entry of
+  ``attempts`` with its ``domain``.
+- A domain that refuses (nothing routable there after all, a loop, its policy) is a failed
+  attempt that reached no agent: the next domain is tried, and when none is left the last
+  refusal is the answer (the caller learns why), or ``all_attempts_failed`` when an attempt
+  reached agents there.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from agent_reach.clock import Clock
+from agent_reach.core.model import Outcome
+from agent_reach.core.names import qualified
+from agent_reach.core.retry import Deadline, RetryBudget, per_try_timeout_ms
+from agent_reach.errors import (
+    AgentError,
+    AgentReachError,
+    AllAttemptsFailed,
+    DeadlineExceeded,
+    NoAvailableAgent,
+    NoCapableAgent,
+    error_from_answer,
+)
+from agent_reach.federation.peers import Peer, Peers
+from agent_reach.gateway.metrics import GatewayMetrics
+from agent_reach.observability.logs import log
+from agent_reach.transport.base import Transport
+from agent_reach.wire.answers import Attempt
+from agent_reach.wire.bodies import SendBody
+
+__all__ = ["HOPS_HEADER", "ORIGIN_HEADER", "ForwardRequest", "Forwarder"]
+
+ORIGIN_HEADER = "X-Reach-Origin"
+HOPS_HEADER = "X-Reach-Hops"
+# a domain's refusals passed on to the caller when no other domain could serve
+_REFUSALS = frozenset(
+    {
+        "no_capable_agent",
+        "no_available_agent",
+        "recipient_not_found",
+        "recipient_incapable",
+        "loop_detected",
+        "forbidden",
+    }
+)
+
+
+class _Reply(msgspec.Struct):
+    endpoint_id: str
+    result: msgspec.Raw
+    attempts: list[dict[str, Any]] = msgspec.field(default_factory=list)
+
+
+class _Refusal(msgspec.Struct):
+    error: str
+    detail: str = ""
+    attempts: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    agent_status: int | None = None
+    agent_answer: msgspec.Raw | None = None
+
+
+_reply = msgspec.json.Decoder(_Reply)
+_refusal = msgspec.json.Decoder(_Refusal)
+_encode = msgspec.json.Encoder().encode
+
+
+@dataclass(slots=True)
+class ForwardRequest:
+    """One request on its way to other domains."""
+
+    body: SendBody  # msg_id, trace_id and sender filled in
+    tag: str  # the exact tag the other domain offers
+    deadline: Deadline
+    timeout_ms: int
+    trace: Callable[..., None]  # (kind, **fields) -> the request's trace
+    traceparent: str
+    hint: str | None = None  # agent://NAME at that domain
+    domain: str | None = None  # the hint's domain: only there
+    local: AgentReachError | None = None  # why it was not served at home
+
+
+class Forwarder:
+    """Sends requests to other domains' gateways over the transport mux."""
+
+    def __init__(
+        self,
+        domain: str,
+        peers: Peers,
+        transport: Transport,
+        budget: RetryBudget,
+        metrics: GatewayMetrics,
+        clock: Clock,
+        headers: Callable[[], Mapping[str, str]],
+    ) -> None:
+        self.domain = domain
+        self.peers = peers
+        self.transport = transport
+        self.budget = budget
+        self.metrics = metrics
+        self.clock = clock
+        self._headers = headers
+
+    def offers(self, tag: str, exclude: str | None = None) -> bool:
+        """Whether some other domain (not ``exclude``) has a routable endpoint for ``tag``
+        in a fresh summary, its gateway reachable or not."""
+        now = self.clock.monotonic()
+        return any(
+            p.domain != exclude and self.peers.fresh(p, now) and p.routable(tag) is not None
+            for p in self.peers.all()
+        )
+
+    def domains_for(self, tag: str, domain: str | None = None, limit: int = 16) -> list[str]:
+        """The domains a forward of ``tag`` would try now, in order (the trace's route)."""
+        if domain is not None:
+            return [domain]
+        now = self.clock.monotonic()
+        return [p.domain for p in self.peers.candidates(tag, now)[:limit]]
+
+    def _unreachable(self, tag: str) -> NoAvailableAgent | None:
+        """The refusal when the domains offering ``tag`` are all unreachable now."""
+        now = self.clock.monotonic()
+        cut = [
+            p
+            for p in self.peers.all()
+            if p.unreachable and self.peers.fresh(p, now) and p.routable(tag) is not None
+        ]
+        if not cut:
+            return None
+        why = "; ".join(f"{p.domain}: {p.unreachable}" for p in cut[:3])
+        return NoAvailableAgent(f"the domains that offer {tag!r} are unreachable now ({why})")
+
+    def _targets(self, fw: ForwardRequest, tried: list[str]) -> list[Peer]:
+        now = self.clock.monotonic()
+        if fw.domain is None:
+            return self.peers.candidates(fw.tag, now, exclude=tried)
+        if fw.domain in tried:
+            return []
+        peer = self.peers.get(fw.domain)
+        if peer is None:
+            raise NoAvailableAgent(
+                f"{fw.hint}@{fw.domain}: no summary of domain {fw.domain!r} has reached this"
+                " gateway (is it in the federation?)"
+            )
+        if not self.peers.fresh(peer, now):
+            raise NoAvailableAgent(
+                f"domain {fw.domain!r}'s summary is {peer.age_s(now):.1f} s old: stale, unused"
+            )
+        if peer.unreachable:
+            raise NoAvailableAgent(f"domain {fw.domain!r} is unreachable: {peer.unreachable}")
+        return [peer]
+
+    async def forward(self, fw: ForwardRequest, attempts: list[Attempt]) -> tuple[str, msgspec.Raw]:
+        """Forward ``fw`` until a domain answers; (the remote endpoint id, its result)."""
+        tried: list[str] = []
+        refusal: AgentReachError | None = None
+        reached_any = False
+        self.budget.record_request(self.clock.monotonic())
+        while True:
+            targets = self._targets(fw, tried)
+            if not targets:
+                break
+            peer = targets[0]
+            now = self.clock.monotonic()
+            remaining = fw.deadline.remaining(now)
+            if remaining <= 0.001:
+                raise DeadlineExceeded(
+                    f"deadline of {fw.timeout_ms} ms ran out after {len(tried)} forward(s)"
+                )
+            attempt_s = remaining
+            if len(targets) > 1:
+                attempt_s = min(remaining, per_try_timeout_ms(peer.stats.p95_ms()) / 1000.0)
+            if tried and reached_any and not self.budget.try_spend(now):
+                self.metrics.retry_budget_exhausted.inc()
+                raise AllAttemptsFailed(
+                    f"{len(tried)} forward(s) failed and the retry budget is used up"
+                )
+            if tried:
+                self.metrics.retries.labels("failover").inc()
+                log(logging.INFO, "route.failover", from_domain=tried[-1], to_domain=peer.domain)
+            tried.append(peer.domain)
+            answer, reached, refusal_now = await self._one(fw, peer, attempt_s, attempts)
+            if answer is not None:
+                return answer
+            reached_any = reached_any or reached
+            if refusal_now is not None:
+                refusal = refusal_now
+        if not tried:
+            cut = self._unreachable(fw.tag)
+            if cut is not None:
+                raise cut
+            if fw.local is not None:
+                raise fw.local
+            raise NoCapableAgent(f"no domain offers intent {fw.tag!r}")
+        if refusal is not None and not reached_any:
+            raise refusal
+        raise AllAttemptsFailed(
+            f"{len(tried)} forward(s) failed ({', '.join(tried)}) and no other domain offers"
+            f" {fw.tag!r}"
+        )
+
+    async def _one(
+        self, fw: ForwardRequest, peer: Peer, attempt_s: float, attempts: list[Attempt]
+    ) -> tuple[tuple[str, msgspec.Raw] | None, bool, AgentReachError | None]:
+        """One forward: (the answer or None, whether it reached agents, the domain's
+        refusal)."""
+        domain = peer.domain
+        body = fw.body
+        rtt_ms = peer.rtt_ms if peer.rtt_ms is not None else 1.0
+        timeout_ms = max(1, int(attempt_s * 1000.0 - rtt_ms))
+        payload = _encode(
+            {
+                "msg_id": body.msg_id,
+                "trace_id": body.trace_id,
+                "sender": body.sender,
+                "recipient_hint": fw.hint,
+                "intent": fw.tag,
+                "intent_text": body.intent_text,
+                "fallback": False,
+                "payload": body.payload,
+                "priority": body.priority,
+                "timeout_ms": timeout_ms,
+            }
+        )
+        headers = {
+            **self._headers(),
+            ORIGIN_HEADER: self.domain,
+            HOPS_HEADER: "1",
+            "X-Reach-Trace-Id": body.trace_id or "",
+            "traceparent": fw.traceparent,
+        }
+        url = f"{peer.summary.gateway_url}/v1/send"
+        stats = peer.stats
+        stats.inflight += 1
+        started = self.clock.monotonic()
+        try:
+            delivery = await self.transport.deliver(url, payload, headers, attempt_s)
+        finally:
+            stats.inflight -= 1
+        now = self.clock.monotonic()
+        latency_ms = (now - started) * 1000.0
+        outcome, reached, error = delivery.outcome, delivery.reached, ""
+        endpoint_id = f"@{domain}"
+        refusal: AgentReachError | None = None
+        answer: _Reply | None = None
+        if delivery.status is not None and delivery.body is not None:
+            if delivery.status == 200:
+                try:
+                    answer = _reply.decode(delivery.body)
+                    outcome = Outcome.OK
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    outcome, error = Outcome.SERVER_ERROR, "not a send answer"
+            else:
+                outcome, reached, error, refusal, endpoint_id = self._refused(
+                    domain, delivery.status, delivery.body
+                )
+        if answer is not None:
+            endpoint_id = qualified(answer.endpoint_id, domain)
+            stats.observe(latency_ms, now)
+        elif outcome is Outcome.CONNECT_ERROR:
+            stats.penalize(2000.0, now)
+            if delivery.eject:
+                self.peers.refused(domain, delivery.detail)
+                log(
+                    logging.WARNING,
+                    "federation.peer_ejected",
+                    domain=domain,
+                    detail=delivery.detail,
+                )
+        elif outcome is Outcome.TIMEOUT:
+            stats.observe(latency_ms, now, answered=False, penalty_ms=2000.0)
+        attempts.append(Attempt(endpoint_id, outcome.value, round(latency_ms, 3), domain))
+        self.metrics.forwards.labels(domain, outcome.value).inc()
+        fw.trace(
+            "attempt",
+            attempt=len(attempts),
+            endpoint_id=endpoint_id,
+            domain=domain,
+            outcome=outcome.value,
+            status=delivery.status,
+            latency_ms=round(latency_ms, 3),
+            timeout_ms=timeout_ms,
+            detail=error or delivery.detail,
+            remote_attempts=None if answer is None else len(answer.attempts),
+        )
+        if answer is not None:
+            return (endpoint_id, answer.result), True, None
+        log(
+            logging.WARNING,
+            "reach.forward_failed",
+            domain=domain,
+            outcome=outcome.value,
+            detail=error or delivery.detail,
+            latency_ms=round(latency_ms, 3),
+        )
+        if outcome is Outcome.AGENT_ERROR and isinstance(refusal, AgentError):
+            raise refusal
+        return None, reached, refusal
+
+    def _refused(
+        self, domain: str, status: int, data: bytes
+    ) -> tuple[Outcome, bool, str, AgentReachError | None, str]:
+        """An error answer of the other domain's gateway: (outcome, reached an agent, what it
+        said, the refusal to pass on, the endpoint id for the attempt)."""
+        try:
+            got = _refusal.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return (
+                Outcome.SERVER_ERROR,
+                False,
+                f"HTTP {status}, not a contract answer",
+                None,
+                (f"@{domain}"),
+            )
+        endpoint_id = f"@{domain}"
+        last = got.attempts[-1].get("endpoint_id") if got.attempts else None
+        if isinstance(last, str):
+            endpoint_id = qualified(last, domain)
+        said = f"{domain}: {got.error}: {got.detail}"
+        if got.error == "agent_error":
+            fields: dict[str, Any] = {"agent_status": got.agent_status}
+            if got.agent_answer is not None:
+                fields["agent_answer"] = got.agent_answer
+            return Outcome.AGENT_ERROR, True, said, AgentError(said, **fields), endpoint_id
+        if got.error == "deadline_exceeded":
+            return Outcome.TIMEOUT, True, said, None, endpoint_id
+        if got.error == "all_attempts_failed":
+            return Outcome.SERVER_ERROR, True, said, None, endpoint_id
+        refusal = None
+        if got.error in _REFUSALS:
+            refusal = error_from_answer(status, {"error": got.error, "detail": said})
+            refusal.http_status = None  # ours to render now, from our own table
+        return Outcome.SERVER_ERROR, False, said, refusal, endpoint_id

@@ -1,0 +1,281 @@
+"""Federation on loopback, with real processes: a directory, three domains' gateways
+(``beijing``, ``shanghai``, ``chengdu``), agents in some of them (CONTRACT.md v1.1,
+"Federation"). The same scenarios across network namespaces, with delays and cut links, are in
+tests/e2e/test_federation_netns.py.
+
+Each gateway publishes every 0.5 s (a summary is stale after 1.5 s); waits are on what the
+gateways say they know (``GET /v1/federation``), bounded."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.federation_support import (
+    INTERVAL,
+    directory,
+    domain_flags,
+    federation,
+    offered,
+    send,
+    wait_offered,
+)
+from tests.support import Proc, gateway, http, metric, start_agent, wait_until
+
+TAG = "weather.query"
+
+
+@dataclass
+class Federation:
+    directory: Proc
+    beijing: Proc
+    shanghai: Proc
+    chengdu: Proc
+    weather: Proc  # agent://weather-cn-01 at chengdu
+
+
+@pytest.fixture(scope="module")
+def fed() -> Iterator[Federation]:
+    with ExitStack() as stack:
+        d = stack.enter_context(directory())
+        gws = {
+            name: stack.enter_context(
+                gateway(*domain_flags(name, d.url, "--heartbeat-interval", "1"))
+            )
+            for name in ("beijing", "shanghai", "chengdu")
+        }
+        weather = start_agent(gws["chengdu"].url, "agent://weather-cn-01", intents=TAG)
+        stack.callback(weather.stop)
+        wait_offered(gws["beijing"], "chengdu", TAG)
+        wait_offered(gws["shanghai"], "chengdu", TAG)
+        yield Federation(d, gws["beijing"], gws["shanghai"], gws["chengdu"], weather)
+
+
+def test_a_request_no_local_agent_can_serve_lands_on_the_domain_that_can(fed: Federation) -> None:
+    code, answer = send(
+        fed.beijing, {"intent": TAG, "payload": {"city": "成都"}, "sender": "agent://planner-01"}
+    )
+    assert code == 200, answer
+    assert answer["endpoint_id"] == "agent://weather-cn-01@chengdu"
+    assert answer["result"]["agent"] == "agent://weather-cn-01"
+    assert answer["result"]["payload"] == {"city": "成都"}
+    # the receiving domain's delivery says where the request came from, and who sent it there
+    assert answer["result"]["origin"] == "beijing"
+    assert answer["result"]["sender"] == "agent://planner-01@beijing"
+    # one attempt: the forward, with its domain; the ids travelled unchanged
+    [attempt] = answer["attempts"]
+    assert attempt["domain"] == "chengdu"
+    assert attempt["endpoint_id"] == "agent://weather-cn-01@chengdu"
+    assert attempt["outcome"] == "ok"
+    assert answer["result"]["msg_id"] == answer["msg_id"]
+    assert answer["result"]["trace_id"] == answer["trace_id"]
+    assert metric(fed.beijing, "agent_reach_forwards_total", domain="chengdu", outcome="ok") >= 1
+
+
+def test_a_local_agent_is_served_at_home_and_nothing_is_forwarded(fed: Federation) -> None:
+    local = start_agent(fed.beijing.url, "agent://weather-bj-01", intents=TAG)
+    try:
+        before = metric(fed.beijing, "agent_reach_forwards_total", domain="chengdu", outcome="ok")
+        for _ in range(5):
+            code, answer = send(fed.beijing, {"intent": TAG})
+            assert code == 200, answer
+            assert answer["endpoint_id"] == "agent://weather-bj-01"
+            assert "domain" not in answer["attempts"][0]
+        after = metric(fed.beijing, "agent_reach_forwards_total", domain="chengdu", outcome="ok")
+        assert after == before
+    finally:
+        local.stop()
+
+
+def test_a_hint_with_a_domain_goes_to_that_domain_only(fed: Federation) -> None:
+    code, answer = send(
+        fed.beijing, {"intent": TAG, "recipient_hint": "agent://weather-cn-01@chengdu"}
+    )
+    assert code == 200, answer
+    assert answer["endpoint_id"] == "agent://weather-cn-01@chengdu"
+    assert answer["match"]["method"] == "hint"
+    # the hint names an endpoint that domain does not have: its refusal, nothing elsewhere
+    code, answer = send(fed.beijing, {"intent": TAG, "recipient_hint": "agent://nobody@chengdu"})
+    assert code == 404, answer
+    assert answer["error"] == "recipient_not_found"
+    assert "chengdu" in answer["detail"]
+    # a domain no summary names
+    code, answer = send(fed.beijing, {"intent": TAG, "recipient_hint": "agent://x@nowhere"})
+    assert code == 503, answer
+    assert answer["error"] == "no_available_agent"
+    # this gateway's own domain is this gateway's registry
+    code, answer = send(
+        fed.chengdu, {"intent": TAG, "recipient_hint": "agent://weather-cn-01@chengdu"}
+    )
+    assert code == 200, answer
+    assert answer["endpoint_id"] == "agent://weather-cn-01"
+    assert "domain" not in answer["attempts"][0]
+
+
+def test_an_intent_no_domain_offers_is_refused_at_home(fed: Federation) -> None:
+    code, answer = send(fed.beijing, {"intent": "joke.tell"})
+    assert code == 404, answer
+    assert answer["error"] == "no_capable_agent"
+    assert answer["attempts"] == []
+
+
+def test_summaries_carry_counts_only_and_the_federation_answer_shows_their_ages(
+    fed: Federation,
+) -> None:
+    code, listing = http("GET", f"{fed.directory.url}/v1/summaries")
+    assert code == 200, listing
+    text = json.dumps(listing)
+    assert "agent://" not in text  # no endpoint ids cross the boundary
+    assert fed.weather.url.split("//")[1] not in text  # nor the agents' URLs
+    chengdu = next(s for s in listing["summaries"] if s["domain"] == "chengdu")
+    assert chengdu["intents"][TAG]["healthy"] == 1
+    assert set(chengdu["intents"][TAG]) == {"healthy", "degraded", "p95_ms", "inflight"}
+    assert chengdu["gateway_url"] == fed.chengdu.url
+    answer = federation(fed.beijing)
+    assert answer["domain"] == "beijing"
+    assert answer["directory_ok"] is True
+    assert answer["summary"]["domain"] == "beijing"
+    peers = {p["domain"]: p for p in answer["peers"]}
+    assert set(peers) == {"shanghai", "chengdu"}
+    assert 0 <= peers["chengdu"]["age_s"] <= 3 * INTERVAL
+    assert peers["chengdu"]["stale"] is False
+    assert peers["chengdu"]["rtt_ms"] is not None
+
+
+def test_a_forwarded_request_is_never_forwarded_again(fed: Federation) -> None:
+    # shanghai has no weather agent; a request "from beijing" reaches it with X-Reach-Hops:
+    # forwarding it to chengdu would cross a second boundary
+    hop = {"X-Reach-Hops": "1", "X-Reach-Origin": "beijing"}
+    delivered = metric(fed.shanghai, "agent_reach_forwards_total", domain="chengdu", outcome="ok")
+    code, answer = send(fed.shanghai, {"intent": TAG}, headers=hop)
+    assert code == 508, answer
+    assert answer["error"] == "loop_detected"
+    assert answer["attempts"] == []
+    after = metric(fed.shanghai, "agent_reach_forwards_total", domain="chengdu", outcome="ok")
+    assert after == delivered
+    # two boundaries already, or coming back home: refused before anything is routed
+    code, answer = send(fed.chengdu, {"intent": TAG}, headers={**hop, "X-Reach-Hops": "2"})
+    assert (code, answer["error"]) == (508, "loop_detected")
+    code, answer = send(fed.chengdu, {"intent": TAG}, headers={**hop, "X-Reach-Origin": "chengdu"})
+    assert (code, answer["error"]) == (508, "loop_detected")
+    # a hop to the domain that has the agent is served there
+    code, answer = send(fed.chengdu, {"intent": TAG}, headers=hop)
+    assert code == 200, answer
+    assert answer["result"]["origin"] == "beijing"
+    # headers that do not parse: the field named, nothing done
+    for bad in ({"X-Reach-Hops": "one", "X-Reach-Origin": "beijing"}, {"X-Reach-Hops": "1"}):
+        code, answer = send(fed.chengdu, {"intent": TAG}, headers=bad)
+        assert (code, answer["error"]) == (422, "invalid_request"), answer
+
+
+def test_the_origin_trace_holds_the_remote_events(fed: Federation) -> None:
+    code, answer = send(fed.beijing, {"intent": TAG})
+    assert code == 200, answer
+    trace_id = answer["trace_id"]
+    code, trace = http("GET", f"{fed.beijing.url}/v1/traces/{trace_id}")
+    assert code == 200, trace
+    kinds = [(e.get("from_domain"), e["kind"]) for e in trace["events"]]
+    assert (None, "received") in kinds
+    assert (None, "route") in kinds
+    assert ("chengdu", "received") in kinds  # the same trace id on the other gateway
+    assert ("chengdu", "attempt") in kinds  # its attempt at the agent
+    route = next(e for e in trace["events"] if e["kind"] == "route" and "from_domain" not in e)
+    assert route["forward"] is True and route["domains"] == ["chengdu"]
+    forward = next(e for e in trace["events"] if e["kind"] == "attempt" and "from_domain" not in e)
+    assert forward["domain"] == "chengdu"
+    assert forward["endpoint_id"] == "agent://weather-cn-01@chengdu"
+    ts = [e["ts"] for e in trace["events"]]
+    assert ts == sorted(ts)
+    # the receiving gateway's own trace, read there, has its part only
+    code, remote = http("GET", f"{fed.chengdu.url}/v1/traces/{trace_id}")
+    assert code == 200
+    assert all("from_domain" not in e for e in remote["events"])
+    assert remote["events"][0]["origin"] == "beijing"
+
+
+def test_a_domain_whose_agents_are_unroutable_forwards_to_one_whose_are_not(
+    fed: Federation,
+) -> None:
+    # shanghai has a weather agent that stops: once it is suspect there, shanghai forwards
+    agent = start_agent(fed.shanghai.url, "agent://weather-sh-01", intents=TAG)
+    code, answer = send(fed.shanghai, {"intent": TAG})
+    assert (code, answer["endpoint_id"]) == (200, "agent://weather-sh-01")
+    agent.popen.send_signal(signal.SIGSTOP)
+    try:
+
+        def forwarded() -> bool:
+            code, answer = send(fed.shanghai, {"intent": TAG, "timeout_ms": 3000})
+            return code == 200 and answer["endpoint_id"] == "agent://weather-cn-01@chengdu"
+
+        wait_until(forwarded, timeout=10)  # suspect after 2 heartbeat intervals (2 s)
+    finally:
+        agent.popen.send_signal(signal.SIGCONT)
+        agent.stop()
+
+
+def test_the_directory_away_then_restarted_loses_nothing_the_next_interval_does_not_repair(
+    fed: Federation,
+) -> None:
+    # a directory of its own here: the module's stays up for the other tests
+    with directory() as d1:
+        port = d1.url.rsplit(":", 1)[1]
+        with ExitStack() as stack:
+            a = stack.enter_context(gateway(*domain_flags("east", d1.url)))
+            b = stack.enter_context(gateway(*domain_flags("west", d1.url)))
+            agent = start_agent(b.url, "agent://weather-w-01", intents=TAG)
+            stack.callback(agent.stop)
+            wait_offered(a, "west", TAG)
+            d1.stop(signal.SIGKILL)
+            # for up to 3 intervals the last summaries are used: forwarding goes on
+            code, answer = send(a, {"intent": TAG})
+            assert code == 200, answer
+            wait_until(lambda: federation(a)["directory_ok"] is False, timeout=5)
+            assert offered(a, "west", TAG) or federation(a)["peers"][0]["stale"]
+            # past 3 intervals the summary is stale: not used, a clean refusal at once
+            wait_until(lambda: federation(a)["peers"][0]["stale"], timeout=5)
+            started = time.monotonic()
+            code, answer = send(a, {"intent": TAG})
+            assert (code, answer["error"]) == (404, "no_capable_agent"), answer
+            assert time.monotonic() - started < 1.0
+            # a new, empty directory at the same address: the next rounds repair the view
+            with directory("--port", port):
+                wait_offered(a, "west", TAG, timeout=5)
+                code, answer = send(a, {"intent": TAG})
+                assert code == 200, answer
+                assert answer["endpoint_id"] == "agent://weather-w-01@west"
+
+
+def test_words_match_another_domains_tag_when_no_local_one_is_near_enough(
+    fed: Federation, tmp_path: Path
+) -> None:
+    # a fourth domain with a dictionary and the lexical matcher: its words find chengdu's tag
+    dictionary = tmp_path / "intents.toml"
+    dictionary.write_text(
+        "[[intent]]\n"
+        'tag = "weather.query"\n'
+        'description = "the weather forecast for a city and a day"\n'
+        'examples = ["what is the weather in chengdu tomorrow"]\n'
+    )
+    flags = domain_flags("xian", fed.directory.url, "--intents", str(dictionary))
+    flags = tuple("lexical" if f == "none" else f for f in flags)  # its --matcher
+    with gateway(*flags) as xian:
+        wait_offered(xian, "chengdu", TAG)
+        code, answer = send(xian, {"intent_text": "what is the weather in chengdu tomorrow"})
+        assert code == 200, answer
+        assert answer["endpoint_id"] == "agent://weather-cn-01@chengdu"
+        assert answer["match"]["method"] == "lexical"
+        assert answer["match"]["tag"] == TAG
+        # the receiving domain routed the exact tag: it did not guess again
+        assert answer["result"]["match"] == ["exact", 1.0]
+        assert answer["result"]["intent_text"] == "what is the weather in chengdu tomorrow"
+        # words near nothing: refused at home, nothing forwarded
+        code, answer = send(xian, {"intent_text": "tell me a joke"})
+        assert (code, answer["error"]) == (404, "no_capable_agent"), answer
+        assert answer["attempts"] == []

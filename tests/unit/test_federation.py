@@ -1,0 +1,180 @@
+"""Federation's pure parts, on plain values and an explicit ``now``: what a gateway keeps of
+the other domains (freshness, order, reachability), what its own summary counts, the policy's
+domain patterns, and the decoding of summaries."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_reach.core.health import EndpointStats
+from agent_reach.core.names import qualified, split_domain
+from agent_reach.core.policy import Pattern
+from agent_reach.core.routing import Tiers
+from agent_reach.errors import InvalidRequest
+from agent_reach.federation.peers import MAX_PEERS, Peers
+from agent_reach.federation.summary import build_summary
+from agent_reach.wire.federation import (
+    DirectoryEntry,
+    IntentSummary,
+    decode_summary,
+)
+
+TAG = "weather.query"
+
+
+def entry(domain: str, age_s: float = 0.0, **tags: tuple[int, int]) -> DirectoryEntry:
+    intents = {tag.replace("_", "."): IntentSummary(h, d, None, 0) for tag, (h, d) in tags.items()}
+    return DirectoryEntry(domain, f"http://{domain}:7700", 1.0, intents, age_s)
+
+
+def test_a_summary_is_used_until_it_is_three_intervals_old_by_the_directorys_age() -> None:
+    peers = Peers("beijing", stale_after_s=1.5)
+    peers.update([entry("chengdu", age_s=0.5, weather_query=(1, 0))], now=100.0)
+    assert [p.domain for p in peers.candidates(TAG, 100.0)] == ["chengdu"]
+    assert [p.domain for p in peers.candidates(TAG, 100.99)] == ["chengdu"]
+    assert peers.candidates(TAG, 101.01) == []  # 0.5 s old at receipt + 1.01 s since
+    assert not peers.offers(TAG, 101.01)
+
+
+def test_a_summary_missing_from_an_answer_is_kept_until_stale_and_our_own_is_ignored() -> None:
+    peers = Peers("beijing", stale_after_s=1.5)
+    peers.update([entry("chengdu", weather_query=(1, 0))], now=0.0)
+    peers.update([entry("beijing", weather_query=(5, 0))], now=0.5)  # a restarted directory
+    assert [p.domain for p in peers.all()] == ["chengdu"]
+    assert peers.offers(TAG, 1.0)
+    assert peers.drop_stale(1.0, keep_for_s=10.0) == []
+    assert peers.drop_stale(10.5, keep_for_s=10.0) == ["chengdu"]
+
+
+def test_an_older_copy_from_a_lagging_directory_does_not_replace_a_newer_one() -> None:
+    peers = Peers("beijing", stale_after_s=1.5)
+    peers.update([entry("chengdu", age_s=0.0, weather_query=(1, 0))], now=10.0)
+    peers.update([entry("chengdu", age_s=2.0, weather_query=(0, 0))], now=10.5)
+    assert peers.offers(TAG, 10.5)
+
+
+def test_candidates_healthy_first_then_by_measured_round_trip_unmeasured_last() -> None:
+    peers = Peers("beijing", stale_after_s=10.0)
+    peers.update(
+        [
+            entry("near", weather_query=(1, 0)),
+            entry("far", weather_query=(2, 0)),
+            entry("unmeasured", weather_query=(1, 0)),
+            entry("degraded", weather_query=(0, 3)),
+            entry("empty", weather_query=(0, 0)),
+            entry("other", note_create=(1, 0)),
+        ],
+        now=0.0,
+    )
+    peers.probed("near", 2.0)
+    peers.probed("far", 40.0)
+    peers.probed("degraded", 0.1)
+    order = [p.domain for p in peers.candidates(TAG, 1.0)]
+    assert order == ["near", "far", "unmeasured", "degraded"]
+    assert next(p.domain for p in peers.candidates(TAG, 1.0, exclude=["near"])) == "far"
+    # the round trip is a moving average: one fast probe does not reorder at once
+    peers.probed("far", 1.0)
+    assert [p.domain for p in peers.candidates(TAG, 1.0)][:2] == ["near", "far"]
+    for _ in range(10):
+        peers.probed("far", 1.0)
+    assert [p.domain for p in peers.candidates(TAG, 1.0)][:2] == ["far", "near"]
+
+
+def test_an_unreachable_peer_is_skipped_until_a_probe_answers() -> None:
+    peers = Peers("beijing", stale_after_s=10.0)
+    peers.update([entry("chengdu", weather_query=(1, 0))], now=0.0)
+    assert peers.probed("chengdu", None, "no answer") is True
+    assert peers.candidates(TAG, 1.0) == []
+    assert peers.offers(TAG, 1.0)  # still offered: the refusal says it is unreachable
+    assert peers.probed("chengdu", None, "no answer") is False  # no change
+    assert peers.probed("chengdu", 3.0) is True
+    assert [p.domain for p in peers.candidates(TAG, 1.0)] == ["chengdu"]
+    peers.refused("chengdu", "connection refused")  # the passive check
+    assert peers.candidates(TAG, 1.0) == []
+
+
+def test_the_peers_kept_are_bounded_and_the_tags_offered_tracked() -> None:
+    peers = Peers("me", stale_after_s=10.0)
+    peers.update([entry(f"d{i}", weather_query=(1, 0)) for i in range(MAX_PEERS + 5)], now=0.0)
+    assert len(peers) == MAX_PEERS
+    assert peers.ignored == 5
+    version = peers.version
+    peers.update([entry("d0", note_create=(1, 0))], now=0.1)
+    assert peers.version > version  # its tags changed: the matcher's index is rebuilt
+    assert "note.create" in peers.tags(0.2)
+
+
+def test_a_summary_counts_routable_endpoints_only_with_the_healthy_tiers_best_p95() -> None:
+    fast, slow = EndpointStats(), EndpointStats()
+    for ms in (10.0, 12.0, 11.0):
+        fast.observe(ms, 0.0)
+    for ms in (900.0, 950.0):
+        slow.observe(ms, 0.0)
+    fast.inflight, slow.inflight = 2, 1
+    tiers = {
+        TAG: Tiers(healthy=["agent://a", "agent://b"], degraded=["agent://c"]),
+        "note.create": Tiers(unavailable=2),  # all suspect or down: not offered
+        "ping.pong": Tiers(degraded=["agent://c"]),
+    }
+    stats = {"agent://a": fast, "agent://b": EndpointStats(), "agent://c": slow}
+    summary = build_summary("beijing", "http://gw", 5.0, tiers, tiers.__getitem__, stats)
+    assert set(summary.intents) == {TAG, "ping.pong"}
+    weather = summary.intents[TAG]
+    assert (weather.healthy, weather.degraded, weather.inflight) == (2, 1, 3)
+    assert weather.p95_ms == fast.p95_ms()
+    assert summary.intents["ping.pong"].p95_ms == slow.p95_ms()
+    assert "agent://" not in repr(summary.intents)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b'{"domain": "Bad Name", "gateway_url": "http://x", "at": 1, "intents": {}}', "domain"),
+        (b'{"domain": "a", "gateway_url": "ftp://x", "at": 1, "intents": {}}', "gateway_url"),
+        (b'{"domain": "a", "gateway_url": "http://x", "at": -1, "intents": {}}', "at"),
+        (
+            b'{"domain": "a", "gateway_url": "http://x", "at": 1,'
+            b' "intents": {"Not A Tag": {"healthy": 1, "degraded": 0, "p95_ms": null,'
+            b' "inflight": 0}}}',
+            "intents",
+        ),
+        (
+            b'{"domain": "a", "gateway_url": "http://x", "at": 1,'
+            b' "intents": {"a.b": {"healthy": -1, "degraded": 0, "p95_ms": null,'
+            b' "inflight": 0}}}',
+            "intents",
+        ),
+    ],
+)
+def test_a_bad_summary_is_refused_by_the_field_it_fails_on(body: bytes, field: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        decode_summary(body)
+    assert field in str(caught.value) or caught.value.fields.get("field") == field
+
+
+def test_not_json_is_malformed() -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        decode_summary(b"{nope")
+    assert caught.value.malformed
+
+
+def test_names_with_a_domain() -> None:
+    assert split_domain("agent://x@chengdu") == ("agent://x", "chengdu")
+    assert split_domain("agent://x") == ("agent://x", None)
+    assert qualified("agent://x", "beijing") == "agent://x@beijing"
+    assert qualified("agent://x@chengdu", "beijing") == "agent://x@chengdu"
+
+
+def test_an_endpoint_pattern_without_a_domain_never_matches_a_forwarded_sender() -> None:
+    local = Pattern("agent://caller-*", "endpoint")
+    assert local.matches("agent://caller-01")
+    assert not local.matches("agent://caller-01@beijing")  # * does not reach over @DOMAIN
+    beijing = Pattern("agent://caller-*@beijing", "endpoint")
+    assert beijing.matches("agent://caller-01@beijing")
+    assert not beijing.matches("agent://caller-01@shanghai")
+    assert not beijing.matches("agent://caller-01")
+    anywhere = Pattern("agent://caller-*@*", "endpoint")
+    assert anywhere.matches("agent://caller-01@shanghai")
+    assert Pattern("*", "endpoint").matches("agent://x@y")
+    with pytest.raises(ValueError, match="domain pattern"):
+        Pattern("agent://x@", "endpoint")
