@@ -131,7 +131,7 @@ class Membership:
                     headers={"Content-Type": "application/json", **self.headers()},
                 )
                 async with resp:
-                    data = await resp.content.read(MAX_ANSWER_BYTES + 1)
+                    data = await _read_capped(resp)
                     status = resp.status
             if len(data) > MAX_ANSWER_BYTES:
                 error = f"its answer is over {MAX_ANSWER_BYTES} bytes"
@@ -225,7 +225,7 @@ class Membership:
             async with asyncio.timeout(timeout_s):
                 resp = await self._session.get(url, headers=self.headers())
                 async with resp:
-                    data = await resp.content.read(MAX_ANSWER_BYTES + 1)
+                    data = await _read_capped(resp)
                     status = resp.status
         except TimeoutError:
             return f"{domain} did not answer within {timeout_s * 1000:.0f} ms"
@@ -273,6 +273,19 @@ class Membership:
             "summary": own,
             "peers": peers,
         }
+
+
+async def _read_capped(resp: aiohttp.ClientResponse) -> bytes:
+    """The whole body, or its first MAX_ANSWER_BYTES + 1 bytes when it is longer (the caller
+    refuses those). ``content.read(n)`` would give only what is buffered so far."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(1 << 16):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_ANSWER_BYTES:
+            break
+    return b"".join(chunks)
 
 
 def _detail(data: bytes) -> str:
