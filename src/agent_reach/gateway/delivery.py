@@ -25,7 +25,6 @@ import msgspec
 
 from agent_reach.auth.keys import KeyDirectoryError
 from agent_reach.core.model import EndpointRecord, Outcome
-from agent_reach.core.names import split_domain
 from agent_reach.core.retry import Deadline, backoff_s
 from agent_reach.errors import (
     AgentError,
@@ -33,13 +32,10 @@ from agent_reach.errors import (
     AllAttemptsFailed,
     DeadlineExceeded,
     InternalError,
-    InvalidRequest,
-    LoopDetected,
-    NoAvailableAgent,
     NoCapableAgent,
-    RecipientNotFound,
 )
-from agent_reach.gateway.forward import Forwarder, ForwardRequest
+from agent_reach.gateway.destination import FORWARDED, destination
+from agent_reach.gateway.forward import Forwarder
 from agent_reach.gateway.matching import Match, match_by_meaning
 from agent_reach.gateway.metrics import GatewayMetrics
 from agent_reach.gateway.router import RoutePlan, Router, RouteScope
@@ -60,30 +56,6 @@ __all__ = ["Reacher"]
 
 _TRACE_CANDIDATES = 16  # candidates listed by name in a trace's route event
 RELAY_TIMEOUT_S = 5.0  # an A2A GetTask/CancelTask relayed to the agent that owns the task
-
-
-FORWARDED = "_forwarded"  # the metrics' intent label of a request served by another domain
-
-
-@dataclass(slots=True)
-class _Routed:
-    """Where a request goes: ``plan`` (this domain's endpoints) or ``forward`` (others)."""
-
-    match: Match
-    tag: str
-    plan: RoutePlan | None
-    forward: ForwardRequest | None
-
-
-def _no_trace(kind: str, **data: Any) -> None:
-    """A ForwardRequest's trace until the send binds its own."""
-
-
-def _loop(tag: str, origin: str) -> str:
-    return (
-        f"no agent of this domain can serve {tag!r} now, and a request forwarded from {origin}"
-        " is not forwarded to a third domain"
-    )
 
 
 @dataclass(slots=True)
@@ -189,7 +161,16 @@ class Reacher:
             )
             if span is not None:
                 span.planning()
-            routed = await self._route(body, deadline, scope, admit, reachable, origin)
+            routed = await destination(
+                self.router,
+                self.forwarder,
+                body,
+                deadline,
+                scope,
+                admit,
+                origin,
+                lambda elsewhere: self._match_by_meaning(body, deadline, reachable, elsewhere),
+            )
             match, tag = routed.match, routed.tag
             # a registered tag, so that callers cannot grow the metrics' label set at will
             intent_label = tag if routed.forward is None else FORWARDED
@@ -245,102 +226,6 @@ class Reacher:
             latency_ms=elapsed,
         )
         return Reply(msg_id, trace_id, tag, endpoint_id, answer, attempts, elapsed, match.info())
-
-    async def _route(
-        self,
-        body: SendBody,
-        deadline: Deadline,
-        scope: RouteScope | None,
-        admit: Callable[[str], tuple[str | None, RouteScope | None]] | None,
-        reachable: Callable[[str], bool] | None,
-        origin: str | None,
-    ) -> _Routed:
-        """Where ``body`` goes: a plan over this domain's endpoints, or a forward to other
-        domains (federation: docs/federation.md). The order is the contract's: the hint; the
-        exact tag (or its alias) here, then in another domain; the fallback by meaning here,
-        then in another domain. ``origin`` is set for a request forwarded from another domain:
-        it is served here or refused, never forwarded again (``loop_detected``)."""
-        router = self.router
-        fwd = self.forwarder
-        hint = body.recipient_hint
-        if hint is not None and "@" in hint:
-            name, domain = split_domain(hint)
-            if domain == self.settings.domain:
-                hint = body.recipient_hint = name
-            else:
-                if origin is not None:
-                    raise LoopDetected(
-                        f"{hint} is in another domain, and a request forwarded from {origin} is"
-                        " not forwarded again"
-                    )
-                if fwd is None:
-                    raise RecipientNotFound(
-                        f"recipient_hint {hint} names domain {domain!r}, and this gateway is in"
-                        " no federation (--directory)"
-                    )
-                if body.intent is None:
-                    raise InvalidRequest(
-                        "recipient_hint needs intent: the tag the named endpoint declares",
-                        field="intent",
-                    )
-                fw = self._forward(body, body.intent, deadline, None, hint=name, domain=domain)
-                return _Routed(Match("hint", body.intent, 1.0), body.intent, None, fw)
-        settled = router.settle(body.intent, hint, fallback=body.fallback)
-        if settled is None and body.intent is not None and fwd is not None:
-            # the exact tag (or its alias) in another domain, before any match by meaning
-            canonical = router.dictionary.canonical(body.intent) if body.fallback else None
-            for tag, method in ((body.intent, "exact"), (canonical, "alias")):
-                if tag is not None and fwd.offers(tag, exclude=origin):
-                    if origin is not None:
-                        raise LoopDetected(_loop(tag, origin))
-                    if admit is not None and tag != body.intent:
-                        body.sender, scope = admit(tag)
-                    local = NoCapableAgent(f"no agent of this domain declares intent {tag!r}")
-                    return _Routed(
-                        Match(method, tag, 1.0),
-                        tag,
-                        None,
-                        self._forward(body, tag, deadline, local),
-                    )
-        if settled is None:
-            elsewhere = None if fwd is None or origin is not None else fwd.offers
-            match = await self._match_by_meaning(body, deadline, reachable, elsewhere)
-            if elsewhere is not None and not router.registry.by_intent(match.tag):
-                if admit is not None and match.tag != body.intent:
-                    body.sender, scope = admit(match.tag)
-                local = NoCapableAgent(f"no agent of this domain declares {match.tag!r}")
-                return _Routed(
-                    match, match.tag, None, self._forward(body, match.tag, deadline, local)
-                )
-        else:
-            match = settled
-        if admit is not None and match.tag != body.intent:
-            body.sender, scope = admit(match.tag)
-        try:
-            plan = router.plan(match, hint, scope=scope)
-        except NoAvailableAgent as exc:
-            # every local endpoint of the tag is suspect, down or ejected: another domain's
-            if hint is not None or fwd is None or not fwd.offers(match.tag, exclude=origin):
-                raise
-            if origin is not None:
-                raise LoopDetected(_loop(match.tag, origin)) from None
-            return _Routed(match, match.tag, None, self._forward(body, match.tag, deadline, exc))
-        return _Routed(match, match.tag, plan, None)
-
-    def _forward(
-        self,
-        body: SendBody,
-        tag: str,
-        deadline: Deadline,
-        local: AgentReachError | None,
-        *,
-        hint: str | None = None,
-        domain: str | None = None,
-    ) -> ForwardRequest:
-        timeout_ms = body.timeout_ms or self.settings.default_timeout_ms
-        return ForwardRequest(
-            body, tag, deadline, timeout_ms, _no_trace, "", hint=hint, domain=domain, local=local
-        )
 
     async def _deliver(
         self,
