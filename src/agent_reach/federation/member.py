@@ -100,17 +100,29 @@ class Membership:
     # --- the loop --------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Publish, take the others', probe; every interval until cancelled."""
+        """Publish, take the others', probe; a round every interval (counted from the start
+        of the last, so a slow directory or peer does not stretch the cadence) until
+        cancelled. The probes run beside the rounds: a peer that does not answer delays no
+        publication (one probe round at a time)."""
         await self._served.wait()
-        while True:
-            try:
-                await self.publish()
-                await self.probe()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a bug must not end the loop: the next round tries again
-                log(logging.ERROR, "federation.round_error", exc_info=True)
-            await self.clock.sleep(self.interval_s)
+        probing: asyncio.Task[None] | None = None
+        next_at = self.clock.monotonic()
+        try:
+            while True:
+                try:
+                    await self.publish()
+                    if probing is None or probing.done():
+                        probing = asyncio.create_task(self.probe(), name="agent-reach-probes")
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # a bug must not end the loop: the next round tries again
+                    log(logging.ERROR, "federation.round_error", exc_info=True)
+                now = self.clock.monotonic()
+                next_at = max(next_at + self.interval_s, now)
+                await self.clock.sleep(next_at - now)
+        finally:
+            if probing is not None:
+                probing.cancel()
 
     async def publish(self) -> bool:
         """One publication: the summary out, the others' in. Whether the directory answered."""
@@ -120,7 +132,7 @@ class Membership:
         body = _encode(summary)
         self.last_summary, self.summary_bytes = summary, len(body)
         url = f"{self.directory}/v1/summaries/{self.domain}"
-        timeout = min(max(1.0, self.interval_s), 10.0)
+        timeout = min(max(0.25, self.interval_s), 10.0)  # within the round's cadence
         error = ""
         answer: DirectoryAnswer | None = None
         try:
@@ -180,12 +192,17 @@ class Membership:
         """Measure the round trip to every fresh peer's gateway (``GET /healthz``)."""
         now = self.clock.monotonic()
         peers = [p for p in self.peers.all() if self.peers.fresh(p, now)]
-        if peers:
-            await asyncio.gather(*(self._probe(p.domain, p.summary.gateway_url) for p in peers))
+        try:
+            if peers:
+                await asyncio.gather(*(self._probe(p.domain, p.summary.gateway_url) for p in peers))
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug must not end the probes: the next round tries again
+            log(logging.ERROR, "federation.probe_error", exc_info=True)
 
     async def _probe(self, domain: str, gateway_url: str) -> None:
         assert self._session is not None
-        timeout = min(PROBE_TIMEOUT_S, self.interval_s)
+        timeout = PROBE_TIMEOUT_S
         started = self.clock.monotonic()
         why = ""
         try:

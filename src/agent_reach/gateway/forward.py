@@ -214,6 +214,11 @@ class Forwarder:
             raise NoCapableAgent(f"no domain offers intent {fw.tag!r}")
         if refusal is not None and not reached_any:
             raise refusal
+        if fw.deadline.remaining(self.clock.monotonic()) <= 0.001:
+            raise DeadlineExceeded(
+                f"deadline of {fw.timeout_ms} ms ran out after {len(tried)} forward(s)"
+                f" ({', '.join(tried)})"
+            )
         raise AllAttemptsFailed(
             f"{len(tried)} forward(s) failed ({', '.join(tried)}) and no other domain offers"
             f" {fw.tag!r}"
