@@ -27,7 +27,8 @@ from tests.federation_support import (
     send,
     wait_offered,
 )
-from tests.support import Proc, gateway, http, metric, start_agent, wait_until
+from tests.netns_support import DelayProxy
+from tests.support import Proc, free_port, gateway, http, metric, start_agent, wait_until
 
 TAG = "weather.query"
 
@@ -279,3 +280,66 @@ def test_words_match_another_domains_tag_when_no_local_one_is_near_enough(
         code, answer = send(xian, {"intent_text": "tell me a joke"})
         assert (code, answer["error"]) == (404, "no_capable_agent"), answer
         assert answer["attempts"] == []
+
+
+def test_on_loopback_the_nearest_domain_serves_and_a_cut_link_fails_over_in_deadline(
+    fed: Federation,
+) -> None:
+    # the netns scenarios (tests/e2e/test_federation_netns.py) on loopback: each domain's
+    # gateway advertises a delaying proxy in front of it, so the round trips differ, and a cut
+    # of the proxy holds every byte (requests hang, as on a dropped link)
+    timeout_ms = 1500
+    with ExitStack() as stack:
+        proxies, gws = {}, {}
+        for name, delay in (("near", 2.0), ("far", 30.0)):
+            port = free_port()
+            proxy = stack.enter_context(DelayProxy(f"http://127.0.0.1:{port}", delay_ms=delay))
+            flags = domain_flags(
+                name, fed.directory.url, "--port", str(port), "--advertise-url", proxy.url
+            )
+            gws[name] = stack.enter_context(gateway(*flags))
+            agent = start_agent(gws[name].url, f"agent://weather-{name}-01", intents=TAG)
+            stack.callback(agent.stop)
+            proxies[name] = proxy
+        origin = stack.enter_context(gateway(*domain_flags("origin", fed.directory.url)))
+
+        def measured() -> bool:
+            peers = {p["domain"]: p for p in federation(origin)["peers"]}
+            rtt = [peers.get(d, {}).get("rtt_ms") for d in ("near", "far")]
+            return None not in rtt and rtt[0] * 2 < rtt[1]
+
+        wait_until(measured, timeout=10)
+        for _ in range(10):
+            code, answer = send(origin, {"intent": TAG, "timeout_ms": timeout_ms})
+            assert code == 200, answer
+            # chengdu (the module's) is as near as "near": either, never the far one
+            assert answer["endpoint_id"] != "agent://weather-far-01@far", answer
+        fed.weather.popen.send_signal(signal.SIGSTOP)  # the module's chengdu out of the way
+        try:
+            wait_until(lambda: not offered(origin, "chengdu", TAG), timeout=10)
+            code, answer = send(origin, {"intent": TAG})
+            assert answer["endpoint_id"] == "agent://weather-near-01@near", answer
+            proxies["near"].cut()
+            cut_at = time.monotonic()
+            late, served = [], []
+            while time.monotonic() - cut_at < 4.0:
+                started = time.monotonic()
+                code, answer = send(origin, {"intent": TAG, "timeout_ms": timeout_ms})
+                took_ms = (time.monotonic() - started) * 1000.0
+                if took_ms > timeout_ms + 50:
+                    late.append(took_ms)
+                if code != 200:
+                    assert answer["error"] == "deadline_exceeded", answer
+                else:
+                    served.append(answer["endpoint_id"])
+            assert not late, late
+            # the near domain's probe failed: the far one serves, within the same deadlines
+            assert served and served[-1] == "agent://weather-far-01@far", served
+            assert "agent://weather-near-01@near" not in served
+            proxies["near"].restore()
+            # reachable again, and nearer again once the probes' moving average comes down
+            wait_until(lambda: offered(origin, "near", TAG) and measured(), timeout=15)
+            code, answer = send(origin, {"intent": TAG})
+            assert answer["endpoint_id"] == "agent://weather-near-01@near", answer
+        finally:
+            fed.weather.popen.send_signal(signal.SIGCONT)
