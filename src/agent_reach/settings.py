@@ -297,6 +297,7 @@ class GatewaySettings:
     # bounds on what callers can make the gateway hold (docs/operations.md)
     max_connections: int = 0  # open HTTP connections at most (0: the open-files limit - 256)
     idle_timeout: float = 30.0  # seconds a connection may send nothing (before or between)
+    max_inflight: int = 1024  # requests in delivery at once across the gateway (admission)
     max_endpoints: int = 100_000  # records the registry holds at most (down ones count too)
     register_rate_limit: float = 50.0  # registrations a second per address/subject (0: none)
     register_rate_burst: float = 500.0  # that bucket's size
@@ -449,6 +450,8 @@ class GatewaySettings:
                 f"nats-prefix {self.nats_prefix!r} must be a subject without wildcards",
                 source="nats-prefix",
             )
+        if self.max_inflight < 1:
+            raise ConfigError("max-inflight must be at least 1", source="max-inflight")
         if self.max_endpoints < 1:
             raise ConfigError("max-endpoints must be at least 1")
         if self.register_rate_limit < 0:

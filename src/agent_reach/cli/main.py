@@ -274,6 +274,14 @@ def main() -> None:
     metavar="SECONDS",
 )
 @option(
+    "max-inflight",
+    click.IntRange(min=1),
+    1024,
+    "requests in delivery at once; past it 503 overloaded with Retry-After (low priority is"
+    " refused past 70 %, normal past 90 %, high only at 100 %)",
+    metavar="N",
+)
+@option(
     "max-endpoints",
     click.IntRange(min=1),
     100_000,

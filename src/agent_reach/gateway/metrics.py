@@ -317,6 +317,17 @@ class GatewayMetrics:
             ["op", "status"],
             registry=r,
         )
+        self.overloaded = Counter(
+            "agent_reach_overloaded",
+            "Requests refused at admission (503 overloaded: --max-inflight), by priority",
+            ["priority"],
+            registry=r,
+        )
+        self.in_delivery = Gauge(
+            "agent_reach_requests_in_delivery",
+            "Requests taken into delivery and not yet answered (against --max-inflight)",
+            registry=r,
+        )
         self.forwards = Counter(
             "agent_reach_forwards",
             "Requests forwarded to another domain's gateway (federation), by domain and the "

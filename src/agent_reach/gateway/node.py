@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from agent_reach.auth.keys import KeyDirectoryError
 from agent_reach.auth.tokens import Kind
 from agent_reach.clock import Clock, SystemClock
+from agent_reach.core.admission import Admission
 from agent_reach.core.netguard import AddressGuard
 from agent_reach.errors import ConfigError
 from agent_reach.federation.member import Membership
@@ -125,6 +126,9 @@ class Node:
             monotonic=clock.monotonic,
             on_denied=lambda action, status: self.metrics.denied.labels(action, status).inc(),
         )
+        # admission (--max-inflight): requests in delivery at once, low priority refused first
+        self.admission = Admission(settings.max_inflight)
+        self.metrics.in_delivery.set_function(lambda: self.admission.inflight)
         # federation (--directory): this domain's summary out, the others' in, forwarding
         self.membership: Membership | None = None
         forwarder = None

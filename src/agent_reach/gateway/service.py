@@ -20,7 +20,7 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from agent_reach.auth.tokens import Kind
 from agent_reach.core.model import Status
@@ -117,6 +117,8 @@ class Service:
         self.traces = node.traces
         self.reacher = node.reacher
         self._rereading = asyncio.Lock()  # one reload at a time: the last read is in force
+        self.admission = node.admission
+        self._overload_logged = -1e9
 
     # --- open mode's guard, for what is not a use case (static files, metrics) -------------
 
@@ -383,6 +385,7 @@ class Service:
         opened = reacher.open_trace(body, msg_id, caller.traceparent)
         body.trace_id = opened.trace_id
         token = TRACE_ID.set(opened.trace_id)
+        admitted = False
         try:
             if caller.delivery:
                 raise delivery_refusal()
@@ -397,6 +400,9 @@ class Service:
             elif principal.claims is not None and principal.claims.kind is Kind.PEER:
                 raise Forbidden("a peer token forwards requests (X-Reach-Origin); it sends none")
             access.limit(principal)
+            if not self.admission.admit(body.priority):
+                self._refuse_overloaded(body.priority)
+            admitted = True
             scope = None
             if body.intent is not None:  # judged on what was asked first, as in v1
                 body.sender, scope = access.check_send(
@@ -429,8 +435,31 @@ class Service:
             exc.fields.setdefault("attempts", [])
             raise
         finally:
+            if admitted:
+                self.admission.done()
             TRACE_ID.reset(token)
         return result
+
+    def _refuse_overloaded(self, priority: str) -> NoReturn:
+        """Admission said no: 503 overloaded, counted, logged (at most once a second)."""
+        admission = self.admission
+        self.metrics.overloaded.labels(priority).inc()
+        now = self.node.clock.monotonic()
+        if now - self._overload_logged >= 1.0:
+            self._overload_logged = now
+            log(
+                logging.WARNING,
+                "reach.overloaded",
+                priority=priority,
+                in_delivery=admission.inflight,
+                max_inflight=admission.max_inflight,
+                refused_so_far=admission.refused,
+            )
+        raise Overloaded(
+            f"the gateway has {admission.inflight} requests in delivery; {priority} priority is"
+            f" refused from {admission.limit(priority)} (--max-inflight {admission.max_inflight})",
+            retry_after_s=1,
+        )
 
     def _origin(self, caller: Caller) -> str | None:
         """The domain a forwarded request comes from (None: not forwarded); LoopDetected for
