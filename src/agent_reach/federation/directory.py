@@ -155,7 +155,6 @@ class Directory:
 
             self._browsers = BrowserGuard(is_loopback(settings.host))
         self._routes: dict[tuple[str, str], Callable[[web.BaseRequest, str], Awaitable[Any]]] = {
-            ("PUT", _SUMMARIES + "/"): self._publish,
             ("GET", _SUMMARIES): self._summaries,
             ("GET", "/healthz"): self._health,
         }
@@ -205,7 +204,7 @@ class Directory:
         if path.startswith(prefix) and len(path) > len(prefix):
             if method != "PUT":
                 raise MethodNotAllowed(f"{method} is not allowed on {path}; PUT publishes")
-            return self._routes[("PUT", prefix)], path[len(prefix) :]
+            return self._publish, path[len(prefix) :]
         if path in (_SUMMARIES, "/healthz"):
             raise MethodNotAllowed(f"{method} is not allowed on {path}")
         raise NotFound(f"no such path: {path}")
