@@ -630,3 +630,21 @@ def test_late_tick_rounding_does_not_move_now_back() -> None:
     before = lc.now(0.5)  # capped at 0.05
     lc.tick(0.5)  # late by 0.45: credit 0.45
     assert lc.now(0.5) >= before  # 0.5 - 0.45 == 0.04999999999999999 < 0.05
+
+
+def test_a_request_read_at_the_end_of_a_stall_arrived_at_its_start() -> None:
+    from agent_reach.core.health import LivenessClock
+
+    clock = LivenessClock(tick_interval=0.25, tolerance=1.0)
+    clock.tick(10.0)
+    assert clock.arrival(10.1) == 10.1  # the loop is keeping time: read when it came
+    # the loop was held from 10.25 (the tick was due) to 12.0: a read at 12.0, before the
+    # late tick ran, may have waited since 10.25
+    assert clock.arrival(12.0) == 10.25
+    clock.tick(12.001)  # the late tick: the stall is noted
+    assert clock.last_stall == (10.25, 12.001)
+    assert clock.arrival(12.0) == 10.25
+    assert clock.arrival(12.03) == 10.25  # read just after the late tick: it waited too
+    assert clock.arrival(12.1) == 12.1  # read after the stall ended
+    clock.tick(12.251)
+    assert clock.arrival(12.3) == 12.3

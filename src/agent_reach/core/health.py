@@ -163,6 +163,10 @@ def derive(last_seen: float, stats: EndpointStats | None, now: float, t: Thresho
     return Health(Status.HEALTHY, "healthy", changes_at)
 
 
+ARRIVAL_STALL_S = 0.05  # a loop held longer than this delays what it reads after (arrival)
+ARRIVAL_GRACE_S = 0.05  # reads this soon after a stall's end were waiting through it
+
+
 class LivenessClock:
     """Monotonic time that does not advance while the gateway itself was stalled.
 
@@ -173,7 +177,7 @@ class LivenessClock:
     first thing after the stall does not see every agent as dead. The result never goes backwards.
     """
 
-    __slots__ = ("_last_tick", "_latest", "credit", "tick_interval", "tolerance")
+    __slots__ = ("_last_tick", "_latest", "credit", "last_stall", "tick_interval", "tolerance")
 
     def __init__(self, tick_interval: float, tolerance: float) -> None:
         self.tick_interval = tick_interval
@@ -181,16 +185,39 @@ class LivenessClock:
         self.credit = 0.0
         self._last_tick: float | None = None
         self._latest = -INF  # float rounding of the credit must not move time back
+        # the last time the loop was held (from when its tick was due to when it ran), for
+        # the arrival of requests read at its end (arrival())
+        self.last_stall: tuple[float, float] | None = None
 
     def tick(self, mono: float) -> float:
         """Note a tick at monotonic ``mono``; return the loop lag seen (seconds, >= 0)."""
         lag = 0.0
         if self._last_tick is not None:
-            lag = max(0.0, mono - self._last_tick - self.tick_interval)
+            due = self._last_tick + self.tick_interval
+            lag = max(0.0, mono - due)
             if lag > self.tolerance:
                 self.credit += lag - self.tolerance
+            if lag > ARRIVAL_STALL_S:
+                self.last_stall = (due, mono)
         self._last_tick = mono
         return lag
+
+    def arrival(self, read_at: float) -> float:
+        """When a request read at monotonic ``read_at`` may have arrived: the start of the
+        stall it was read at the end of (its bytes waited in the socket while the loop was
+        held, and its deadline has been running since), else ``read_at``. "At the end" is
+        before the late tick ran or within ARRIVAL_GRACE_S after it (the loop may run its
+        timers before the reads that waited). The estimate errs early: a request that came
+        in just as the stall ended has its deadline shortened by the stall, never
+        lengthened."""
+        if self._last_tick is not None:
+            due = self._last_tick + self.tick_interval
+            if read_at - due > ARRIVAL_STALL_S:  # the tick is overdue: the loop is just back
+                return due
+        stall = self.last_stall
+        if stall is not None and stall[0] <= read_at <= stall[1] + ARRIVAL_GRACE_S:
+            return stall[0]
+        return read_at
 
     def now(self, mono: float) -> float:
         """Liveness time at monotonic ``mono``."""

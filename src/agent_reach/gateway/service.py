@@ -381,6 +381,8 @@ class Service:
         received_at = caller.received_at
         if received_at is None:
             received_at = reacher.clock.monotonic()
+        # read at the end of a stall of the loop: it may have waited all of it in the socket
+        received_at = self.router.liveness.arrival(received_at)
         body.msg_id = msg_id = body.msg_id or new_id("msg")
         opened = reacher.open_trace(body, msg_id, caller.traceparent)
         body.trace_id = opened.trace_id

@@ -248,7 +248,11 @@ class HttpEdge:
         return _json(self.service.agent(self._caller(request), name))
 
     async def send(self, request: web.BaseRequest, _: str) -> web.Response:
-        caller = self._caller(request, self._monotonic())  # the deadline counts from here
+        # the deadline counts from when the request was read (the service moves that back to
+        # the start of a stall of the loop it was read at the end of)
+        now = self._monotonic()
+        read_at = getattr(request.protocol, "read_at", None)
+        caller = self._caller(request, now if read_at is None else min(now, read_at))
         try:
             # the body first (bounded, cheap): a refusal then names the caller's own msg_id
             # and trace_id, and so does its audit line

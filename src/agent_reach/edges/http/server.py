@@ -87,6 +87,14 @@ def _reason(exc: BaseException | None, message: str | None) -> str:
 
 
 class _ReachRequestHandler(RequestHandler):
+    # when bytes of this connection were last read (monotonic): a request's deadline counts
+    # from there, not from when its handler got to run (they differ under load)
+    read_at: float | None = None
+
+    def data_received(self, data: bytes) -> None:
+        self.read_at = time.monotonic()
+        super().data_received(data)
+
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
         manager = self._manager
