@@ -30,13 +30,15 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent_reach.auth.tokens import Kind
 from tests.federation_support import INTERVAL, domain_flags, federation, offered, send
 from tests.netns_support import Topology, netns_available, ns_gateway
-from tests.support import BEHAVE, Proc, http, own_processes, wait_until
+from tests.support import BEHAVE, Proc, http, own_processes, secured_setup, wait_until
 
 # its processes are its own (in namespaces, on the memory registry): the Redis and NATS passes
 # of tests/e2e would run it again unchanged
@@ -458,3 +460,60 @@ def test_the_directory_killed_then_restarted_on_its_port(net: Net) -> None:
         unsure=Counter(f"{s.code} {s.error}" for s in unsure),
         repaired_after_restart_s=round(repaired, 3),
     )
+
+
+def test_a_forwarded_request_that_would_loop_is_refused_across_the_links(net: Net) -> None:
+    # shanghai has no weather agent; a request that says it comes from beijing would have to
+    # be forwarded again (to chengdu): refused, nothing delivered anywhere
+    shanghai = net.gws["shanghai"]
+    wait_until(lambda: offered(shanghai, "chengdu", TAG), timeout=10)
+    hop = {"X-Reach-Hops": "1", "X-Reach-Origin": "beijing"}
+    code, answer = send(shanghai, {"intent": TAG}, headers=hop)
+    assert (code, answer["error"]) == (508, "loop_detected"), answer
+    assert answer["attempts"] == []
+    # served where the agent is, its origin passed on to the agent
+    code, answer = send(net.gws["chengdu"], {"intent": TAG}, headers=hop)
+    assert code == 200, answer
+    assert answer["result"]["origin"] == "beijing"
+
+
+def test_a_domain_cannot_publish_another_domains_summary_across_the_links(
+    lan: Net, tmp_path: Path
+) -> None:
+    # a token-mode directory on the bridge; shanghai's gateway host, holding shanghai's peer
+    # token, tries to publish a summary in chengdu's name from inside its namespace
+    secured = secured_setup(tmp_path, "")
+    argv = [sys.executable, "-m", "agent_reach", "directory", "--host", lan.topo.root_ip]
+    d = lan.topo.start(
+        None, [*argv, "--port", "0", "--auth", "tokens", "--keys", str(secured.keys)]
+    )
+    forged = {
+        "domain": "chengdu",
+        "gateway_url": f"http://{lan.topo.ip('shanghai')}:9",
+        "at": time.time(),
+        "intents": {TAG: {"healthy": 50, "degraded": 0, "p95_ms": None, "inflight": 0}},
+    }
+    script = (
+        "import json, sys, urllib.request, urllib.error\n"
+        "req = urllib.request.Request(sys.argv[1], data=sys.argv[2].encode(), method='PUT',"
+        " headers={'Content-Type': 'application/json', 'Authorization': 'Bearer ' + sys.argv[3]})\n"
+        "try:\n"
+        "    with urllib.request.urlopen(req, timeout=5) as r: print(r.status, r.read().decode())\n"
+        "except urllib.error.HTTPError as e: print(e.code, e.read().decode())\n"
+    )
+
+    def put(domain: str, token: str) -> tuple[int, Any]:
+        url = f"{d.url}/v1/summaries/{domain}"
+        body = json.dumps({**forged, "domain": domain})
+        done = lan.topo.run("shanghai", [sys.executable, "-c", script, url, body, token])
+        status, _, text = done.stdout.strip().partition(" ")
+        return int(status), json.loads(text)
+
+    shanghai = secured.token(Kind.PEER, "shanghai")
+    code, answer = put("chengdu", shanghai)
+    assert (code, answer["error"]) == (403, "forbidden"), answer
+    code, listing = http("GET", f"{d.url}/v1/summaries", token=secured.operator)
+    assert code == 200 and listing["summaries"] == [], listing  # nothing was kept
+    code, _ = put("shanghai", shanghai)  # its own name: taken
+    assert code == 200
+    d.stop()
