@@ -343,3 +343,52 @@ def test_on_loopback_the_nearest_domain_serves_and_a_cut_link_fails_over_in_dead
             assert answer["endpoint_id"] == "agent://weather-near-01@near", answer
         finally:
             fed.weather.popen.send_signal(signal.SIGCONT)
+
+
+def test_a_refused_connection_to_a_domain_fails_over_in_the_same_request(
+    fed: Federation,
+) -> None:
+    # the passive check applies to peers: a refused connection marks the domain unreachable at
+    # once, and the request goes on to the next domain within its one deadline
+    with ExitStack() as stack:
+        proxies, gws = {}, {}
+        for name, delay in (("first", 0.0), ("second", 20.0)):
+            port = free_port()
+            proxy = stack.enter_context(DelayProxy(f"http://127.0.0.1:{port}", delay_ms=delay))
+            flags = domain_flags(
+                name, fed.directory.url, "--port", str(port), "--advertise-url", proxy.url
+            )
+            gws[name] = stack.enter_context(gateway(*flags))
+            agent = start_agent(gws[name].url, f"agent://pager-{name}-01", intents="page.send")
+            stack.callback(agent.stop)
+            proxies[name] = proxy
+        origin = stack.enter_context(gateway(*domain_flags("pager-origin", fed.directory.url)))
+
+        def ordered() -> bool:
+            peers = {p["domain"]: p for p in federation(origin)["peers"]}
+            rtt = [peers.get(d, {}).get("rtt_ms") for d in ("first", "second")]
+            return None not in rtt and rtt[0] * 2 < rtt[1]
+
+        wait_until(ordered, timeout=10)
+        code, answer = send(origin, {"intent": "page.send"})
+        assert answer["endpoint_id"] == "agent://pager-first-01@first", answer
+        proxies["first"].cut(refuse=True)
+        code, answer = send(origin, {"intent": "page.send", "timeout_ms": 3000})
+        assert code == 200, answer
+        assert answer["endpoint_id"] == "agent://pager-second-01@second"
+        outcomes = [(a["domain"], a["outcome"]) for a in answer["attempts"]]
+        assert outcomes == [("first", "connect_error"), ("second", "ok")], outcomes
+        # ejected: the next request goes to the second domain straight away
+        code, answer = send(origin, {"intent": "page.send"})
+        assert [a["domain"] for a in answer["attempts"]] == ["second"], answer
+        peer = next(p for p in federation(origin)["peers"] if p["domain"] == "first")
+        assert peer["reachable"] is False and peer["unreachable_reason"]
+        assert (
+            metric(origin, "agent_reach_forwards_total", domain="first", outcome="connect_error")
+            == 1
+        )
+        # a probe that answers brings it back
+        proxies["first"].restore()
+        wait_until(lambda: offered(origin, "first", "page.send") and ordered(), timeout=10)
+        code, answer = send(origin, {"intent": "page.send"})
+        assert answer["endpoint_id"] == "agent://pager-first-01@first", answer
