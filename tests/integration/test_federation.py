@@ -194,6 +194,11 @@ def test_the_origin_trace_holds_the_remote_events(fed: Federation) -> None:
     assert forward["endpoint_id"] == "agent://weather-cn-01@chengdu"
     ts = [e["ts"] for e in trace["events"]]
     assert ts == sorted(ts)
+    # the dashboard's list of recent requests names the remote endpoint with its domain
+    code, recent = http("GET", f"{fed.beijing.url}/v1/traces?limit=20")
+    assert code == 200, recent
+    mine = next(t for t in recent["traces"] if t["trace_id"] == trace_id)
+    assert mine["endpoint_id"] == "agent://weather-cn-01@chengdu", mine
     # the receiving gateway's own trace, read there, has its part only
     code, remote = http("GET", f"{fed.chengdu.url}/v1/traces/{trace_id}")
     assert code == 200
