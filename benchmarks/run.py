@@ -29,6 +29,11 @@ Sub-benchmarks (benchmarks/README.md says more):
 - ``a2a``: one gateway, one trivial agent: the same reach as ``POST /v1/send`` and as
   ``POST /a2a`` (A2A 1.0 ``SendMessage``, the intent in ``metadata.intent``) at 1 and 32
   connections, measured alternately: the added cost of the protocol (benchmarks/a2a_bench.py).
+- ``federation``: a directory and two gateways (A without agents, B with the trivial agent):
+  the same send to B (local) and to A, which forwards it to B, at 1 and 32 connections, measured
+  alternately (p50, answers/s, both gateways' CPU per request); a summary of 1,000 tags: its
+  bytes, ``build_summary``'s time and a PUT round trip to the directory
+  (benchmarks/federation_bench.py).
 
 Every figure is the median over ``--runs`` runs with min-max; ratios are taken run by run (the
 gateways are measured alternately within each run) and then their median. With 2+ CPUs and
@@ -82,7 +87,18 @@ from harness import (
 )
 
 # run in this order: in-process ones first, latency before load
-BENCHES = ("route", "auth", "latency", "e2e", "heartbeat", "tokens", "redis", "nats", "a2a")
+BENCHES = (
+    "route",
+    "auth",
+    "latency",
+    "e2e",
+    "heartbeat",
+    "tokens",
+    "redis",
+    "nats",
+    "a2a",
+    "federation",
+)
 STEAL_PCT = 5.0  # steal time, in % of one core, above which a run is noted as noisy
 INTENT = "bench.echo"
 AGENT_ID = "agent://bench-agent"
@@ -872,6 +888,22 @@ def bench_a2a(args: argparse.Namespace, rep: Report, cores: Cores) -> None:
     a2a_bench.report(rep, data, st)
 
 
+def bench_federation(args: argparse.Namespace, rep: Report, cores: Cores) -> None:
+    import federation_bench
+
+    data: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    with federation_bench.stack(cores) as st:
+        for conns in federation_bench.CONNS:
+            print(f"== federation {conns} connection(s)", flush=True)
+            names, one = federation_bench.targets(conns, st, cores)
+            data[f"c{conns}"] = _rotate(args, names, one)
+    costs = federation_bench.summary_costs(cores)  # processes of its own, after the rounds'
+    table = federation_bench.table(data, costs)
+    print(table, flush=True)
+    rep.data["federation"] = {"samples": st.samples, "summary": costs, "table": table, **data}
+    federation_bench.report(rep, data, costs, st)
+
+
 def render(rep: Report, meta: dict[str, Any]) -> str:
     m = meta["machine"]
     floor = any(r["floor"] for r in rep.rows)
@@ -1049,6 +1081,9 @@ def main() -> int:
     if "a2a" in selected:
         print("== a2a", flush=True)
         bench_a2a(args, rep, cores)
+    if "federation" in selected:
+        print("== federation", flush=True)
+        bench_federation(args, rep, cores)
     meta["elapsed_s"] = round(time.monotonic() - t0, 1)
     meta["quiet_wait_s"] = round(QUIET.waited_s, 1)
     meta["noisy_reruns"] = QUIET.reruns
