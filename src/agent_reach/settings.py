@@ -298,6 +298,7 @@ class GatewaySettings:
     max_connections: int = 0  # open HTTP connections at most (0: the open-files limit - 256)
     idle_timeout: float = 30.0  # seconds a connection may send nothing (before or between)
     max_inflight: int = 1024  # requests in delivery at once across the gateway (admission)
+    max_inflight_per_endpoint: int = 64  # attempts open to one endpoint (more wait for a slot)
     max_endpoints: int = 100_000  # records the registry holds at most (down ones count too)
     register_rate_limit: float = 50.0  # registrations a second per address/subject (0: none)
     register_rate_burst: float = 500.0  # that bucket's size
@@ -452,6 +453,10 @@ class GatewaySettings:
             )
         if self.max_inflight < 1:
             raise ConfigError("max-inflight must be at least 1", source="max-inflight")
+        if self.max_inflight_per_endpoint < 1:
+            raise ConfigError(
+                "max-inflight-per-endpoint must be at least 1", source="max-inflight-per-endpoint"
+            )
         if self.max_endpoints < 1:
             raise ConfigError("max-endpoints must be at least 1")
         if self.register_rate_limit < 0:

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_reach.core.health import INF, EndpointStats, LivenessClock, derive
+from agent_reach.core.health import (
+    INF,
+    PROBE_BACKOFF_MAX_S,
+    PROBE_BACKOFF_S,
+    SLOW_RECOVERY,
+    STRIKE_MEMORY_S,
+    EndpointStats,
+    LivenessClock,
+    derive,
+    probe_backoff_s,
+    slow_after,
+)
 from agent_reach.core.model import Status, Thresholds
 from agent_reach.errors import ConfigError
 
@@ -208,6 +220,178 @@ def test_no_samples_is_not_slow() -> None:
     assert h.changes_at == T0 + 10
 
 
+# --- derive(): slowness with hysteresis -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("was_slow", "mean", "slow"),
+    [
+        (False, None, False),
+        (True, None, False),  # every sample aged out: not slow, whatever it was
+        (False, 2000.0, False),  # at the threshold: not over it
+        (False, 2000.1, True),
+        (True, 2000.1, True),
+        (True, 1600.0, True),  # at 0.8 x the threshold: not under it, still slow
+        (False, 1600.0, False),
+        (True, 1599.9, False),
+        (False, 1800.0, False),  # in the band: as it was
+        (True, 1800.0, True),
+    ],
+)
+def test_slow_after_is_a_hysteresis(was_slow: bool, mean: float | None, slow: bool) -> None:
+    assert SLOW_RECOVERY == 0.8
+    assert slow_after(was_slow, mean, 2000.0) is slow
+
+
+@pytest.mark.parametrize(
+    ("fast_after", "status"),
+    [
+        (1, Status.DEGRADED),  # mean 2400
+        (2, Status.DEGRADED),  # mean 1800: under the threshold, not clearly: still slow
+        (3, Status.HEALTHY),  # mean 1200: under 1600
+    ],
+)
+def test_a_slow_endpoint_is_healthy_again_only_clearly_under_the_threshold(
+    fast_after: int, status: Status
+) -> None:
+    s = EndpointStats()
+    for k in range(5):
+        s.observe(3000.0, T0 + k * 0.1, t=DEFAULT)
+    for k in range(fast_after):
+        s.observe(0.0, T0 + 1 + k, t=DEFAULT)
+    now = T0 + 10
+    assert derive(now, s, now, DEFAULT).status is status
+
+
+def test_a_fast_endpoint_becomes_slow_only_over_the_threshold() -> None:
+    s = EndpointStats()
+    for k in range(5):
+        s.observe(1900.0, T0 + k, t=DEFAULT)  # in the band, coming from fast: healthy
+    assert derive(T0 + 5, s, T0 + 5, DEFAULT).status is Status.HEALTHY
+    s.observe(2600.0, T0 + 6, t=DEFAULT)  # mean 2040
+    assert derive(T0 + 6, s, T0 + 6, DEFAULT).status is Status.DEGRADED
+
+
+def test_an_agent_near_the_threshold_does_not_flap() -> None:
+    """Ten minutes of deliveries whose latency wanders 15 % around the threshold, 10 a second,
+    on a fake clock: the status changes once (to degraded), not at every other sample, as the
+    rule without hysteresis would have it (issue 17: at most one transition a minute)."""
+    rng = random.Random(17)
+    t = DEFAULT
+    s = EndpointStats()
+    status = []
+    plain = []  # what "mean of the last 5 over the threshold" alone would say
+    window: list[float] = []
+    for k in range(6000):
+        now = T0 + k * 0.1
+        ms = t.slow_threshold_ms * rng.uniform(0.85, 1.15)
+        s.observe(ms, now, t=t)
+        window = [*window[-4:], ms]
+        status.append(derive(now, s, now, t).status)
+        plain.append(sum(window) / len(window) > t.slow_threshold_ms)
+    transitions = sum(a is not b for a, b in itertools.pairwise(status))
+    assert transitions <= 10  # the goal: <= 1 a minute
+    assert Status.DEGRADED in status
+    assert sum(a != b for a, b in itertools.pairwise(plain)) > 500  # the scenario does flap
+
+
+def test_an_agent_alternating_fast_and_slow_around_the_threshold_does_not_flap() -> None:
+    s = EndpointStats()
+    changes = 0
+    before = None
+    for k in range(600):  # a minute at 10 a second: 1.3 x and 0.7 x the threshold in turn
+        now = T0 + k * 0.1
+        s.observe(2600.0 if k % 2 else 1400.0, now, t=DEFAULT)
+        status = derive(now, s, now, DEFAULT).status
+        changes += before is not None and status is not before
+        before = status
+    assert changes <= 1
+
+
+# --- recovery: probes after a failure ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("strikes", "backoff"), [(0, 0.5), (1, 0.5), (2, 1.0), (3, 2.0), (4, 4.0), (5, 5.0), (40, 5.0)]
+)
+def test_probe_backoff_doubles_up_to_its_bound(strikes: int, backoff: float) -> None:
+    assert (PROBE_BACKOFF_S, PROBE_BACKOFF_MAX_S) == (0.5, 5.0)
+    assert probe_backoff_s(strikes) == backoff
+
+
+def test_strikes_grow_with_failures_close_together_and_start_again_after_a_while() -> None:
+    s = EndpointStats()
+    for k in range(4):
+        s.fail(T0 + k)
+    assert s.strikes == 4
+    assert s.probe_at == T0 + 3 + 4.0
+    s.fail(T0 + 3 + STRIKE_MEMORY_S + 1)  # long after the last one: a new count
+    assert s.strikes == 1
+    assert s.probe_at == T0 + 3 + STRIKE_MEMORY_S + 1 + 0.5
+
+
+def test_an_ejected_endpoint_is_probe_eligible_after_its_backoff() -> None:
+    s = EndpointStats()
+    s.eject(T0 + 1)
+    h = derive(T0, s, T0 + 1.2, DEFAULT)
+    assert (h.status, h.probe) == (Status.SUSPECT, False)
+    assert h.changes_at == T0 + 1.5  # when the probe is due
+    h = derive(T0, s, T0 + 1.5, DEFAULT)
+    assert h.probe is False  # changes_at itself is still the old state
+    h = derive(T0, s, just_past(T0 + 1.5), DEFAULT)
+    assert (h.status, h.probe) == (Status.SUSPECT, True)  # still out of routing, but probed
+    assert h.changes_at == T0 + DEFAULT.suspect_after  # then suspect by age: no more probes
+    assert derive(T0, s, T0 + 21, DEFAULT).probe is False
+    assert "probe" in h.reason
+    s.eject(T0 + 2)  # the probe was refused: out again, for longer
+    assert derive(T0, s, T0 + 2.9, DEFAULT).probe is False
+    assert derive(T0, s, T0 + 3.1, DEFAULT).probe is True
+
+
+def test_an_answer_ends_the_ejection_and_forgets_the_failures_cost() -> None:
+    s = EndpointStats()
+    s.observe(3.0, T0)
+    s.penalize(2000.0, T0 + 1)
+    s.eject(T0 + 1)
+    assert s.cost_ms(T0 + 1) == 2000.0
+    assert s.recovering
+    s.recover(4.0, T0 + 2)
+    assert not s.recovering
+    assert s.cost_ms(T0 + 2) == 4.0
+    assert s.probe_at == INF
+    h = derive(T0, s, T0 + 2, DEFAULT)
+    assert (h.status, h.probe) == (Status.HEALTHY, False)
+
+
+def test_a_heartbeat_forgives_an_ejection_and_its_cost() -> None:
+    s = EndpointStats()
+    s.penalize(2000.0, T0 + 1)
+    s.eject(T0 + 1)
+    s.forgive()
+    assert not s.recovering
+    assert s.cost_ms(T0 + 1) == 0.0  # looks new: gets its share back at once
+    assert derive(T0 + 2, s, T0 + 2, DEFAULT).status is Status.HEALTHY
+
+
+def test_a_penalized_healthy_endpoint_is_probed_after_its_backoff() -> None:
+    s = EndpointStats()
+    s.observe(2000.0, T0, answered=False, penalty_ms=2000.0, t=DEFAULT)  # a timeout
+    s.fail(T0)
+    h = derive(T0, s, T0 + 0.2, DEFAULT)
+    assert (h.status, h.probe, h.changes_at) == (Status.HEALTHY, False, T0 + 0.5)
+    h = derive(T0, s, T0 + 0.6, DEFAULT)
+    assert (h.status, h.probe) == (Status.HEALTHY, True)
+    s.recover(3.0, T0 + 0.7)
+    assert derive(T0, s, T0 + 0.8, DEFAULT).probe is False
+
+
+def test_a_late_heartbeat_is_not_probed_even_when_penalized() -> None:
+    s = EndpointStats()
+    s.fail(T0)
+    h = derive(T0, s, T0 + 15, DEFAULT)
+    assert (h.status, h.probe) == (Status.DEGRADED, False)
+
+
 # --- derive(): passive ejection ---------------------------------------------------------------
 
 
@@ -283,8 +467,11 @@ def thresholds(draw: st.DrawFn) -> Thresholds:
     last_seen=grid_time,
     age=st.integers(-10 * 1024, 300 * 1024).map(lambda n: n / 1024),
     sample_gaps=st.lists(grid_offset, max_size=8),
-    latencies=st.lists(st.sampled_from([10.0, 100.0, 1500.0, 2500.0, 9000.0]), max_size=8),
+    latencies=st.lists(
+        st.sampled_from([10.0, 45.0, 100.0, 1500.0, 1800.0, 2500.0, 9000.0]), max_size=8
+    ),
     ejected=st.one_of(st.none(), st.integers(-50 * 1024, 50 * 1024).map(lambda n: n / 1024)),
+    failed=st.lists(st.integers(-50 * 1024, 50 * 1024).map(lambda n: n / 1024), max_size=3),
     fractions=st.lists(st.floats(0.0, 1.0, exclude_max=True), min_size=1, max_size=8),
 )
 def test_status_does_not_change_before_changes_at(
@@ -294,18 +481,22 @@ def test_status_does_not_change_before_changes_at(
     sample_gaps: list[float],
     latencies: list[float],
     ejected: float | None,
+    failed: list[float],
     fractions: list[float],
 ) -> None:
     now = last_seen + age
     stats = EndpointStats()
-    # samples observed at increasing times, the last of them no later than now
+    # samples observed at increasing times, the last of them no later than now, with the
+    # slow flag's hysteresis (1800 and 45 ms are in the band of the thresholds drawn)
     n = min(len(sample_gaps), len(latencies))
     at = now - sum(sample_gaps[:n])
     for gap, ms in zip(sample_gaps[:n], latencies[:n], strict=True):
-        stats.observe(ms, at)
+        stats.observe(ms, at, t=t)
         at += gap
+    for offset in sorted(failed):  # failed attempts: penalized, probed after a backoff
+        stats.fail(min(now, last_seen + offset))
     if ejected is not None:
-        stats.ejected_at = last_seen + ejected
+        stats.eject(last_seen + ejected)
     h = derive(last_seen, stats, now, t)
     assert h.changes_at >= now
     if h.changes_at == INF:
@@ -315,7 +506,8 @@ def test_status_does_not_change_before_changes_at(
         probes = [now, max(now, just_before(h.changes_at)), h.changes_at]
         probes += [min(h.changes_at, now + f * (h.changes_at - now)) for f in fractions]
     for later in probes:
-        assert derive(last_seen, stats, later, t).status is h.status, (later, h)
+        got = derive(last_seen, stats, later, t)
+        assert (got.status, got.probe) == (h.status, h.probe), (later, h)
 
 
 @settings(max_examples=300, deadline=None)

@@ -67,8 +67,10 @@ def test_a_good_file_is_read_in_file_order() -> None:
         "Current or coming weather for a place and a date",
         ("weather.lookup", "weather.get"),
         ("what is the weather in Chengdu tomorrow", "成都明天天气怎么样"),
-        hedge_after_ms=250.0,
+        hedge_after_ms=250,
     )
+    assert isinstance(weather.hedge_after_ms, int)
+    assert d.entries["note.create"].hedge_after_ms is None  # no hedging unless asked
     assert d.entries["note.create"].description == "Write a note down,\nover two lines"
     old = d.entries["weather.old"]
     assert (old.deprecated, old.replaced_by) == (True, "weather.query")
@@ -99,6 +101,17 @@ def test_an_empty_file_is_an_empty_dictionary_and_equality_is_by_entries() -> No
     d = parse_dictionary(GOOD)
     with pytest.raises(TypeError):
         d.entries["x"] = IntentEntry("x")  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("value", "read"), [("0", 0), ("1", 1), ("50", 50), ("600000", 600_000), ("1_000", 1000)]
+)
+def test_hedge_after_ms_is_a_whole_number_of_milliseconds_0_means_the_p95(
+    value: str, read: int
+) -> None:
+    d = parse_dictionary(f'[[intent]]\ntag = "a.b"\nhedge_after_ms = {value}\n')
+    assert d.entries["a.b"].hedge_after_ms == read
+    assert type(d.entries["a.b"].hedge_after_ms) is int
 
 
 def test_load_dictionary_reads_the_file(tmp_path: Path) -> None:
@@ -195,9 +208,20 @@ FAULTS = [
         3,
         "more than 100 aliases",
     ),
-    ('[[intent]]\ntag = "a.b"\nhedge_after_ms = 0\n', 3, "hedge_after_ms"),
-    ('[[intent]]\ntag = "a.b"\nhedge_after_ms = true\n', 3, "hedge_after_ms"),
-    ('[[intent]]\ntag = "a.b"\nhedge_after_ms = "5"\n', 3, "hedge_after_ms"),
+    ('[[intent]]\ntag = "a.b"\nhedge_after_ms = -1\n', 3, "hedge_after_ms must be a whole"),
+    ('[[intent]]\ntag = "a.b"\nhedge_after_ms = 2.5\n', 3, "not 2.5"),
+    ('[[intent]]\ntag = "a.b"\nhedge_after_ms = 50.0\n', 3, "not 50.0"),
+    ('[[intent]]\ntag = "a.b"\nhedge_after_ms = nan\n', 3, "not nan"),
+    ('[[intent]]\ntag = "a.b"\nhedge_after_ms = 600001\n', 3, "from 0 to 600000"),
+    ('[[intent]]\ntag = "a.b"\nhedge_after_ms = true\n', 3, "not a boolean"),
+    ('[[intent]]\ntag = "a.b"\nhedge_after_ms = "5"\n', 3, "not a string"),
+    ('[[intent]]\ntag = "a.b"\nhedge_after_ms = [50]\n', 3, "not a list"),
+    (
+        '[[intent]]\ntag = "a.b"\n\n[[intent]]\ntag = "c.d"\ndescription = "x"\n'
+        "hedge_after_ms = -5\n",
+        7,  # the second entry's
+        "c.d: hedge_after_ms",
+    ),
 ]
 
 

@@ -13,7 +13,17 @@ from hypothesis import strategies as st
 from agent_reach.core.health import INF, EndpointStats, derive
 from agent_reach.core.model import EndpointRecord, Status, Thresholds
 from agent_reach.core.names import is_endpoint_id, is_intent
-from agent_reach.core.routing import PROBE_SHARE, Tiers, build_tiers, pick
+from agent_reach.core.routing import (
+    PRIORITY_RANK,
+    PROBE_SHARE,
+    Tiers,
+    at_bound,
+    build_tiers,
+    pick,
+    rank_of,
+    wait_admits,
+    wait_limit,
+)
 
 T = Thresholds()  # 10 / 20 / 30 s, slow over 2000 ms, samples kept 60 s
 NOW = 10_000.0
@@ -487,3 +497,159 @@ def test_intent_grammar_and_length(segments: list[str]) -> None:
     value = ".".join(segments)
     assert is_intent(value) is (len(value) <= 128)
     assert is_intent(value.upper()) is False
+
+
+# --- pick: the per-endpoint bound (--max-inflight-per-endpoint) -----------------------------------
+
+
+def test_pick_with_a_bound_skips_endpoints_at_it() -> None:
+    w, ids = world_of(["fast"] * 4)
+    for endpoint_id in ids[:2]:
+        w.stats[endpoint_id].inflight = 3
+    tiers = w.tiers(ids, NOW)
+    rng = random.Random(3)
+    n = 10_000
+    counts = Counter(pick(tiers, w.stats, NOW, rng, bound=3) for _ in range(n))
+    assert set(counts) == set(ids[2:])
+    assert all(0.4 * n <= counts[i] <= 0.6 * n for i in ids[2:]), counts
+
+
+def test_reserved_slots_count_toward_the_bound() -> None:
+    w, ids = world_of(["fast", "fast"])
+    w.stats[ids[0]].inflight = 1
+    tiers = w.tiers(ids, NOW)
+    rng = random.Random(5)
+    reserved = {ids[0]: 1, ids[1]: 2}
+    assert {pick(tiers, w.stats, NOW, rng, bound=2, reserved=reserved) for _ in range(100)} == {
+        None
+    }
+    assert pick(tiers, w.stats, NOW, rng, bound=3, reserved=reserved) in ids
+    assert at_bound(w.stats[ids[0]], 1, 2)
+    assert not at_bound(None, 1, 2)
+    assert at_bound(None, 2, 2)
+
+
+def test_every_healthy_one_at_its_bound_sends_to_degraded_then_none() -> None:
+    w, ids = world_of(["healthy", "healthy", "late"])
+    for endpoint_id in ids[:2]:
+        w.stats[endpoint_id].inflight = 1
+    tiers = w.tiers(ids, NOW)
+    rng = random.Random(9)
+    assert {pick(tiers, w.stats, NOW, rng, bound=1) for _ in range(200)} == {ids[2]}
+    assert {pick(tiers, w.stats, NOW, rng) for _ in range(200)} <= set(ids[:2])  # unbounded
+    w.stats[ids[2]].inflight = 1
+    assert pick(tiers, w.stats, NOW, rng, bound=1) is None
+
+
+def test_a_bound_nobody_reaches_draws_exactly_as_no_bound() -> None:
+    w, ids = world_of(["fast", "healthy", "slow", "fast", "late", "slow", "fast"])
+    tiers = w.tiers(ids, NOW)
+    a, b = random.Random(77), random.Random(77)
+    unbounded = [pick(tiers, w.stats, NOW, a) for _ in range(2000)]
+    bounded = [pick(tiers, w.stats, NOW, b, bound=1000) for _ in range(2000)]
+    assert bounded == unbounded
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    kinds=st.lists(routable_kinds, min_size=1, max_size=8),
+    inflight=st.lists(st.integers(0, 3), min_size=8, max_size=8),
+    bound=st.integers(1, 3),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_pick_with_a_bound_never_returns_one_at_it(
+    kinds: list[str], inflight: list[int], bound: int, seed: int
+) -> None:
+    w, ids = world_of(kinds)
+    for endpoint_id, n in zip(ids, inflight, strict=False):
+        if endpoint_id in w.stats:
+            w.stats[endpoint_id].inflight = n
+    tiers = w.tiers(ids, NOW)
+    rng = random.Random(seed)
+    routable = {
+        i
+        for i in ids
+        if i in w.records and EXPECTED[i.split("-", 1)[1]] in (Status.HEALTHY, Status.DEGRADED)
+    }
+    room = {i for i in routable if w.stats[i].inflight < bound}
+    for _ in range(30):
+        chosen = pick(tiers, w.stats, NOW, rng, bound=bound)
+        if chosen is None:
+            assert not room
+        else:
+            assert chosen in room
+
+
+# --- pick: recovery probes ---------------------------------------------------------------------
+
+
+def probing_world(kinds: list[str]) -> tuple[World, list[str], str]:
+    """``kinds`` and one endpoint ejected 0.9 s ago, after its last heartbeat, with its first
+    probe due (0.5 s backoff)."""
+    w, ids = world_of(kinds)
+    ejected = w.add("agent://back", "healthy")  # its last heartbeat 1 s ago
+    w.stats[ejected].eject(NOW - 0.9)
+    return w, ids, ejected
+
+
+def test_an_ejected_endpoint_due_a_probe_is_in_the_probe_tier_only() -> None:
+    w, ids, ejected = probing_world(["healthy", "healthy"])
+    tiers = w.tiers([*ids, ejected], NOW)
+    assert tiers.probe == [ejected]
+    assert ejected not in tiers.healthy
+    assert ejected not in tiers.degraded
+    assert tiers.unavailable == 1  # still out of routing: only probed
+    before = w.tiers([*ids, ejected], NOW - 0.6)  # 0.3 s after the ejection: not yet due
+    assert before.probe == []
+    assert before.unavailable == 1
+
+
+def test_an_ejected_endpoint_gets_a_bounded_probe_share_one_at_a_time() -> None:
+    w, ids, ejected = probing_world(["healthy", "healthy", "healthy"])
+    tiers = w.tiers([*ids, ejected], NOW)
+    rng = random.Random(21)
+    n = 20_000
+    counts = Counter(pick(tiers, w.stats, NOW, rng) for _ in range(n))
+    assert 0 < counts[ejected] <= 0.05 * n
+    assert counts[ejected] == pytest.approx(PROBE_SHARE * n, rel=0.2)
+    w.stats[ejected].inflight = 1  # a probe is out: no second one meanwhile
+    assert ejected not in {pick(tiers, w.stats, NOW, rng) for _ in range(5000)}
+
+
+def test_a_probe_only_endpoint_is_never_chosen_without_healthy_ones() -> None:
+    w, ids, ejected = probing_world(["late"])
+    tiers = w.tiers([*ids, ejected], NOW)
+    rng = random.Random(2)
+    assert {pick(tiers, w.stats, NOW, rng) for _ in range(2000)} == {ids[0]}
+    tiers = w.tiers([ejected], NOW)
+    assert pick(tiers, w.stats, NOW, rng) is None
+
+
+def test_a_penalized_healthy_endpoint_due_a_probe_gets_the_probe_share() -> None:
+    """A failed twin loses every choice to the other (its cost is 2000 ms): without the probe
+    share it would get nothing until that cost decays, a minute later."""
+    w, ids = world_of(["fast", "fast"])
+    twin = ids[1]
+    w.stats[twin].penalize(2000.0, NOW - 2.0)
+    w.stats[twin].fail(NOW - 2.0)
+    tiers = w.tiers(ids, NOW)
+    assert tiers.healthy == ids
+    assert tiers.probe == [twin]
+    rng = random.Random(4)
+    n = 10_000
+    counts = Counter(pick(tiers, w.stats, NOW, rng) for _ in range(n))
+    assert 0 < counts[twin] <= 0.05 * n
+
+
+# --- waiting: order and bounds -------------------------------------------------------------------
+
+
+def test_priority_ranks_and_wait_limits() -> None:
+    assert [rank_of(p) for p in ("high", "normal", "low", None, "odd")] == [0, 1, 2, 1, 1]
+    assert PRIORITY_RANK["high"] < PRIORITY_RANK["normal"] < PRIORITY_RANK["low"]
+    assert [wait_limit(256, p) for p in ("low", "normal", "high")] == [179, 230, 256]
+    assert [wait_limit(1, p) for p in ("low", "normal", "high")] == [1, 1, 1]
+    assert wait_admits(178, 256, "low")
+    assert not wait_admits(179, 256, "low")
+    assert wait_admits(255, 256, "high")
+    assert not wait_admits(256, 256, "high")

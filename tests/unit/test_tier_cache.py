@@ -1,8 +1,10 @@
 """The gateway's incrementally kept tiers always equal tiers built afresh.
 
 Random sequences of registrations, re-registrations, heartbeats, deregistrations, deliveries
-(fast, slow, refused) and time passing, on a fake clock; after every step each intent's cached
-tiers are compared with :func:`build_tiers` over the registry at that moment.
+(fast, slow, near the slow threshold, failed, refused) and time passing, on a fake clock; after
+every step each intent's cached tiers are compared with :func:`build_tiers` over the registry
+at that moment. The probe tier moves by time too (a recovering endpoint's backoff runs out), and
+the slow flag by hysteresis.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import random
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agent_reach.core.model import Outcome
@@ -37,12 +39,21 @@ ops = st.one_of(
     st.tuples(
         st.just("deliver"),
         st.sampled_from(NAMES),
-        st.sampled_from([5.0, 50.0, 500.0, 3000.0]),
-        st.sampled_from([Outcome.OK, Outcome.TIMEOUT, Outcome.CONNECT_ERROR]),
+        st.sampled_from([5.0, 50.0, 500.0, 900.0, 3000.0]),  # 900: in the hysteresis band
+        st.sampled_from(
+            [
+                Outcome.OK,
+                Outcome.TIMEOUT,
+                Outcome.CONNECT_ERROR,
+                Outcome.SERVER_ERROR,
+                Outcome.AGENT_ERROR,
+            ]
+        ),
     ),
     st.tuples(
         st.just("advance"),
-        st.floats(0.0, 25.0) | st.sampled_from([0.001, 0.3, 0.7, 2.5, 4.999, 5.001, 60.0]),
+        st.floats(0.0, 25.0)
+        | st.sampled_from([0.001, 0.3, 0.5, 0.501, 0.7, 1.0, 2.5, 4.999, 5.001, 60.0]),
     ),
     st.tuples(st.just("route"), st.sampled_from(INTENTS)),
 )
@@ -57,8 +68,30 @@ def snapshot(tiers: object) -> tuple[frozenset[str], frozenset[str], frozenset[s
     )  # type: ignore[attr-defined]
 
 
+# the recovery paths, which random sequences reach only now and then: a failure's probe
+# coming due by time alone, and an ejection, its probe due, then the answer that ends it
+RECOVERY = [
+    ("register", NAMES[0], ["t.a"], False),
+    ("deliver", NAMES[0], 5.0, Outcome.TIMEOUT),
+    ("advance", 0.7),
+    ("deliver", NAMES[0], 5.0, Outcome.CONNECT_ERROR),
+    ("advance", 1.0),
+    ("route", "t.a"),
+    ("deliver", NAMES[0], 5.0, Outcome.OK),
+]
+HYSTERESIS = [
+    ("register", NAMES[1], ["t.b"], False),
+    ("deliver", NAMES[1], 3000.0, Outcome.OK),
+    ("deliver", NAMES[1], 900.0, Outcome.OK),
+    ("deliver", NAMES[1], 5.0, Outcome.OK),
+    ("advance", 60.0),
+]
+
+
 @settings(max_examples=300, deadline=None)
 @given(steps=st.lists(ops, max_size=40))
+@example(steps=RECOVERY)
+@example(steps=HYSTERESIS)
 async def test_cached_tiers_equal_fresh_tiers(steps: list[tuple[object, ...]]) -> None:
     clock = FakeClock()
     gw = Router(

@@ -18,6 +18,7 @@ import msgspec
 from agent_reach.cli import render
 from agent_reach.cli.common import ExitCode, client_options, reach, stdout
 from agent_reach.sdk.client import DEFAULT_TIMEOUT_MS, Priority, ReachClient
+from agent_reach.wire.bodies import AGENTS_MAX_LIMIT
 
 __all__ = ["COMMANDS", "agents", "doctor", "route", "send", "trace"]
 
@@ -49,12 +50,16 @@ def _payload(ctx: click.Context, param: click.Parameter, value: str | None) -> A
 def agents(
     gateway: str, token: str | None, as_json: bool, intent: str | None, statuses: tuple[str, ...]
 ) -> None:
-    """List the registered agents.
+    """List the registered agents, in endpoint id order.
 
-    One row per endpoint: its intents, status, last heartbeat and latencies.
+    One row per endpoint: its intents, status, last heartbeat and latencies. The gateway
+    filters, and the list is read a page of 1,000 agents at a time.
     """
-    listing = reach(gateway, token, lambda client: client.agents())
-    listing = render.filter_agents(listing, intent=intent, statuses=statuses)
+    listing = reach(
+        gateway,
+        token,
+        lambda client: client.agents(intent=intent, status=statuses, page_size=AGENTS_MAX_LIMIT),
+    )
     if as_json:
         click.echo(render.to_json(render.agents_body(listing)))
     else:

@@ -282,6 +282,14 @@ def main() -> None:
     metavar="N",
 )
 @option(
+    "max-inflight-per-endpoint",
+    click.IntRange(min=1),
+    64,
+    "attempts open to one endpoint at once; past it a request goes to another candidate, or"
+    " waits for a slot (high priority first; 503 overloaded past 256 waiting per intent)",
+    metavar="N",
+)
+@option(
     "max-endpoints",
     click.IntRange(min=1),
     100_000,

@@ -2,11 +2,22 @@
 
 Invariants:
 - Status is never stored: :func:`derive` computes it from ``(last_seen, stats, now, thresholds)``.
-  Healthy while the heartbeat age is at most ``degraded_after``; degraded past it (or when the mean
-  of the last 5 delivery latencies within the sample window is over ``slow_threshold_ms``);
+  Healthy while the heartbeat age is at most ``degraded_after``; degraded past it (or while slow);
   suspect past ``suspect_after`` or while passively ejected; down past ``down_after``.
-- ``changes_at`` is the first time at which the status may change by time passing alone; any
-  change by an event (heartbeat, delivery, ejection) is announced by the caller instead.
+- Slow, with hysteresis: an endpoint becomes slow when the mean of its last 5 delivery latencies
+  within the sample window is over ``slow_threshold_ms``, and stops being slow only when that
+  mean is under ``SLOW_RECOVERY x slow_threshold_ms`` (or no sample is left in the window), so
+  that an endpoint near the threshold does not flap. The only state kept is whether it was slow
+  after its last sample (:attr:`EndpointStats.slow`).
+- Recovery: a failed attempt (timeout, 5xx, connection error) penalizes the endpoint; a refused
+  or reset connection also ejects it. A penalized or ejected endpoint is *recovering*: it becomes
+  probe-eligible (``Health.probe``) at ``probe_at``, a backoff after its last failure that grows
+  with its strikes (failures less than ``STRIKE_MEMORY_S`` apart) from ``PROBE_BACKOFF_S`` to at
+  most ``PROBE_BACKOFF_MAX_S``. An answer ends the penalty and the ejection (and forgets the
+  failure's cost); a heartbeat ends an ejection.
+- ``changes_at`` is the first time at which the status (or the probe flag) may change by time
+  passing alone; any change by an event (heartbeat, delivery, ejection) is announced by the
+  caller instead.
 - All times are on the *liveness clock* (:class:`LivenessClock`): monotonic seconds minus the time
   the gateway itself was stalled, so a gateway that could not listen does not demote its agents.
 """
@@ -20,9 +31,24 @@ from typing import NamedTuple
 
 from agent_reach.core.model import Status, Thresholds
 
-__all__ = ["EndpointStats", "Health", "LivenessClock", "derive"]
+__all__ = [
+    "PROBE_BACKOFF_MAX_S",
+    "PROBE_BACKOFF_S",
+    "SLOW_RECOVERY",
+    "STRIKE_MEMORY_S",
+    "EndpointStats",
+    "Health",
+    "LivenessClock",
+    "derive",
+    "probe_backoff_s",
+    "slow_after",
+]
 
 SLOW_WINDOW = 5  # deliveries whose mean decides "slow" (contract)
+SLOW_RECOVERY = 0.8  # slow until the mean is under this share of the threshold (hysteresis)
+PROBE_BACKOFF_S = 0.5  # a recovering endpoint's first probe comes this long after its failure
+PROBE_BACKOFF_MAX_S = 5.0  # the backoff doubles with each strike, up to this
+STRIKE_MEMORY_S = 30.0  # a failure this long after the previous one starts a new count
 P95_WINDOW = 100  # deliveries kept for p95 and avg
 EWMA_DECAY_S = 10.0  # peak-EWMA time constant (Finagle/Linkerd use 10 s)
 INF = math.inf
@@ -34,17 +60,52 @@ class Health(NamedTuple):  # a tuple: made on every status read, far cheaper tha
     status: Status
     reason: str
     changes_at: float
-    slow_only: bool = False  # degraded only because it is slow: eligible for a probe share
+    slow_only: bool = False  # degraded only because it is slow: a probe cures that
+    probe: bool = False  # eligible for the probe share (slow only, or recovering and due)
+
+
+def slow_after(was_slow: bool, mean_ms: float | None, threshold_ms: float) -> bool:
+    """Whether an endpoint is slow, given whether it was and its recent mean (hysteresis).
+
+    Slow over ``threshold_ms``; not slow under ``SLOW_RECOVERY x threshold_ms`` or with no
+    recent sample; in between, as it was.
+    """
+    if mean_ms is None:
+        return False
+    if mean_ms > threshold_ms:
+        return True
+    if mean_ms < SLOW_RECOVERY * threshold_ms:
+        return False
+    return was_slow
+
+
+def probe_backoff_s(strikes: int) -> float:
+    """How long after its last failure a recovering endpoint with ``strikes`` is probed."""
+    return min(PROBE_BACKOFF_S * 2.0 ** max(0, strikes - 1), PROBE_BACKOFF_MAX_S)
 
 
 class EndpointStats:
     """What one gateway saw of its own deliveries to one endpoint (mutable, no clock reads).
 
     Holds the recent latency samples, a peak-EWMA cost with in-flight count for load-aware
-    choice, and the passive-check ejection mark.
+    choice, whether it was slow after its last sample (hysteresis), and the recovery state: the
+    passive-check ejection mark, the penalty of a failed attempt, the strikes and ``probe_at``.
     """
 
-    __slots__ = ("_answered", "_ewma_at", "_samples", "_sum", "ejected_at", "ewma_ms", "inflight")
+    __slots__ = (
+        "_answered",
+        "_ewma_at",
+        "_failed_at",
+        "_samples",
+        "_sum",
+        "ejected_at",
+        "ewma_ms",
+        "inflight",
+        "penalized",
+        "probe_at",
+        "slow",
+        "strikes",
+    )
 
     def __init__(self) -> None:
         self._samples: deque[tuple[float, float, bool]] = deque(maxlen=P95_WINDOW)
@@ -54,17 +115,35 @@ class EndpointStats:
         self._ewma_at = 0.0
         self.inflight = 0
         self.ejected_at: float | None = None
+        self.slow = False  # slow after the last sample (the hysteresis' memory)
+        self.penalized = False  # its last attempt failed and it has not answered since
+        self.strikes = 0  # failures in a row, each less than STRIKE_MEMORY_S after the last
+        self._failed_at = -INF
+        self.probe_at = INF  # when a recovering endpoint may be probed (INF: not recovering)
+
+    @property
+    def recovering(self) -> bool:
+        """Ejected or penalized: out of routing, or losing every choice, until it answers."""
+        return self.ejected_at is not None or self.penalized
 
     def observe(
-        self, latency_ms: float, now: float, *, answered: bool = True, penalty_ms: float = 0.0
+        self,
+        latency_ms: float,
+        now: float,
+        *,
+        answered: bool = True,
+        penalty_ms: float = 0.0,
+        t: Thresholds | None = None,
     ) -> None:
         """Record one delivery that reached the agent: answered, or timed out on it.
 
         Every sample counts for "slow"; only answered ones count for p95, so that a hung agent's
         timeouts do not stretch the next per-try timeout (1.5 x p95) without end.
         ``penalty_ms`` is what a failure costs in the load-aware score, so that an endpoint that
-        fails fast does not look fast.
+        fails fast does not look fast. With ``t``, the slow flag's hysteresis moves on this
+        sample (without, the flag keeps its value: tests that look at one mean).
         """
+        was_slow = self.is_slow(now, t) if t is not None else False
         samples = self._samples
         if len(samples) == samples.maxlen:
             _, old_ms, old_answered = samples[0]
@@ -76,6 +155,45 @@ class EndpointStats:
             self._sum += latency_ms
             bisect.insort(self._answered, latency_ms)
         self._observe_cost(max(latency_ms, penalty_ms), now)
+        if t is not None:
+            mean = self.recent_mean(now, t.sample_ttl)[0]
+            self.slow = slow_after(was_slow, mean, t.slow_threshold_ms)
+
+    def is_slow(self, now: float, t: Thresholds) -> bool:
+        """Whether the endpoint is slow at ``now``: the hysteresis over its recent mean."""
+        return slow_after(self.slow, self.recent_mean(now, t.sample_ttl)[0], t.slow_threshold_ms)
+
+    def fail(self, now: float) -> None:
+        """A failed attempt (timeout, 5xx, connection error): penalized, one more strike, and
+        probe-eligible again after the strikes' backoff."""
+        if now - self._failed_at > STRIKE_MEMORY_S:
+            self.strikes = 0
+        self.strikes += 1
+        self._failed_at = now
+        self.penalized = True
+        self.probe_at = now + probe_backoff_s(self.strikes)
+
+    def eject(self, now: float) -> None:
+        """A refused or reset connection: out of intent routing at once (and a failure)."""
+        self.ejected_at = now
+        self.fail(now)
+
+    def recover(self, latency_ms: float, now: float) -> None:
+        """It answered: the ejection and the penalty end, and the failures' cost is forgotten
+        (its cost is this answer's latency), so that it gets its share back at once."""
+        self.ejected_at = None
+        self.penalized = False
+        self.probe_at = INF
+        self.ewma_ms = latency_ms
+        self._ewma_at = now
+
+    def forgive(self) -> None:
+        """A heartbeat ended its ejection: the failures' cost goes too (it starts again as a
+        new endpoint does, looking fast until it answers)."""
+        self.ejected_at = None
+        self.penalized = False
+        self.probe_at = INF
+        self.ewma_ms = 0.0
 
     def penalize(self, penalty_ms: float, now: float) -> None:
         """Raise the load-aware cost without a latency sample (nothing reached the agent)."""
@@ -138,29 +256,42 @@ def derive(last_seen: float, stats: EndpointStats | None, now: float, t: Thresho
     if age > t.suspect_after:
         return Health(Status.SUSPECT, f"no heartbeat for {age:.1f} s", last_seen + t.down_after)
     if stats is not None and stats.ejected_at is not None and stats.ejected_at >= last_seen:
-        return Health(
-            Status.SUSPECT,
-            "connection refused or reset: out of intent routing until its next heartbeat",
-            last_seen + t.down_after,
+        until = last_seen + t.down_after
+        reason = (
+            "connection refused or reset: out of intent routing until its next heartbeat"
+            " or a successful probe"
         )
+        if now > stats.probe_at:  # probed until its heartbeat is late enough to be suspect
+            probed = reason + " (probed now)"
+            return Health(Status.SUSPECT, probed, last_seen + t.suspect_after, probe=True)
+        return Health(Status.SUSPECT, reason, min(until, stats.probe_at))
     if age > t.degraded_after:
         return Health(
             Status.DEGRADED, f"heartbeat late ({age:.1f} s old)", last_seen + t.suspect_after
         )
     changes_at = last_seen + t.degraded_after
-    if stats is not None:
-        mean, ages_out = stats.recent_mean(now, t.sample_ttl)
-        if mean is not None and mean > t.slow_threshold_ms:
+    if stats is None:
+        return Health(Status.HEALTHY, "healthy", changes_at)
+    probe = False
+    if stats.penalized:  # a failed attempt: probed after its backoff, so that it shows it is back
+        if now > stats.probe_at:
+            probe = True
+        else:
+            changes_at = min(changes_at, stats.probe_at)
+    mean, ages_out = stats.recent_mean(now, t.sample_ttl)
+    if mean is not None:
+        changes_at = min(changes_at, ages_out)
+        if slow_after(stats.slow, mean, t.slow_threshold_ms):
             return Health(
                 Status.DEGRADED,
-                f"slow: mean {mean:.0f} ms over its last deliveries "
-                f"(threshold {t.slow_threshold_ms:.0f} ms)",
-                min(changes_at, ages_out),
+                f"slow: mean {mean:.0f} ms over its last deliveries (threshold"
+                f" {t.slow_threshold_ms:.0f} ms; healthy again under"
+                f" {SLOW_RECOVERY * t.slow_threshold_ms:.0f} ms)",
+                changes_at,
                 slow_only=True,
+                probe=True,
             )
-        if mean is not None:
-            changes_at = min(changes_at, ages_out)
-    return Health(Status.HEALTHY, "healthy", changes_at)
+    return Health(Status.HEALTHY, "healthy", changes_at, probe=probe)
 
 
 ARRIVAL_STALL_S = 0.05  # a loop held longer than this delays what it reads after (arrival)

@@ -6,6 +6,7 @@ Invariants:
 - A retry goes to an untried eligible endpoint when there is one (no wait), else to the same
   endpoint after a jittered backoff; it starts only when its per-try timeout fits in what is left.
 - 4xx answers are never retried. Retries that reached an agent are charged to the retry budget.
+- An intent whose dictionary entry sets ``hedge_after_ms`` hedges slow attempts (`gateway.hedge`).
 - All waiting goes through the injected clock.
 - Every delivery carries a W3C ``traceparent`` (rules: `observability.tracecontext`); the
   OpenTelemetry spans (`observability.spans`) hang off ``self.otel``, which is None while
@@ -19,6 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -36,6 +38,7 @@ from agent_reach.errors import (
 )
 from agent_reach.gateway.destination import FORWARDED, destination
 from agent_reach.gateway.forward import Forwarder
+from agent_reach.gateway.hedge import Hedger
 from agent_reach.gateway.matching import Match, match_by_meaning
 from agent_reach.gateway.metrics import GatewayMetrics
 from agent_reach.gateway.router import RoutePlan, Router, RouteScope
@@ -74,6 +77,8 @@ class _Run:
     extra: Mapping[str, str] | None = None  # headers an edge adds to every attempt
     retries_allowed: int = 0
     same_count: int = 0  # retries of an endpoint already tried
+    priority: str = "normal"  # who goes first when an endpoint's slots are all taken
+    started: int = 0  # attempts begun (X-Reach-Attempt: a hedge may run beside another)
 
 
 class Reacher:
@@ -105,6 +110,7 @@ class Reacher:
         self.signer = signer
         # federation (--directory): requests no local agent can serve go to other domains
         self.forwarder = forwarder
+        self.hedger = Hedger(router, metrics, self._trace)  # intents whose entry hedges
 
     def _trace(self, trace_id: str, kind: str, **data: Any) -> None:
         self.traces.add(trace_id, self._wall(), kind, **data)
@@ -268,6 +274,7 @@ class Reacher:
             assertion,
             match.header(),
             extra_headers,
+            priority=body.priority,
         )
         return await self._attempts(run, attempts)
 
@@ -420,18 +427,36 @@ class Reacher:
         run.retries_allowed = router.max_retries(run.timeout_ms, per_try)
         router.budget.record_request(clock.monotonic())
         self._route_event(run, target, per_try)
+        hedging = self.hedger.start(run, partial(self._attempt, run))  # None: no hedging
         tried: dict[str, None] = {}
         wait = 0.0
         while True:
             if wait > 0:
                 await clock.sleep(wait)
+            # a free slot (--max-inflight-per-endpoint): the target's, another's, or the first
+            # one freed, in priority order (Overloaded past the wait queue, DeadlineExceeded)
+            got = await router.acquire(plan, tried, run.priority, run.deadline, prefer=target)
+            if got is None:
+                raise AllAttemptsFailed("no eligible candidate is left")
+            if got != target:
+                target, per_try = got, router.per_try_ms(got)
             remaining = run.deadline.remaining(clock.monotonic())
+            if attempts and remaining < per_try / 1000.0:  # a retry that waited for its slot
+                # (the slot it was handed is given back by itself, two loop turns on)
+                raise AllAttemptsFailed(
+                    f"{len(attempts)} attempt(s) failed; after waiting for a free slot"
+                    f" {remaining * 1000:.0f} ms are left, not enough for another attempt"
+                    f" ({per_try:.0f} ms per try)"
+                )
             attempt_timeout = min(per_try / 1000.0, remaining)
             if attempt_timeout <= 0:
                 raise DeadlineExceeded(f"deadline of {run.timeout_ms} ms ran out")
             tried.pop(target, None)
             tried[target] = None  # keeps the last tried endpoint last
-            delivery = await self._attempt(run, target, attempt_timeout, attempts)
+            if hedging is None:
+                delivery = await self._attempt(run, target, attempt_timeout, attempts)
+            else:  # raced by a hedge when it is slow: the endpoint that decided, its delivery
+                target, delivery = await hedging.step(target, attempt_timeout, tried, attempts)
             if delivery.outcome is Outcome.OK:
                 assert delivery.body is not None
                 return target, msgspec.Raw(delivery.body)
@@ -464,16 +489,18 @@ class Reacher:
             )
 
     async def _attempt(
-        self, run: _Run, target: str, timeout_s: float, attempts: list[Attempt]
+        self, run: _Run, target: str, timeout_s: float, attempts: list[Attempt], hedge: bool = False
     ) -> Delivery:
-        """One delivery to ``target``, learnt from (stats, metrics, trace) and appended to
-        ``attempts``; raises AgentError for a 4xx (never retried)."""
+        """One delivery to ``target`` (a hedge: ``hedge``), learnt from (stats, metrics, trace)
+        and appended to ``attempts``, cancelled too; raises AgentError for a 4xx (not retried)."""
         router = self.router
         clock = self.clock
         record = router.registry.get(target)
         if record is None:
             raise AllAttemptsFailed(f"{target} was deregistered during the request")
-        n = len(attempts) + 1
+        run.started += 1
+        n = run.started
+        hedged = {"hedge": True} if hedge else {}  # in the trace's events, as in the answer
         headers = {
             "X-Reach-Trace-Id": run.trace_id,
             "X-Reach-Msg-Id": run.msg_id,
@@ -495,6 +522,7 @@ class Reacher:
                     "agent_reach.attempt": n,
                     "agent_reach.endpoint_id": target,
                     "url.full": record.endpoint_url,
+                    "agent_reach.hedge": hedge or None,
                 },
             )
             headers["traceparent"] = attempt_span.traceparent
@@ -504,10 +532,19 @@ class Reacher:
             delivery = await self.transport.deliver(
                 record.endpoint_url, run.payload, headers, timeout_s
             )
-        except BaseException:  # cancelled (caller went away): release the in-flight count
-            stats.inflight -= 1
+        except BaseException as exc:  # cancelled: a hedge race was decided, or the caller left
+            router.attempt_cancelled(target, stats)
+            took = round((clock.monotonic() - started) * 1000.0, 3)
             if attempt_span is not None:
-                attempt_span.end("cancelled", (clock.monotonic() - started) * 1000.0)
+                attempt_span.end("cancelled", took)
+            if isinstance(exc, asyncio.CancelledError):
+                # the contract's outcomes have no "cancelled": it did not answer in time (the
+                # other attempt of the race, or the caller, went first); the trace says why
+                attempts.append(Attempt(target, Outcome.TIMEOUT.value, took, hedge=hedge))
+                self._trace(run.trace_id, "attempt", attempt=n, endpoint_id=target,
+                            outcome=Outcome.TIMEOUT.value, cancelled=True, latency_ms=took,
+                            detail="cancelled: the race or the request ended first",
+                            **hedged)  # fmt: skip
             raise
         latency_ms = (clock.monotonic() - started) * 1000.0
         outcome = delivery.outcome.value
@@ -521,7 +558,7 @@ class Reacher:
             reached=delivery.reached,
             eject=delivery.eject,
         )
-        attempts.append(Attempt(target, outcome, round(latency_ms, 3)))
+        attempts.append(Attempt(target, outcome, round(latency_ms, 3), hedge=hedge))
         if delivery.resent:
             self.metrics.resends.inc()
         self.metrics.attempt_done(run.plan.intent, outcome, latency_ms / 1000.0)
@@ -534,6 +571,7 @@ class Reacher:
             status=delivery.status,
             latency_ms=round(latency_ms, 3),
             detail=delivery.detail,
+            **hedged,
         )
         if delivery.agent_ms is not None:
             # the agent's own hop, as it reported it (Server-Timing, sent by the agent SDK)

@@ -273,6 +273,13 @@ class GatewayMetrics:
         self.retry_budget_exhausted = Counter(
             "agent_reach_retry_budget_exhausted", "Retries refused by the retry budget", registry=r
         )
+        self.hedges = Counter(
+            "agent_reach_hedges",
+            "Hedged attempts (the dictionary's hedge_after_ms), by result: sent, won (the "
+            "hedge's ok answer was the request's), refused (by the retry budget)",
+            ["result"],
+            registry=r,
+        )
         self.heartbeats = Counter(
             "agent_reach_heartbeats", "Heartbeats received, by result", ["result"], registry=r
         )
@@ -326,6 +333,23 @@ class GatewayMetrics:
         self.in_delivery = Gauge(
             "agent_reach_requests_in_delivery",
             "Requests taken into delivery and not yet answered (against --max-inflight)",
+            registry=r,
+        )
+        self.slot_waiting = Gauge(
+            "agent_reach_slot_waiting",
+            "Requests waiting for a free attempt slot (every candidate at"
+            " --max-inflight-per-endpoint)",
+            registry=r,
+        )
+        self.slot_refused = Gauge(
+            "agent_reach_slot_wait_refused",
+            "Requests refused (503 overloaded) because their intent's wait queue was full,"
+            " since start",
+            registry=r,
+        )
+        self.slot_served = Gauge(
+            "agent_reach_slot_wait_served",
+            "Requests that waited for a free slot and got one, since start",
             registry=r,
         )
         self.forwards = Counter(

@@ -129,6 +129,10 @@ class Node:
         # admission (--max-inflight): requests in delivery at once, low priority refused first
         self.admission = Admission(settings.max_inflight)
         self.metrics.in_delivery.set_function(lambda: self.admission.inflight)
+        slots = self.router.slots  # the waits for a free slot of an endpoint at its bound
+        self.metrics.slot_waiting.set_function(lambda: slots.waiting)
+        self.metrics.slot_refused.set_function(lambda: slots.refused)
+        self.metrics.slot_served.set_function(lambda: slots.served)
         # federation (--directory): this domain's summary out, the others' in, forwarding
         self.membership: Membership | None = None
         forwarder = None

@@ -10,6 +10,12 @@ Invariants:
   re-places that endpoint; a status change by time alone re-places it when it comes due.
 - A send refused with ``no_capable_agent`` is noted in a bounded record of unrouted intents
   (:mod:`agent_reach.gateway.diagnostics`); dry runs are not, and routed requests cost nothing.
+- Attempts open to one endpoint are at most ``--max-inflight-per-endpoint``: :meth:`Router.acquire`
+  returns an endpoint with a free slot, or waits for one in priority order
+  (:mod:`agent_reach.gateway.slots`). Every event that can free a slot or make room (an attempt
+  ending or cancelled, a member re-placed, a waiter leaving) offers it to the waiters; a waiter
+  also looks again every ``RECHECK_S``, so that a slot freed by a path that offered nothing is
+  not lost.
 """
 
 from __future__ import annotations
@@ -24,9 +30,10 @@ from typing import Any
 from agent_reach.clock import Clock
 from agent_reach.core.health import EndpointStats, Health, LivenessClock, derive
 from agent_reach.core.model import EndpointRecord, Outcome, Status
-from agent_reach.core.retry import RetryBudget, max_retries, per_try_timeout_ms
-from agent_reach.core.routing import Tiers, build_tiers, pick
+from agent_reach.core.retry import Deadline, RetryBudget, max_retries, per_try_timeout_ms
+from agent_reach.core.routing import Tiers, at_bound, build_tiers, pick
 from agent_reach.errors import (
+    DeadlineExceeded,
     EndpointNotRegistered,
     Forbidden,
     NoAvailableAgent,
@@ -35,6 +42,7 @@ from agent_reach.errors import (
 from agent_reach.gateway import explain
 from agent_reach.gateway.diagnostics import UnroutedIntents
 from agent_reach.gateway.matching import Match, resolve, settle, suggestions
+from agent_reach.gateway.slots import Slots
 from agent_reach.intents.dictionary import EMPTY_DICTIONARY, IntentDictionary
 from agent_reach.intents.matcher import FallbackMatcher, MatchIndexHolder
 from agent_reach.observability.logs import log
@@ -47,6 +55,8 @@ __all__ = ["RoutePlan", "RouteScope", "Router"]
 STALL_TICK_S = 0.25
 _JUST_SEEN = Health(Status.HEALTHY, "healthy", math.inf)  # only its status is read
 FAILURE_PENALTY_MS = 2000.0  # what a failed attempt costs in the load-aware score
+RECHECK_S = 0.25  # a request waiting for a slot looks again at least this often
+_ROUTABLE = (Status.HEALTHY, Status.DEGRADED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +104,9 @@ class Router:
         self.liveness = LivenessClock(STALL_TICK_S, min(1.0, interval / 2))
         self.stats: dict[str, EndpointStats] = {}
         self.budget = RetryBudget(settings.retry_budget_ratio, settings.retry_budget_min_per_s)
+        # --max-inflight-per-endpoint: attempts open to one endpoint, and the requests waiting
+        self.bound = settings.max_inflight_per_endpoint
+        self.slots = Slots(clock.monotonic, self._offer)
         self._tiers: dict[str, Tiers] = {}
         self.unrouted = UnroutedIntents()  # intents refused with no_capable_agent
         # federation: the tags other domains serve, known to the fallback matcher too
@@ -119,6 +132,8 @@ class Router:
     def _replace_member(self, endpoint_id: str, intents: Collection[str]) -> None:
         """Re-place ``endpoint_id`` in the cached tiers of ``intents`` after an event."""
         record = self.registry.get(endpoint_id)
+        if record is None and self.slots.waiting:
+            self.slots.kick(intents)  # gone: a waiter left with no candidate answers at once
         h: Health | None = None
         for intent in intents:
             tiers = self._tiers.get(intent)
@@ -132,6 +147,7 @@ class Router:
             if h is None:
                 h = self.health(record)
             tiers.place(endpoint_id, h)
+        self._offer(endpoint_id)  # it may have room for waiters now (back, or new)
 
     def _on_change(self, change: RegistryChange) -> None:
         before, after = change.before, change.after
@@ -142,7 +158,7 @@ class Router:
             stats = self.stats.get(endpoint_id)
             ejected_at = stats.ejected_at if stats is not None else None
             if stats is not None and ejected_at is not None and after.last_seen > ejected_at:
-                stats.ejected_at = None  # a heartbeat (or registration) ends a passive ejection
+                stats.forgive()  # a heartbeat (or registration) ends a passive ejection
             if (
                 before is not None
                 and before.capabilities == after.capabilities
@@ -403,27 +419,150 @@ class Router:
             return build_tiers(plan.ids, self.registry.get, self.stats, now, self.thresholds)
         return self._intent_tiers(plan.intent, now)
 
-    def choose(self, plan: RoutePlan, tried: Collection[str] = ()) -> str | None:
+    def choose(
+        self, plan: RoutePlan, tried: Collection[str] = (), *, free_only: bool = False
+    ) -> str | None:
         """The endpoint for the next attempt (None when no eligible one is left).
 
         Prefers an endpoint not yet tried (failover); otherwise the most recently tried one
-        that is still eligible (a retry of an endpoint already tried).
+        that is still eligible (a retry of an endpoint already tried). Endpoints at their
+        bound of attempts (``--max-inflight-per-endpoint``) come after every other; with
+        ``free_only`` they are not chosen at all (a hedge, which must not wait). Choosing
+        takes no slot: :meth:`acquire` does, right before an attempt.
         """
+        choice = self._choose(plan, tried, bounded=True)
+        if choice is None and not free_only:
+            choice = self._choose(plan, tried, bounded=False)
+        return choice
+
+    def _choose(
+        self, plan: RoutePlan, tried: Collection[str], *, bounded: bool, fresh: bool = False
+    ) -> str | None:
+        """:meth:`choose` among the endpoints with a free slot (``bounded``) or among all;
+        ``fresh``: with the statuses derived again even before any attempt."""
         if plan.hint is not None:
             record = self.registry.get(plan.hint)
             if record is None or self.health(record).status is Status.DOWN:
                 return None
+            if bounded and self.full(plan.hint):
+                return None
             return plan.hint
-        tiers = self.refresh(plan) if tried else plan.tiers
+        tiers = self.refresh(plan) if tried or fresh else plan.tiers
         assert tiers is not None
         now = self.now()
-        choice = pick(tiers, self.stats, now, self.rng, exclude=tried)
+        reserved = self.slots.reserved
+        bound = self.bound if bounded else None
+        choice = pick(tiers, self.stats, now, self.rng, tried, bound=bound, reserved=reserved)
         if choice is None and tried:  # every eligible one was tried: the latest still eligible
             for endpoint_id in reversed(list(tried)):
                 h = tiers.placed.get(endpoint_id)
-                if h is not None and h.status in (Status.HEALTHY, Status.DEGRADED):
+                routable = h is not None and h.status in _ROUTABLE
+                if routable and not (bounded and self.full(endpoint_id)):
                     return endpoint_id
         return choice
+
+    def full(self, endpoint_id: str) -> bool:
+        """Whether ``endpoint_id`` has its bound of attempts open (reserved slots count)."""
+        reserved = self.slots.reserved.get(endpoint_id, 0)
+        return at_bound(self.stats.get(endpoint_id), reserved, self.bound)
+
+    async def acquire(
+        self,
+        plan: RoutePlan,
+        tried: Collection[str] = (),
+        priority: str | None = "normal",
+        deadline: Deadline | None = None,
+        *,
+        prefer: str | None = None,
+    ) -> str | None:
+        """The endpoint for an attempt about to start, with a free slot: ``prefer`` (the one
+        :meth:`choose` gave) when it has one, else the choice among those that have one, else,
+        when every eligible candidate is at its bound, the first slot one of them frees, the
+        waiting requests served ``high`` first, then ``normal``, then ``low``, in order of
+        arrival within one (:mod:`agent_reach.gateway.slots`).
+
+        None when no eligible candidate is left. Raises Overloaded (503, Retry-After) when the
+        wait queue of the request's intent is full for its priority, and DeadlineExceeded when
+        ``deadline`` runs out first. The slot returned is held for the request until an attempt
+        starts there (:meth:`attempt_started`), or two turns of the event loop: start it at
+        once (in this task, or in a task created now).
+        """
+        target = prefer if prefer is not None and not self.full(prefer) else None
+        if target is None:
+            target = self._choose(plan, tried, bounded=True, fresh=prefer is not None)
+        if target is None:
+            if self._choose(plan, tried, bounded=False, fresh=True) is None:
+                return None
+            target = await self._wait_for_slot(plan, tried, priority, deadline)
+            if target is None:
+                return None
+        self.slots.claim(target)
+        return target
+
+    async def _wait_for_slot(
+        self,
+        plan: RoutePlan,
+        tried: Collection[str],
+        priority: str | None,
+        deadline: Deadline | None,
+    ) -> str | None:
+        slots = self.slots
+        if plan.hint is not None:
+            waiter = slots.join(("hint", plan.hint), priority)
+        elif plan.ids:
+            waiter = slots.join((plan.intent, plan.ids), priority, intent=plan.intent, ids=plan.ids)
+        else:
+            waiter = slots.join(plan.intent, priority, intent=plan.intent)
+        try:
+            while True:
+                left = math.inf
+                if deadline is not None:
+                    left = deadline.remaining(self.clock.monotonic())
+                    if left <= 0:
+                        raise DeadlineExceeded(
+                            "the deadline ran out while every eligible agent had"
+                            f" {self.bound} attempts open (--max-inflight-per-endpoint)"
+                        )
+                woken = await slots.wait(waiter, min(left, RECHECK_S))
+                offered = slots.taken(waiter)
+                target = self._choose(plan, tried, bounded=True, fresh=True)
+                if target is not None and not woken and self._offer(target):
+                    continue  # a slot nobody was offered: to the first in line (maybe this one)
+                if target is not None:
+                    slots.leave(waiter, served=True)
+                    if offered is not None and offered != target:
+                        self._offer(offered)  # it chose better: that slot is free again
+                    return target
+                if self._choose(plan, tried, bounded=False, fresh=True) is None:
+                    return None  # no eligible candidate left to wait for
+                slots.requeue(waiter)
+        finally:
+            released = slots.leave(waiter)
+            if released is not None:
+                self._offer(released)
+
+    def _offer(self, endpoint_id: str) -> int:
+        """Offer the free slots of ``endpoint_id`` to the requests waiting for one; returns
+        how many were woken."""
+        slots = self.slots
+        if not slots.waiting:
+            return 0
+        record = self.registry.get(endpoint_id)
+        if record is None:
+            return 0
+        stats = self.stats.get(endpoint_id)
+        inflight = stats.inflight if stats is not None else 0
+        room = self.bound - inflight - slots.reserved.get(endpoint_id, 0)
+        if room <= 0:
+            return 0
+        status = self.health(record).status
+        return slots.offer(
+            endpoint_id,
+            record.capabilities,
+            room,
+            routable=status in _ROUTABLE,
+            hintable=status is not Status.DOWN,
+        )
 
     def per_try_ms(self, endpoint_id: str) -> float:
         """The contract's per-try timeout for ``endpoint_id`` from its recent p95."""
@@ -455,8 +594,14 @@ class Router:
         stats = self.stats.get(endpoint_id)
         if stats is None:
             stats = self.stats[endpoint_id] = EndpointStats()
+        self.slots.consume(endpoint_id)  # the slot acquire held for it, if any, is its own now
         stats.inflight += 1
         return stats
+
+    def attempt_cancelled(self, endpoint_id: str, stats: EndpointStats) -> None:
+        """An attempt ended without an outcome (the request was cancelled): its slot is free."""
+        stats.inflight -= 1
+        self._offer(endpoint_id)
 
     def attempt_finished(
         self,
@@ -468,28 +613,49 @@ class Router:
         reached: bool,
         eject: bool,
     ) -> None:
-        """Learn from one attempt: latency samples, cost, passive ejection, recovery."""
+        """Learn from one attempt: latency samples, cost, passive ejection, recovery; and
+        offer its slot to the requests waiting for one."""
         stats.inflight -= 1
         if self.stats.get(endpoint_id) is not stats:
+            self._offer(endpoint_id)
             return  # deregistered or replaced meanwhile
         now = self.now()
         t = self.thresholds
-        was_slow = (stats.recent_mean(now, t.sample_ttl)[0] or 0.0) > t.slow_threshold_ms
+        was_slow = stats.is_slow(now, t)
+        was_recovering = stats.recovering
         was_ejected = stats.ejected_at is not None
+        answered = outcome in (Outcome.OK, Outcome.AGENT_ERROR)
         if reached and outcome is not Outcome.CONNECT_ERROR:
-            penalty = 0.0 if outcome in (Outcome.OK, Outcome.AGENT_ERROR) else FAILURE_PENALTY_MS
+            penalty = 0.0 if answered else FAILURE_PENALTY_MS
             stats.observe(
-                latency_ms, now, answered=outcome is not Outcome.TIMEOUT, penalty_ms=penalty
+                latency_ms,
+                now,
+                answered=outcome is not Outcome.TIMEOUT,
+                penalty_ms=penalty,
+                t=t,
             )
         else:
             stats.penalize(FAILURE_PENALTY_MS, now)
         if eject:
-            stats.ejected_at = now
-            log(logging.WARNING, "health.ejected", endpoint_id=endpoint_id, outcome=outcome.value)
-        elif outcome is Outcome.OK and was_ejected:
-            stats.ejected_at = None  # a successful delivery (probe) brings it back
-        is_slow = (stats.recent_mean(now, t.sample_ttl)[0] or 0.0) > t.slow_threshold_ms
-        if eject or was_slow != is_slow or (was_ejected and stats.ejected_at is None):
+            stats.eject(now)
+            log(
+                logging.WARNING,
+                "health.ejected",
+                endpoint_id=endpoint_id,
+                outcome=outcome.value,
+                probe_in_s=round(stats.probe_at - now, 3),
+            )
+        elif answered:
+            if was_recovering:
+                stats.recover(latency_ms, now)  # an answer (a probe's): back in full
+                if was_ejected:
+                    log(logging.INFO, "health.recovered", endpoint_id=endpoint_id)
+        else:
+            stats.fail(now)
+        changed = eject or was_recovering or stats.recovering
+        if changed or was_slow != stats.is_slow(now, t):
             record = self.registry.get(endpoint_id)
             if record is not None:
-                self._replace_member(endpoint_id, record.capabilities)
+                self._replace_member(endpoint_id, record.capabilities)  # offers the slot too
+                return
+        self._offer(endpoint_id)

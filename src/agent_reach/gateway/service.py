@@ -20,7 +20,7 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, overload
 
 from agent_reach.auth.tokens import Kind
 from agent_reach.core.model import Status
@@ -41,6 +41,7 @@ from agent_reach.errors import (
 )
 from agent_reach.gateway import explain
 from agent_reach.gateway.forward import HOPS_HEADER, ORIGIN_HEADER
+from agent_reach.gateway.listing import AgentListing, every_agent
 from agent_reach.gateway.principal import (
     ENDPOINTS,
     OPERATORS,
@@ -60,6 +61,7 @@ from agent_reach.wire.bodies import (
     SendBody,
     TokenRequest,
     TraceQuery,
+    agents_query,
     convert,
     decode,
     decode_register,
@@ -276,20 +278,28 @@ class Service:
 
     # --- reading the registry --------------------------------------------------------------
 
-    def agents(self, caller: Caller) -> dict[str, Any]:
-        """Every registered endpoint, as the contract's AGENT objects."""
+    @overload
+    def agents(self, caller: Caller) -> dict[str, Any]: ...
+
+    @overload
+    def agents(self, caller: Caller, query: Mapping[str, str]) -> AgentListing: ...
+
+    def agents(
+        self, caller: Caller, query: Mapping[str, str] | None = None
+    ) -> dict[str, Any] | AgentListing:
+        """Every registered endpoint, as the contract's AGENT objects, or one page of them.
+
+        Without ``query`` (the MCP tool): the v1 answer, built at once. With the query
+        string's values (``GET /v1/agents``; read after the caller is authenticated, 422 when
+        they do not parse): an :class:`~agent_reach.gateway.listing.AgentListing`, the answer
+        built a chunk at a time as the edge iterates it, so that a big registry never holds
+        the event loop for long: the v1 answer, or the page the query asks for (an extension
+        beyond contract v1: :func:`~agent_reach.wire.bodies.agents_query`)."""
         self.access.authenticate(caller, READERS, "list agents")
-        router = self.router
-        now = router.now()
         cards = self.node.cards.local
-        agents = []
-        for record in self.registry.records():
-            agent = router.describe(record, now)
-            card = cards.get(record.endpoint_id) if cards else None
-            if card is not None:  # an A2A agent by its card: what was taken, what was not
-                agent["a2a"] = card.shown()
-            agents.append(agent)
-        return {"agents": agents}
+        if query is None:
+            return every_agent(self.router, cards)
+        return AgentListing(self.router, cards, agents_query(query))
 
     def intents(self, caller: Caller) -> IntentsAnswer:
         """``GET /v1/intents``: :func:`agent_reach.gateway.explain.intents_listing`."""

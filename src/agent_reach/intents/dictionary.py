@@ -65,7 +65,7 @@ MAX_EXAMPLES = 100
 MAX_ALIASES = 100
 """Aliases an entry has at most."""
 MAX_HEDGE_AFTER_MS = 600_000
-"""``hedge_after_ms`` at most (ten minutes)."""
+"""``hedge_after_ms`` at most (ten minutes; 0 means "after the intent's measured p95")."""
 
 _KEYS = (
     "tag",
@@ -82,7 +82,9 @@ _KEYS = (
 class IntentEntry:
     """One ``[[intent]]`` of the dictionary: a canonical tag and what describes it.
 
-    ``hedge_after_ms`` is parsed and kept for request hedging (not used by routing yet).
+    ``hedge_after_ms`` opts the tag into hedged requests (:mod:`agent_reach.gateway.hedge`):
+    None, no hedging; N > 0, a second attempt to another candidate when the first has not
+    answered after N ms; 0, after the intent's measured p95 instead.
     """
 
     tag: str
@@ -91,7 +93,7 @@ class IntentEntry:
     examples: tuple[str, ...] = ()
     deprecated: bool = False
     replaced_by: str | None = None
-    hedge_after_ms: float | None = None
+    hedge_after_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -339,23 +341,17 @@ class _Checker:
         hedge = item.get("hedge_after_ms")
         if hedge is not None and (
             isinstance(hedge, bool)
-            or not isinstance(hedge, int | float)
-            or not 0 < hedge <= MAX_HEDGE_AFTER_MS
+            or not isinstance(hedge, int)
+            or not 0 <= hedge <= MAX_HEDGE_AFTER_MS
         ):
+            number = isinstance(hedge, int | float) and not isinstance(hedge, bool)
             raise self.fail(
-                f"{tag}: hedge_after_ms must be a number of milliseconds in (0, "
-                f"{MAX_HEDGE_AFTER_MS}]",
+                f"{tag}: hedge_after_ms must be a whole number of milliseconds from 0 to "
+                f"{MAX_HEDGE_AFTER_MS} (0: after the intent's measured p95), not "
+                f"{repr(hedge)[:40] if number else _kind(hedge)}",
                 at(index, "hedge_after_ms"),
             )
-        return IntentEntry(
-            tag,
-            description,
-            aliases,
-            examples,
-            deprecated,
-            replaced_by,
-            None if hedge is None else float(hedge),
-        )
+        return IntentEntry(tag, description, aliases, examples, deprecated, replaced_by, hedge)
 
     def tag(self, index: int, key: str, value: Any, *, value_line: bool = False) -> str:
         """``value`` as a tag of the grammar, or the refusal at its line."""

@@ -26,7 +26,7 @@ there is one implementation of every call, the async one.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar, cast
 from urllib.parse import quote
@@ -43,6 +43,7 @@ from agent_reach.sdk._failover import (
     GatewayPool,
     GatewayRing,
     log_failover,
+    unusable,
 )
 from agent_reach.sdk._wire import (
     DEFAULT_TIMEOUT_MS,
@@ -60,7 +61,6 @@ from agent_reach.sdk.sync import SyncReachClient
 from agent_reach.settings import gateway_urls, nats_gateway
 from agent_reach.wire.answers import (
     AgentInfo,
-    AgentList,
     Attempt,
     Candidate,
     HeartbeatAnswer,
@@ -71,7 +71,7 @@ from agent_reach.wire.answers import (
     RouteExplanation,
     Trace,
 )
-from agent_reach.wire.bodies import EndpointIdBody, SendBody
+from agent_reach.wire.bodies import AGENTS_MAX_LIMIT, AgentsPage, EndpointIdBody, SendBody
 from agent_reach.wire.ids import new_id
 
 if TYPE_CHECKING:
@@ -331,10 +331,58 @@ class ReachClient:
             raise err
         return parse(answer, Reply, status, "the gateway's send answer")
 
-    async def agents(self) -> list[AgentInfo]:
-        """Every registered endpoint, with its derived status and latencies."""
-        listing = await self._json("GET", "/v1/agents", AgentList)
-        return listing.agents
+    async def agents(
+        self,
+        *,
+        intent: str | None = None,
+        status: str | Iterable[str] | None = None,
+        page_size: int | None = None,
+    ) -> list[AgentInfo]:
+        """Every registered endpoint, with its derived status and latencies; with ``intent``,
+        only those that declare it exactly; with ``status`` (``"healthy"``, or several:
+        ``["suspect", "down"]``), only those with one of them.
+
+        Without filters or ``page_size``: one v1 call, the gateway's whole list at one moment
+        (in registration order). With any: the gateway's pages are walked, ``page_size``
+        agents a call (default and most: 1000), in endpoint_id order (``limit`` and
+        ``cursor``, an extension beyond CONTRACT.md v1: docs/api.md); each page is one call
+        within ``timeout_s``. An agent registered all along is listed once; one that comes or
+        goes during the walk may be missing. A gateway without pages answers its whole list,
+        which is filtered here then. InvalidRequest for a filter the gateway refuses.
+        """
+        statuses = [status] if isinstance(status, str) else list(status or ())
+        if intent is None and not statuses and page_size is None:
+            listing = await self._json("GET", "/v1/agents", AgentsPage)
+            return listing.agents
+        params = {"limit": str(AGENTS_MAX_LIMIT if page_size is None else page_size)}
+        if intent is not None:
+            params["intent"] = intent
+        if statuses:
+            params["status"] = ",".join(statuses)
+        found: list[AgentInfo] = []
+        cursor: str | None = None
+        while True:
+            page = await self._json(
+                "GET",
+                "/v1/agents",
+                AgentsPage,
+                params=params if cursor is None else {**params, "cursor": cursor},
+            )
+            if page.next_cursor is msgspec.UNSET:  # a gateway without pages: every agent
+                wanted = {s for given in statuses for s in given.split(",")}
+                return [
+                    a
+                    for a in page.agents
+                    if (intent is None or intent in a.capabilities)
+                    and (not wanted or a.status in wanted)
+                ]
+            # pages come in endpoint_id order: one that does not move on is not the gateway's
+            if found and page.agents and page.agents[0].endpoint_id <= found[-1].endpoint_id:
+                raise unusable("the pages of /v1/agents went back (not in endpoint_id order)", 200)
+            found += page.agents
+            if page.next_cursor is None or not page.agents:
+                return found
+            cursor = page.next_cursor
 
     async def agent(self, endpoint_id: str) -> AgentInfo:
         """One endpoint (``agent://NAME`` or ``NAME``); ``EndpointNotRegistered`` if unknown."""

@@ -94,9 +94,9 @@ class SyncReachClient:
         """:meth:`ReachClient.send`, blocking."""
         return self._run(self.client.send(intent, payload, **options))
 
-    def agents(self) -> list[AgentInfo]:
-        """:meth:`ReachClient.agents`, blocking."""
-        return self._run(self.client.agents())
+    def agents(self, **filters: Any) -> list[AgentInfo]:
+        """:meth:`ReachClient.agents` (``intent``, ``status``, ``page_size``), blocking."""
+        return self._run(self.client.agents(**filters))
 
     def agent(self, endpoint_id: str) -> AgentInfo:
         """:meth:`ReachClient.agent`, blocking."""

@@ -6,7 +6,9 @@ Decoding turns any malformed body into :class:`InvalidRequest` whose detail name
 
 from __future__ import annotations
 
+import base64
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
@@ -17,9 +19,11 @@ from agent_reach.core.names import (
     INTENT_MAX_LEN,
     INTENT_PATTERN,
     TARGET_ID_PATTERN,
+    is_endpoint_id,
 )
 from agent_reach.core.netguard import legacy_ipv4
 from agent_reach.errors import Forbidden, InternalError, InvalidRequest, ReachError
+from agent_reach.wire.answers import AgentInfo
 
 __all__ = [
     "OUTCOMES",
@@ -307,3 +311,111 @@ def _invalid(exc: msgspec.ValidationError) -> InvalidRequest:
         named = _NAMED_FIELD.search(text)  # "Object missing required field `intent`"
         field = named.group(1) if named else ""
     return InvalidRequest(text, field=field or None)
+
+
+# --- GET /v1/agents in pages (an extension beyond contract v1: docs/api.md, "Listing") --------
+
+AGENTS_MAX_LIMIT = 1000  # the most agents one page holds
+AGENTS_DEFAULT_LIMIT = 100  # a page's size when the query names none
+AGENT_STATUSES = ("healthy", "degraded", "suspect", "down")
+# the names that ask for a page: with none of them, the answer is the v1 listing
+AGENTS_QUERY_NAMES = frozenset({"limit", "cursor", "intent", "status"})
+StatusFilter = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=64,
+        description="healthy, degraded, suspect or down; several comma-separated",
+    ),
+]
+_CURSOR_VERSION = "1:"  # what a cursor holds: "1:" and the last endpoint id of its page
+
+
+class AgentsQuery(msgspec.Struct, forbid_unknown_fields=True):
+    """Query of ``GET /v1/agents`` that asks for one page: at most ``limit`` agents in
+    endpoint_id order, after the position ``cursor`` (a page's ``next_cursor``) names; only
+    those that declare ``intent`` exactly, and whose status is one of ``status`` (one value,
+    or several comma-separated), when given."""
+
+    limit: Annotated[int, msgspec.Meta(ge=1, le=AGENTS_MAX_LIMIT)] = AGENTS_DEFAULT_LIMIT
+    cursor: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
+    intent: Intent | None = None
+    status: StatusFilter | None = None
+
+    def __post_init__(self) -> None:
+        if self.status is not None and not set(self.status.split(",")) <= set(AGENT_STATUSES):
+            raise ValueError(
+                f"Expected one of {', '.join(AGENT_STATUSES)} (several: comma-separated)"
+                " - at `$.status`"
+            )
+        if self.cursor is not None and cursor_position(self.cursor) is None:
+            raise ValueError(
+                "not a cursor of this gateway (give a page's next_cursor as it came)"
+                " - at `$.cursor`"
+            )
+
+    @property
+    def after(self) -> str | None:
+        """The endpoint id the page starts after (None: from the first)."""
+        return None if self.cursor is None else cursor_position(self.cursor)
+
+    @property
+    def statuses(self) -> frozenset[str] | None:
+        """The statuses asked for (None: any)."""
+        return None if self.status is None else frozenset(self.status.split(","))
+
+
+class AgentsPage(msgspec.Struct, frozen=True):
+    """``GET /v1/agents``: every agent (v1), or, asked for a page (:class:`AgentsQuery`), one
+    page of them with ``next_cursor`` (null on the last page) and ``total`` (how many agents
+    match the filters, over every page)."""
+
+    agents: list[AgentInfo]
+    next_cursor: str | msgspec.UnsetType | None = msgspec.UNSET
+    total: int | msgspec.UnsetType = msgspec.UNSET
+
+
+def agents_query(values: Mapping[str, str]) -> AgentsQuery | None:
+    """The page a query string asks for, or None for the v1 listing (no name of
+    :data:`AGENTS_QUERY_NAMES` given). An empty value counts as not given (a form's blank
+    field). Other names are ignored on a v1 listing, as v1 ignored them, and refused next to
+    these (a misspelt filter would go unnoticed), as is one of these given twice: InvalidRequest
+    (422, naming the parameter), as for values that do not parse."""
+    given: dict[str, str] = {}
+    seen: set[str] = set()
+    for name, value in values.items():
+        if name in seen and name in AGENTS_QUERY_NAMES:
+            raise InvalidRequest(
+                f"{name} is given twice: give it once (statuses comma-separated)", field=name
+            )
+        seen.add(name)
+        if value:
+            given[name] = value
+    if given.keys().isdisjoint(AGENTS_QUERY_NAMES):
+        return None
+    unknown = sorted(given.keys() - AGENTS_QUERY_NAMES)
+    if unknown:
+        names = ", ".join(sorted(AGENTS_QUERY_NAMES))
+        raise InvalidRequest(
+            f"no parameter {unknown[0]!r} here (a page takes {names})", field=unknown[0]
+        )
+    return convert(given, AgentsQuery)
+
+
+def next_cursor(last_endpoint_id: str) -> str:
+    """The cursor of the position after ``last_endpoint_id`` (opaque to clients)."""
+    raw = (_CURSOR_VERSION + last_endpoint_id).encode()
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def cursor_position(cursor: str) -> str | None:
+    """The endpoint id a cursor of :func:`next_cursor` names; None for anything else."""
+    try:
+        raw = base64.b64decode(cursor + "=" * (-len(cursor) % 4), altchars=b"-_", validate=True)
+        text = raw.decode("ascii")
+    except (ValueError, UnicodeDecodeError):  # binascii.Error is a ValueError
+        return None
+    position = text.removeprefix(_CURSOR_VERSION)
+    if position == text or not is_endpoint_id(position):
+        return None
+    return position

@@ -238,8 +238,40 @@ class HttpEdge:
         caller = self._caller(request)
         return _json(await self.service.deregister(caller, await self._body(request)))
 
-    async def agents(self, request: web.BaseRequest, _: str) -> web.Response:
-        return _json(self.service.agents(self._caller(request)))
+    async def agents(self, request: web.BaseRequest, _: str) -> web.StreamResponse:
+        # the answer comes in pieces, each a chunk of records built while the event loop
+        # waits (gateway/listing.py); a small one goes out whole, a big one as it is built
+        # (chunked), so that neither the loop nor the memory holds a 14 MB answer at once
+        listing = self.service.agents(self._caller(request), request.query)
+        pieces = aiter(listing)
+        head: list[bytes] = []
+        size = 0
+        async for piece in pieces:  # what is refused is refused before the first piece
+            head.append(piece)
+            size += len(piece)
+            if size >= 256 * 1024:
+                break
+        else:
+            return web.Response(body=b"".join(head), headers=_JSON)
+        answer = web.StreamResponse(headers=_JSON)
+        answer.enable_chunked_encoding()
+        await answer.prepare(request)
+        try:
+            await answer.write(b"".join(head))
+            async for piece in pieces:
+                await answer.write(piece)
+            await answer.write_eof()
+        except ConnectionError:  # the caller went away: nothing more to say to it
+            pass
+        except Exception:
+            # the status line is out: no error answer can follow; the connection is cut, so
+            # that the caller sees a broken answer rather than a short list that looks whole
+            log(logging.ERROR, "http.listing_broken", path=request.path, exc_info=True)
+            if request.transport is not None:
+                request.transport.abort()
+        finally:
+            await pieces.aclose()
+        return answer
 
     async def intents(self, request: web.BaseRequest, _: str) -> web.Response:
         return _json(self.service.intents(self._caller(request)))

@@ -16,7 +16,6 @@ import msgspec
 
 from agent_reach.wire.answers import (
     AgentInfo,
-    AgentList,
     HeartbeatAnswer,
     IntentsAnswer,
     Ok,
@@ -26,6 +25,8 @@ from agent_reach.wire.answers import (
     Trace,
 )
 from agent_reach.wire.bodies import (
+    AgentsPage,
+    AgentsQuery,
     EndpointIdBody,
     RegisterBody,
     RouteQuery,
@@ -90,10 +91,11 @@ ROUTES: list[tuple[str, str, str, type[Any] | None, type[Any] | None, tuple[str,
     (
         "get",
         "/v1/agents",
-        "Every registered endpoint",
-        None,
-        AgentList,
-        ("unauthorized", "forbidden"),
+        "Every registered endpoint; with limit, cursor, intent or status, one page of them"
+        " (an extension beyond CONTRACT.md v1)",
+        AgentsQuery,
+        AgentsPage,
+        ("invalid_request", "unauthorized", "forbidden"),
     ),
     (
         "get",

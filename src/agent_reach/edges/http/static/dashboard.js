@@ -6,6 +6,10 @@
 
 const POLL_MS = 1000;
 const LIMIT = 50;
+// a big registry is shown a page at a time (GET /v1/agents?limit=, an extension of the API);
+// its status counts are then each a page's total, asked for less often
+const AGENTS_PAGE = 500;
+const COUNTS_MS = 5000;
 const STATUSES = ["healthy", "degraded", "suspect", "down"];
 const ROUTABLE = new Set(["healthy", "degraded"]);
 
@@ -131,7 +135,15 @@ async function getJSON(path, init = {}) {
 
 // --- state ---------------------------------------------------------------------------------
 
-const state = { agents: [], at: null, inflight: null, selectedTrace: null };
+const state = {
+  agents: [],
+  total: 0, // agents registered: more than agents.length when only a page is shown
+  counts: null, // by status, when only a page is shown (else counted from agents)
+  countsAt: 0,
+  at: null,
+  inflight: null,
+  selectedTrace: null,
+};
 
 // --- agents --------------------------------------------------------------------------------
 
@@ -179,11 +191,24 @@ function renderAgents() {
     },
   );
   $("agents-empty").hidden = state.agents.length > 0;
+  const partial = state.total > state.agents.length;
+  const more = $("agents-more");
+  more.hidden = !partial;
+  if (partial) {
+    setText(
+      more,
+      `The first ${state.agents.length} of ${state.total} agents by id (their intents below); ` +
+        "agent-reach agents lists them all.",
+    );
+  }
 
-  const counts = Object.fromEntries(STATUSES.map((s) => [s, 0]));
-  for (const a of state.agents) counts[a.status] = (counts[a.status] || 0) + 1;
-  const parts = [plural(state.agents.length, "agent")];
-  for (const s of STATUSES) parts.push(`${counts[s]} ${s}`);
+  let counts = state.counts; // a page only: the gateway's counts (null until they come)
+  if (!partial) {
+    counts = Object.fromEntries(STATUSES.map((s) => [s, 0]));
+    for (const a of state.agents) counts[a.status] = (counts[a.status] || 0) + 1;
+  }
+  const parts = [plural(state.total, "agent")];
+  for (const s of STATUSES) parts.push(`${counts ? counts[s] : "?"} ${s}`);
   if (state.inflight) parts.push(`${state.inflight.total} in flight`);
   setText($("summary"), parts.join(" · "));
 }
@@ -448,6 +473,19 @@ function natsUnknown() {
 
 // --- polling -------------------------------------------------------------------------------
 
+// A page's total for each status (one short page each): the counts of a registry too big to
+// list, at most every COUNTS_MS.
+async function refreshCounts() {
+  if (state.counts && Date.now() - state.countsAt < COUNTS_MS) return;
+  const answers = await Promise.all(
+    STATUSES.map((s) => getJSON(`v1/agents?status=${s}&limit=1`)),
+  );
+  if (answers.every((a) => a.status === 200 && a.body && Number.isInteger(a.body.total))) {
+    state.counts = Object.fromEntries(STATUSES.map((s, i) => [s, answers[i].body.total]));
+    state.countsAt = Date.now();
+  }
+}
+
 let timer = null;
 let polling = false; // one poll at a time: one asked for meanwhile runs right after
 let pollAgain = false;
@@ -462,7 +500,7 @@ async function poll() {
   const live = $("live");
   try {
     const [agents, inflight, traces, health] = await Promise.all([
-      getJSON("v1/agents"),
+      getJSON(`v1/agents?limit=${AGENTS_PAGE}`),
       getJSON("v1/inflight"),
       getJSON(tracesUrl()),
       getJSON("healthz"),
@@ -480,6 +518,10 @@ async function poll() {
     }
     if (agents.status !== 200 || !agents.body) throw new Error(`/v1/agents answered HTTP ${agents.status}`);
     state.agents = agents.body.agents;
+    // a gateway that does not page answers every agent, without a total
+    state.total = Number.isInteger(agents.body.total) ? agents.body.total : state.agents.length;
+    if (state.total > state.agents.length) await refreshCounts();
+    else state.counts = null;
     state.inflight = inflight.status === 200 && inflight.body ? inflight.body : null;
     state.at = state.inflight ? state.inflight.at : null;
     renderAgents();

@@ -1,0 +1,338 @@
+"""Per-endpoint bounds, priority waiting and recovery probes, on a real gateway process.
+
+The agents are real HTTP servers on 127.0.0.1 in the test's own event loop (so that each can
+count what it holds at once, and be stopped and started again on its port): they register
+through the gateway's API and send no heartbeat after, so that only deliveries and probes can
+change what the gateway thinks of them (its heartbeat interval is 60 s: nobody ages meanwhile).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from tests.support import TEST_SERVE, Proc, gateway, http, status_of, until
+
+pytestmark = pytest.mark.skipif(
+    TEST_SERVE is not None,
+    reason="the agents here are the test's own HTTP servers: nothing travels over NATS",
+)
+
+INTENT = "bounds.test"
+QUIET = ("--heartbeat-interval", "60")  # no status changes by time within a test
+
+
+class Agent:
+    """An HTTP agent that answers after ``hold_ms`` (or when a payload's ``block`` is let go),
+    counting the deliveries it holds at once and the order of the payloads' tags."""
+
+    def __init__(self, name: str, hold_ms: float = 0.0) -> None:
+        self.endpoint_id = f"agent://{name}"
+        self.hold_ms = hold_ms
+        self.fail = False  # answer 500 while set
+        self.holding = 0
+        self.most = 0
+        self.tags: list[str] = []
+        self.served = 0
+        self.failed = 0
+        self.release = asyncio.Event()
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        payload = body.get("payload") or {}
+        self.holding += 1
+        self.most = max(self.most, self.holding)
+        try:
+            self.tags.append(str(payload.get("tag", "")))
+            if payload.get("block"):
+                await self.release.wait()
+            elif self.hold_ms:
+                await asyncio.sleep(self.hold_ms / 1000.0)  # the agent's own work, not a settle
+            if self.fail:
+                self.failed += 1
+                return web.json_response({"error": "told to fail"}, status=500)
+            self.served += 1
+            return web.json_response({"agent": self.endpoint_id, "tag": payload.get("tag")})
+        finally:
+            self.holding -= 1
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/reach", self.handle)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", self.port).start()  # 0 the first time
+        self.port = runner.addresses[0][1]
+        self._runner = runner
+
+    async def stop(self) -> None:
+        """Close the port: new connections are refused, open ones closed."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    def register(self, gw: Proc) -> None:
+        body = {
+            "endpoint_id": self.endpoint_id,
+            "capabilities": [INTENT],
+            "endpoint_url": f"http://127.0.0.1:{self.port}/reach",
+        }
+        status, answer = http("POST", f"{gw.url}/v1/register", body)
+        assert status == 200, answer
+
+
+@asynccontextmanager
+async def agents(gw: Proc, *made: Agent) -> AsyncIterator[tuple[Agent, ...]]:
+    for agent in made:
+        await agent.start()
+        agent.register(gw)
+    try:
+        yield made
+    finally:
+        for agent in made:
+            agent.release.set()
+            await agent.stop()
+
+
+@asynccontextmanager
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        yield session
+
+
+async def send(
+    session: aiohttp.ClientSession, gw: Proc, tag: str, **fields: Any
+) -> tuple[int, dict[str, Any], float]:
+    """One /v1/send: (status, answer, seconds it took)."""
+    body = {"intent": INTENT, "payload": {"tag": tag, **fields.pop("payload", {})}, **fields}
+    started = time.monotonic()
+    async with session.post(f"{gw.url}/v1/send", json=body) as resp:
+        answer = await resp.json()
+        headers = resp.headers
+        if resp.status == 503:
+            answer["_retry_after"] = headers.get("Retry-After")
+        return resp.status, answer, time.monotonic() - started
+
+
+def waiting_lines(gw: Proc) -> int:
+    """The gateway's ``route.waiting`` lines so far (one per request that started waiting)."""
+    return sum(1 for line in gw.log_lines() if line.get("event") == "route.waiting")
+
+
+def ejections(gw: Proc, endpoint_id: str) -> int:
+    """The gateway's ``health.ejected`` lines for ``endpoint_id`` (the first ejection, then one
+    per probe refused)."""
+    return sum(
+        1
+        for line in gw.log_lines()
+        if line.get("event") == "health.ejected" and line.get("endpoint_id") == endpoint_id
+    )
+
+
+@pytest.fixture
+def bounded() -> Iterator[Proc]:
+    with gateway(*QUIET, "--max-inflight-per-endpoint", "3") as proc:
+        yield proc
+
+
+# --- the bound -------------------------------------------------------------------------------
+
+
+async def test_an_endpoint_at_its_bound_gets_no_more_attempts_at_once(bounded: Proc) -> None:
+    async with agents(bounded, Agent("bounds-slow", hold_ms=300)) as (agent,), client() as s:
+        results = await asyncio.gather(*(send(s, bounded, f"r{n}") for n in range(12)))
+    assert [status for status, _, _ in results] == [200] * 12  # they waited; none failed
+    assert agent.most == 3  # never more than the bound at once, and the bound was used
+    assert all(len(answer["attempts"]) == 1 for _, answer, _ in results)  # waiting: no attempt
+    assert max(took for _, _, took in results) >= 4 * 0.3 * 0.9  # served 3 at a time
+
+
+async def test_without_a_small_bound_the_same_burst_lands_at_once() -> None:
+    """The contrast: with the default bound (64) all 12 are at the agent together."""
+    with gateway(*QUIET) as gw:
+        async with agents(gw, Agent("bounds-free", hold_ms=300)) as (agent,), client() as s:
+            results = await asyncio.gather(*(send(s, gw, f"r{n}") for n in range(12)))
+    assert [status for status, _, _ in results] == [200] * 12
+    assert agent.most == 12
+
+
+async def test_past_the_bound_a_request_goes_to_another_candidate_first(bounded: Proc) -> None:
+    made = Agent("bounds-x", hold_ms=300), Agent("bounds-y", hold_ms=300)
+    async with agents(bounded, *made) as (x, y), client() as s:
+        results = await asyncio.gather(*(send(s, bounded, f"r{n}") for n in range(6)))
+    assert [status for status, _, _ in results] == [200] * 6
+    assert (x.most, y.most) == (3, 3)
+    assert max(took for _, _, took in results) < 2 * 0.3  # nobody waited: 6 slots for 6
+
+
+# --- waiting in priority order ---------------------------------------------------------------
+
+ARRIVALS = [
+    ("low-1", "low"),
+    ("low-2", "low"),
+    ("high-1", "high"),
+    ("normal-1", "normal"),
+    ("high-2", "high"),
+    ("low-3", "low"),
+]
+
+
+async def test_waiting_high_priority_requests_are_served_before_waiting_low_ones() -> None:
+    with gateway(*QUIET, "--max-inflight-per-endpoint", "1", "--log-level", "DEBUG") as gw:
+        async with agents(gw, Agent("bounds-one")) as (agent,), client() as s:
+            blocker = asyncio.create_task(send(s, gw, "blocker", payload={"block": True}))
+            await until(lambda: agent.holding == 1, 10.0, "the blocker at the agent")
+            sent = []
+            for n, (tag, priority) in enumerate(ARRIVALS):
+                sent.append(asyncio.create_task(send(s, gw, tag, priority=priority)))
+                await until(lambda n=n: waiting_lines(gw) == n + 1, 10.0, f"{tag} waiting")
+            agent.release.set()  # the one slot frees: the waiters go one at a time
+            results = await asyncio.gather(blocker, *sent)
+    assert [status for status, _, _ in results] == [200] * 7
+    assert agent.most == 1
+    assert agent.tags == ["blocker", "high-1", "high-2", "normal-1", "low-1", "low-2", "low-3"]
+
+
+async def test_a_waiting_request_is_answered_within_its_deadline() -> None:
+    with gateway(*QUIET, "--max-inflight-per-endpoint", "1") as gw:
+        async with agents(gw, Agent("bounds-held")) as (agent,), client() as s:
+            blocker = asyncio.create_task(send(s, gw, "blocker", payload={"block": True}))
+            await until(lambda: agent.holding == 1, 10.0, "the blocker at the agent")
+            status, answer, took = await send(s, gw, "late", timeout_ms=300)
+            agent.release.set()
+            assert (await blocker)[0] == 200
+    assert (status, answer["error"]) == (504, "deadline_exceeded")
+    assert answer["attempts"] == []  # nothing was delivered
+    assert 0.25 <= took <= 0.3 + 0.25
+    assert agent.tags == ["blocker"]
+
+
+async def test_past_the_wait_queue_low_priority_is_refused_with_retry_after() -> None:
+    """The queue of an intent holds 256: low priority is refused from 179 waiting (70 %)."""
+    with gateway(*QUIET, "--max-inflight-per-endpoint", "1", "--log-level", "DEBUG") as gw:
+        async with agents(gw, Agent("bounds-queue")) as (agent,), client() as s:
+            blocker = asyncio.create_task(send(s, gw, "blocker", payload={"block": True}))
+            await until(lambda: agent.holding == 1, 10.0, "the blocker at the agent")
+            waiting = [
+                asyncio.create_task(send(s, gw, f"low-{n}", priority="low")) for n in range(179)
+            ]
+            await until(lambda: waiting_lines(gw) == 179, 30.0, "179 waiting")
+            status, answer, _ = await send(s, gw, "one-too-many", priority="low")
+            high = asyncio.create_task(send(s, gw, "high", priority="high"))
+            await until(lambda: waiting_lines(gw) == 180, 10.0, "high still admitted")
+            agent.release.set()
+            results = await asyncio.gather(blocker, high, *waiting)
+    assert (status, answer["error"]) == (503, "overloaded")
+    assert int(answer["_retry_after"]) >= 1
+    assert "one-too-many" not in agent.tags
+    assert [r[0] for r in results] == [200] * 181
+    assert agent.tags[:2] == ["blocker", "high"]
+
+
+# --- recovery --------------------------------------------------------------------------------
+
+
+class Traffic:
+    """Requests sent back to back by a few workers; who answered each, and when."""
+
+    def __init__(self, gw: Proc, session: aiohttp.ClientSession) -> None:
+        self.gw = gw
+        self.session = session
+        self.answered: list[tuple[float, str]] = []  # (monotonic time, endpoint_id)
+        self.errors: list[tuple[int, Any]] = []
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def _worker(self, n: int) -> None:
+        k = 0
+        while not self._stop.is_set():
+            k += 1
+            status, answer, _ = await send(self.session, self.gw, f"w{n}-{k}")
+            if status == 200:
+                self.answered.append((time.monotonic(), answer["endpoint_id"]))
+            else:
+                self.errors.append((status, answer.get("error")))
+
+    def start(self, workers: int = 4) -> None:
+        self._tasks = [asyncio.create_task(self._worker(n)) for n in range(workers)]
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+
+    def after(self, since: float) -> list[str]:
+        return [e for at, e in self.answered if at > since]
+
+    def share(self, endpoint_id: str, since: float, n: int) -> float:
+        """``endpoint_id``'s share of the first ``n`` answers after ``since``."""
+        got = self.after(since)[:n]
+        return sum(e == endpoint_id for e in got) / len(got) if got else 0.0
+
+    def first_answer_by(self, endpoint_id: str, since: float) -> float | None:
+        for at, e in self.answered:
+            if at >= since and e == endpoint_id:
+                return at
+        return None
+
+
+async def test_an_ejected_agent_that_comes_back_gets_traffic_within_a_few_seconds() -> None:
+    """Its port closed, the agent is ejected at once and its requests fail over; its port open
+    again (no heartbeat, no registration), a probe finds it and it gets its share back."""
+    with gateway(*QUIET) as gw:
+        pair = Agent("bounds-twin-a"), Agent("bounds-twin-b")
+        async with agents(gw, *pair) as (a, b), client() as s:
+            traffic = Traffic(gw, s)
+            traffic.start()
+            await until(lambda: a.served > 20 and b.served > 20, 10.0, "both serving")
+            await a.stop()
+            await until(lambda: status_of(gw.url, a.endpoint_id) == "suspect", 5.0, "a ejected")
+            down_at = time.monotonic()
+            # down until a probe was refused too (the backoff is 1 s after two strikes)
+            await until(lambda: ejections(gw, a.endpoint_id) >= 2, 10.0, "a probe refused")
+            assert traffic.first_answer_by(a.endpoint_id, down_at) is None
+            await a.start()  # the same port, nothing said to the gateway
+            back_at = time.monotonic()
+            await until(lambda: traffic.first_answer_by(a.endpoint_id, back_at), 8.0, "a probed")
+            probed_at = traffic.first_answer_by(a.endpoint_id, back_at)
+            assert probed_at is not None
+            await until(lambda: len(traffic.after(probed_at)) >= 300, 10.0, "300 answers")
+            share = traffic.share(a.endpoint_id, probed_at, 300)
+            await traffic.stop()
+            status = status_of(gw.url, a.endpoint_id)
+    assert probed_at - back_at <= 6.0  # the probe backoff is at most 5 s
+    assert share >= 0.2  # its share back at once, not a trickle
+    assert status == "healthy"
+    assert traffic.errors == []  # refused connections failed over: no caller saw them
+
+
+async def test_a_failed_twin_gets_its_share_back_once_it_answers_again() -> None:
+    """An agent answering 500 loses every choice to its twin (its cost is 2000 ms, which takes
+    a minute to decay); once it answers again a probe shows it, and its share comes back."""
+    with gateway(*QUIET) as gw:
+        pair = Agent("bounds-gray-a"), Agent("bounds-gray-b")
+        async with agents(gw, *pair) as (a, b), client() as s:
+            traffic = Traffic(gw, s)
+            traffic.start(workers=2)
+            await until(lambda: a.served > 20 and b.served > 20, 10.0, "both serving")
+            a.fail = True
+            # failing until two probes failed too (then the backoff is 2 s)
+            await until(lambda: a.failed >= 3, 10.0, "a failed three times")
+            a.fail = False
+            fixed_at = time.monotonic()
+            await until(lambda: traffic.first_answer_by(a.endpoint_id, fixed_at), 8.0, "a probed")
+            probed_at = traffic.first_answer_by(a.endpoint_id, fixed_at)
+            assert probed_at is not None
+            await until(lambda: len(traffic.after(probed_at)) >= 300, 10.0, "300 answers")
+            share = traffic.share(a.endpoint_id, probed_at, 300)
+            await traffic.stop()
+    assert probed_at - fixed_at <= 6.0
+    assert share >= 0.2

@@ -1,0 +1,389 @@
+"""Per-endpoint bounds and the requests waiting for a slot (gateway/slots.py, Router.acquire).
+
+The router, its registry and the slots are the real ones, on a fake clock; an "attempt" is the
+router's own bookkeeping (attempt_started / attempt_finished), as the delivery loop does it.
+Nothing here sleeps: a test waits for what it needs (queued waiters, a finished task) with
+bounded loops of event-loop turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from agent_reach.core.model import Outcome
+from agent_reach.core.retry import Deadline
+from agent_reach.errors import DeadlineExceeded, Overloaded
+from agent_reach.gateway.router import RoutePlan, Router
+from agent_reach.gateway.slots import Slots
+from agent_reach.registry.memory import MemoryRegistry
+from agent_reach.settings import GatewaySettings
+from agent_reach.testing import FakeClock
+from agent_reach.wire.bodies import RegisterBody
+
+INTENT = "slot.test"
+
+
+async def make(names: list[str], bound: int, **settings: Any) -> tuple[Router, FakeClock]:
+    clock = FakeClock()
+    router = Router(
+        GatewaySettings(max_inflight_per_endpoint=bound, **settings),
+        MemoryRegistry(),
+        clock,
+        rng=random.Random(7),
+    )
+    for n, name in enumerate(names):
+        await register(router, name, port=9000 + n)
+    return router, clock
+
+
+async def register(router: Router, name: str, port: int, intent: str = INTENT) -> None:
+    await router.register(
+        RegisterBody(
+            endpoint_id=name, capabilities=[intent], endpoint_url=f"http://127.0.0.1:{port}/"
+        )
+    )
+
+
+async def plan(router: Router, intent: str = INTENT, hint: str | None = None) -> RoutePlan:
+    return await router.route(intent, hint)
+
+
+def finish(router: Router, name: str, outcome: Outcome = Outcome.OK) -> None:
+    stats = router.stats[name]
+    router.attempt_finished(name, stats, outcome, 5.0, reached=True, eject=False)
+
+
+async def turns(until: Callable[[], bool], bound: int = 200) -> None:
+    """Let the event loop run until ``until()`` holds (at most ``bound`` turns)."""
+    for _ in range(bound):
+        if until():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("not reached within the bound of event-loop turns")
+
+
+# --- the bound -------------------------------------------------------------------------------
+
+
+async def test_an_endpoint_at_its_bound_is_skipped_like_an_ineligible_one() -> None:
+    router, _ = await make(["agent://a", "agent://b"], bound=2)
+    p = await plan(router)
+    for _ in range(2):
+        router.attempt_started("agent://a")
+    chosen = {router.choose(p) for _ in range(200)}
+    assert chosen == {"agent://b"}
+    assert await router.acquire(p, prefer="agent://a") == "agent://b"  # a has no slot
+    router.attempt_started("agent://b")
+    finish(router, "agent://b")
+    finish(router, "agent://a")  # a has a slot again; b now has none
+    for _ in range(2):
+        router.attempt_started("agent://b")
+    assert {router.choose(p) for _ in range(200)} == {"agent://a"}
+
+
+async def test_choose_falls_back_to_a_full_endpoint_but_free_only_does_not() -> None:
+    router, _ = await make(["agent://a"], bound=1)
+    p = await plan(router)
+    router.attempt_started("agent://a")
+    assert router.full("agent://a")
+    assert router.choose(p) == "agent://a"  # the loop's choice stays: acquire waits for it
+    assert router.choose(p, free_only=True) is None  # a hedge must not wait
+
+
+async def test_acquire_returns_at_once_while_a_slot_is_free() -> None:
+    router, _ = await make(["agent://a"], bound=3)
+    p = await plan(router)
+    for _ in range(3):
+        assert await router.acquire(p, (), "low", prefer="agent://a") == "agent://a"
+        router.attempt_started("agent://a")
+    assert router.slots.waiting == 0
+    assert router.full("agent://a")
+
+
+async def test_a_slot_handed_out_is_held_until_its_attempt_starts() -> None:
+    router, _ = await make(["agent://a"], bound=2)
+    p = await plan(router)
+    assert await router.acquire(p) == "agent://a"
+    assert await router.acquire(p) == "agent://a"
+    assert router.full("agent://a")  # two handed out, neither attempt started yet
+    assert router.choose(p, free_only=True) is None
+    router.attempt_started("agent://a")  # one starts: its slot is its own now
+    assert router.slots.reserved == {"agent://a": 1}
+    await turns(lambda: not router.slots.reserved)  # the other never started: given back
+    assert not router.full("agent://a")
+    assert router.stats["agent://a"].inflight == 1
+
+
+async def test_an_attempt_started_in_a_task_of_its_own_keeps_its_slot() -> None:
+    """A hedge race starts its first attempt in a new task, a turn of the loop later: the slot
+    acquire gave it is still held then, so no other request takes it meanwhile."""
+    router, _ = await make(["agent://a"], bound=1)
+    p = await plan(router)
+    target = await router.acquire(p)
+    assert target == "agent://a"
+    seen = []
+
+    async def attempt() -> None:  # its first step runs a turn later, as a hedge race's does
+        seen.append(router.full(target))  # held for it: full, though nothing is in flight
+        router.attempt_started(target)
+
+    await asyncio.wait([asyncio.create_task(attempt())])
+    assert seen == [True]
+    assert router.slots.reserved == {}
+    assert router.stats[target].inflight == 1
+
+
+# --- waiting in priority order ---------------------------------------------------------------
+
+
+class Callers:
+    """Requests that acquire a slot, start their attempt at once, and record the order."""
+
+    def __init__(self, router: Router, p: RoutePlan) -> None:
+        self.router = router
+        self.plan = p
+        self.served: list[str] = []
+        self.tasks: dict[str, asyncio.Task[str | None]] = {}
+
+    def send(self, name: str, priority: str, deadline: Deadline | None = None) -> None:
+        async def run() -> str | None:
+            target = await self.router.acquire(self.plan, (), priority, deadline)
+            if target is not None:
+                self.router.attempt_started(target)  # before any await, as the loop does
+                self.served.append(name)
+            return target
+
+        self.tasks[name] = asyncio.create_task(run())
+
+
+async def test_waiters_are_served_high_then_normal_then_low_fifo_within_one() -> None:
+    router, _ = await make(["agent://a"], bound=1)
+    p = await plan(router)
+    router.attempt_started("agent://a")  # the one slot, taken
+    callers = Callers(router, p)
+    order = [("low-1", "low"), ("normal-1", "normal"), ("low-2", "low"), ("high-1", "high")]
+    order += [("normal-2", "normal"), ("high-2", "high")]
+    for name, priority in order:
+        callers.send(name, priority)
+    await turns(lambda: router.slots.waiting == 6)
+    for n in range(6):  # each attempt that ends gives its slot to the first in line
+        finish(router, "agent://a")
+        await turns(lambda n=n: len(callers.served) == n + 1)  # type: ignore[misc]
+        assert router.slots.waiting == 5 - n
+    assert callers.served == ["high-1", "high-2", "normal-1", "normal-2", "low-1", "low-2"]
+    assert router.slots.served == 6
+
+
+async def test_a_slot_freed_for_a_waiter_is_not_taken_by_a_request_arriving_meanwhile() -> None:
+    router, _ = await make(["agent://a"], bound=1)
+    p = await plan(router)
+    router.attempt_started("agent://a")
+    callers = Callers(router, p)
+    callers.send("low-waiting", "low")
+    await turns(lambda: router.slots.waiting == 1)
+    finish(router, "agent://a")  # reserved for the low one, which has not run yet
+    assert router.slots.reserved == {"agent://a": 1}
+    assert router.full("agent://a")
+    callers.send("high-late", "high")
+    await turns(lambda: len(callers.served) == 1 and router.slots.waiting == 1)
+    assert callers.served == ["low-waiting"]
+    finish(router, "agent://a")
+    await turns(lambda: len(callers.served) == 2)
+    assert callers.served == ["low-waiting", "high-late"]
+
+
+async def test_nobody_waits_while_another_candidate_has_a_slot() -> None:
+    router, _ = await make(["agent://a", "agent://b"], bound=1)
+    p = await plan(router)
+    router.attempt_started("agent://a")
+    callers = Callers(router, p)
+    callers.send("low", "low")  # b is free: no wait, whatever its priority
+    await turns(lambda: callers.served == ["low"])
+    assert router.slots.waiting == 0
+    assert callers.tasks["low"].result() == "agent://b"
+
+
+async def test_a_new_endpoint_of_the_intent_takes_a_waiter_at_once() -> None:
+    router, _ = await make(["agent://a"], bound=1)
+    p = await plan(router)
+    router.attempt_started("agent://a")
+    callers = Callers(router, p)
+    callers.send("w", "normal")
+    await turns(lambda: router.slots.waiting == 1)
+    await register(router, "agent://new", port=9100)  # room appears: offered to the waiter
+    await turns(lambda: callers.served == ["w"])
+    assert callers.tasks["w"].result() == "agent://new"
+
+
+async def test_a_cancelled_waiter_hands_its_reserved_slot_to_the_next() -> None:
+    router, _ = await make(["agent://a"], bound=1)
+    p = await plan(router)
+    router.attempt_started("agent://a")
+    callers = Callers(router, p)
+    callers.send("first", "high")
+    callers.send("second", "low")
+    await turns(lambda: router.slots.waiting == 2)
+    finish(router, "agent://a")  # reserved for "first"...
+    callers.tasks["first"].cancel()  # ...which goes away before it runs
+    await turns(lambda: callers.served == ["second"])
+    assert callers.tasks["first"].cancelled()
+    assert router.slots.waiting == 0
+    assert router.slots.reserved == {}
+
+
+async def test_a_cancelled_attempt_frees_its_slot_for_a_waiter() -> None:
+    router, _ = await make(["agent://a"], bound=1)
+    p = await plan(router)
+    stats = router.attempt_started("agent://a")
+    callers = Callers(router, p)
+    callers.send("w", "normal")
+    await turns(lambda: router.slots.waiting == 1)
+    router.attempt_cancelled("agent://a", stats)
+    await turns(lambda: callers.served == ["w"])
+
+
+async def test_a_hinted_request_waits_for_its_endpoint_only() -> None:
+    router, _ = await make(["agent://a", "agent://b"], bound=1)
+    hinted = await plan(router, hint="agent://a")
+    router.attempt_started("agent://a")
+    callers = Callers(router, hinted)
+    callers.send("hinted", "normal")
+    await turns(lambda: router.slots.waiting == 1)
+    router.attempt_started("agent://b")
+    finish(router, "agent://b")  # b's slot is no use to it
+    assert callers.served == []
+    finish(router, "agent://a")
+    await turns(lambda: callers.served == ["hinted"])
+    assert callers.tasks["hinted"].result() == "agent://a"
+
+
+# --- bounds of the waiting -------------------------------------------------------------------
+
+
+async def test_the_wait_queue_is_bounded_low_refused_first() -> None:
+    router, _ = await make(["agent://a"], bound=1)
+    router.slots.max_waiting = 10  # low up to 7 waiting, normal up to 9, high up to 10
+    p = await plan(router)
+    router.attempt_started("agent://a")
+    callers = Callers(router, p)
+    for n in range(7):
+        callers.send(f"low-{n}", "low")
+    await turns(lambda: router.slots.waiting == 7)
+    with pytest.raises(Overloaded) as refused:
+        await router.acquire(p, (), "low")
+    assert refused.value.retry_after_s == 1
+    assert "7" in refused.value.detail
+    callers.send("normal-0", "normal")
+    callers.send("normal-1", "normal")
+    await turns(lambda: router.slots.waiting == 9)
+    with pytest.raises(Overloaded):
+        await router.acquire(p, (), "normal")
+    callers.send("high-0", "high")
+    await turns(lambda: router.slots.waiting == 10)
+    with pytest.raises(Overloaded):
+        await router.acquire(p, (), "high")
+    assert router.slots.refused == 3
+    for task in callers.tasks.values():
+        task.cancel()
+    await asyncio.gather(*callers.tasks.values(), return_exceptions=True)
+    assert router.slots.waiting == 0
+
+
+async def test_a_request_whose_deadline_has_run_out_does_not_wait() -> None:
+    router, clock = await make(["agent://a"], bound=1)
+    p = await plan(router)
+    router.attempt_started("agent://a")
+    with pytest.raises(DeadlineExceeded):
+        await router.acquire(p, (), "high", Deadline(clock.monotonic()))
+    assert router.slots.waiting == 0
+    # with a free slot the deadline is the attempt's business, not acquire's
+    finish(router, "agent://a")
+    assert await router.acquire(p, (), "high", Deadline(clock.monotonic())) == "agent://a"
+
+
+async def test_a_waiter_whose_last_candidate_goes_away_gets_none() -> None:
+    router, _ = await make(["agent://a"], bound=1)
+    p = await plan(router)
+    router.attempt_started("agent://a")
+    callers = Callers(router, p)
+    callers.send("w", "normal")
+    await turns(lambda: router.slots.waiting == 1)
+    await router.deregister("agent://a")  # the waiters of its tags look again at once
+    await turns(callers.tasks["w"].done)
+    assert callers.tasks["w"].result() is None
+    assert router.slots.waiting == 0
+
+
+async def test_no_candidate_at_all_is_none_without_waiting() -> None:
+    router, _ = await make(["agent://a"], bound=1)
+    p = await plan(router)
+    finish_eject = router.attempt_started("agent://a")
+    router.attempt_finished(
+        "agent://a", finish_eject, Outcome.CONNECT_ERROR, 1.0, reached=False, eject=True
+    )
+    assert await router.acquire(p, ()) is None
+    assert router.slots.waiting == 0
+
+
+# --- the queues themselves -------------------------------------------------------------------
+
+
+async def test_offer_wakes_the_first_in_line_across_the_queues_an_endpoint_serves() -> None:
+    slots = Slots(lambda: 0.0)
+    low = slots.join("t.a", "low", intent="t.a")
+    high = slots.join("t.b", "high", intent="t.b")
+    normal = slots.join("t.a", "normal", intent="t.a")
+    other = slots.join("t.c", "high", intent="t.c")  # a tag the endpoint does not serve
+    woken = []
+    for _ in range(4):
+        slots.offer("agent://e", ("t.a", "t.b"), 1, routable=True, hintable=True)
+        woken.append([w.woken for w in (high, normal, low, other)])
+    assert woken == [
+        [True, False, False, False],
+        [True, True, False, False],
+        [True, True, True, False],
+        [True, True, True, False],  # nobody left who can use it
+    ]
+    assert slots.reserved == {"agent://e": 3}
+
+
+async def test_offer_order_and_requeue_keep_the_place_in_line() -> None:
+    slots = Slots(lambda: 0.0)
+    a = slots.join("t", "low", intent="t")
+    b = slots.join("t", "low", intent="t")
+    assert slots.offer("agent://e", ("t",), 1, routable=True, hintable=False) == 1
+    assert a.woken and not b.woken
+    assert slots.taken(a) == "agent://e"
+    slots.requeue(a)  # found nothing after all: back in front of b
+    assert slots.offer("agent://e", ("t",), 1, routable=True, hintable=False) == 1
+    assert a.woken and not b.woken
+    assert slots.leave(a) == "agent://e"  # left holding it: the caller offers it again
+    assert slots.offer("agent://e", ("t",), 5, routable=True, hintable=False) == 1
+    assert b.woken
+    assert slots.offer("agent://e", ("t",), 5, routable=False, hintable=True) == 0
+    slots.leave(b)
+    assert slots.waiting == 0
+    assert slots.reserved == {}
+
+
+async def test_a_scoped_queue_is_offered_only_its_endpoints() -> None:
+    slots = Slots(lambda: 0.0)
+    scoped = slots.join(("t", ("agent://x",)), "high", intent="t", ids=("agent://x",))
+    plain = slots.join("t", "low", intent="t")
+    assert slots.offer("agent://y", ("t",), 1, routable=True, hintable=True) == 1
+    assert plain.woken and not scoped.woken
+    assert slots.offer("agent://x", ("t",), 1, routable=True, hintable=True) == 1
+    assert scoped.woken
+
+
+async def test_wait_times_out_without_a_wake_and_returns_at_once_when_woken() -> None:
+    slots = Slots(lambda: 0.0)
+    w = slots.join("t", "normal", intent="t")
+    assert await slots.wait(w, 0.0) is False
+    slots.offer("agent://e", ("t",), 1, routable=True, hintable=True)
+    assert await slots.wait(w, 60.0) is True
