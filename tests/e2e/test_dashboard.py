@@ -349,3 +349,38 @@ def test_token_mode_dashboard_takes_the_operator_token_from_the_fragment(
         finally:
             context.close()
             agent.stop()
+
+
+def test_the_domains_of_a_federation_show_with_their_state(browser: Any) -> None:
+    from tests.federation_support import directory, domain_flags, send, wait_offered
+
+    with (
+        directory() as d,
+        gateway(*domain_flags("beijing", d.url)) as beijing,
+        gateway(*domain_flags("chengdu", d.url)) as chengdu,
+    ):
+        agent = start_agent(chengdu.url, "agent://weather-cn-01", intents="weather.query")
+        try:
+            wait_offered(beijing, "chengdu", "weather.query")
+            code, answer = send(beijing, {"intent": "weather.query"})
+            assert code == 200, answer
+            with open_page(browser, f"{beijing.url}/") as page:
+                panel = page.locator("#domains-panel")
+                expect(panel).to_be_visible()
+                expect(page.locator("#domains-self")).to_contain_text("domain beijing")
+                row = page.locator('#domains-body tr[data-domain="chengdu"]')
+                expect(row).to_have_attribute("data-state", "fresh")
+                expect(row).to_contain_text("weather.query")
+                # the forwarded request, its endpoint named with its domain
+                expect(page.locator("#requests-body")).to_contain_text(
+                    "agent://weather-cn-01@chengdu"
+                )
+                chengdu.stop(signal.SIGKILL)  # its summary stops: stale after 3 intervals
+                expect(row).to_have_attribute("data-state", re.compile("stale|unreachable"))
+        finally:
+            agent.stop()
+
+
+def test_a_gateway_in_no_federation_shows_no_domains(page: Any) -> None:
+    expect(page.locator("#agents-body tr").first).to_be_visible()
+    assert page.locator("#domains-panel").is_hidden()

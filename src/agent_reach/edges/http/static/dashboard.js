@@ -327,9 +327,15 @@ function renderRequests(traces) {
 
 // --- trace timeline ------------------------------------------------------------------------
 
-const SKIP = new Set(["ts", "kind"]);
+const SKIP = new Set(["ts", "kind", "from_domain"]);
 
 function describe(e) {
+  // an event of another domain's gateway, merged into the origin's trace (federation)
+  const parts = describeLocal(e);
+  return e.from_domain ? [`@${e.from_domain}`, ...parts] : parts;
+}
+
+function describeLocal(e) {
   switch (e.kind) {
     case "received":
       return [
@@ -471,6 +477,53 @@ function natsUnknown() {
   setText(node, "NATS unknown");
 }
 
+// --- federation (GET /v1/federation) --------------------------------------------------------
+
+// Shown only when the gateway is in a federation (--directory): the other domains, how old
+// their summaries are (stale ones are not used), the round trip this gateway measured to
+// them, and the intents each offers routable now. Endpoints of other domains show as
+// agent://NAME@DOMAIN in the requests and the timeline.
+function renderDomains(fed) {
+  const panel = $("domains-panel");
+  if (!fed || !fed.directory) {
+    panel.hidden = true;
+    return;
+  }
+  panel.hidden = false;
+  const own = fed.directory_ok === false ? `directory unreachable: ${fed.directory_error || "?"}` : "directory ok";
+  setText($("domains-self"), `this gateway: domain ${fed.domain} · ${own}`);
+  const offered = (p) =>
+    Object.entries(p.intents || {})
+      .filter(([, c]) => c.healthy + c.degraded > 0)
+      .map(([tag]) => tag)
+      .sort();
+  const stateOf = (p) => (p.stale ? "stale" : p.reachable ? "fresh" : "unreachable");
+  syncRows(
+    $("domains-body"),
+    fed.peers,
+    (p) => p.domain,
+    (p) =>
+      el(
+        "tr",
+        { dataset: { domain: p.domain } },
+        el("td", {}, el("code", {}, p.domain)),
+        el("td", { class: "state" }),
+        el("td", { class: "num rtt" }),
+        el("td", { class: "tags" }),
+      ),
+    (row, p) => {
+      const state = stateOf(p);
+      row.dataset.state = state;
+      setText(row.querySelector(".state"), `${state} · ${age(p.age_s)}`);
+      setText(row.querySelector(".rtt"), p.rtt_ms === null ? "–" : ms(p.rtt_ms));
+      const tags = offered(p);
+      setText(row.querySelector(".tags"), tags.length ? tags.join(", ") : "none");
+      row.title = p.unreachable_reason || "";
+    },
+  );
+  $("domains-empty").hidden = fed.peers.length > 0;
+}
+
 // --- polling -------------------------------------------------------------------------------
 
 // A page's total for each status (one short page each): the counts of a registry too big to
@@ -507,6 +560,13 @@ async function poll() {
     ]);
     if (health.status === 200) renderNats(health.body);
     else natsUnknown();
+    // the domains' panel: only for a gateway in a federation (its /healthz says so)
+    if (health.status === 200 && health.body && health.body.federation) {
+      const fed = await getJSON("v1/federation");
+      renderDomains(fed.status === 200 ? fed.body : null);
+    } else {
+      renderDomains(null);
+    }
     if (agents.status === 401 || agents.status === 403) {
       live.dataset.state = "down";
       setText(
