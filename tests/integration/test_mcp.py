@@ -168,10 +168,28 @@ async def test_list_and_explain_answer_as_the_http_api(net: dict[str, Any]) -> N
         agents = _answer(await client.call_tool("list_agents", {}))
         intents = _answer(await client.call_tool("list_intents", {}))
         route = _answer(await client.call_tool("explain_route", {"intent": "weather.lookup"}))
-    _, direct_agents = http("GET", f"{url}/v1/agents")
-    assert [a["endpoint_id"] for a in agents["agents"]] == [
-        a["endpoint_id"] for a in direct_agents["agents"]
-    ]
+    _, direct_agents = http("GET", f"{url}/v1/agents?limit=100")
+    assert agents == direct_agents  # one page, as /v1/agents pages (id order, total, cursor)
+    assert agents["total"] == len(agents["agents"]) and agents["next_cursor"] is None
+    # a page at a time: the tool is bounded whatever the registry's size
+    extra = {
+        "endpoint_id": "agent://zz-mcp-extra",
+        "capabilities": ["extra.only"],
+        "endpoint_url": "http://127.0.0.1:9/reach",
+    }
+    assert http("POST", f"{url}/v1/register", extra)[0] == 200
+    try:
+        async with mcp_client(url) as client:
+            first = _answer(await client.call_tool("list_agents", {"limit": 1}))
+            cursor = first["next_cursor"]
+            rest = _answer(await client.call_tool("list_agents", {"cursor": cursor}))
+            only = _answer(await client.call_tool("list_agents", {"intent": "extra.only"}))
+        assert len(first["agents"]) == 1 and cursor and first["total"] == agents["total"] + 1
+        ids = [a["endpoint_id"] for a in first["agents"] + rest["agents"]]
+        assert ids == sorted([*(a["endpoint_id"] for a in agents["agents"]), extra["endpoint_id"]])
+        assert [a["endpoint_id"] for a in only["agents"]] == [extra["endpoint_id"]]
+    finally:
+        http("POST", f"{url}/v1/deregister", {"endpoint_id": extra["endpoint_id"]})
     _, direct_intents = http("GET", f"{url}/v1/intents")
     assert intents == direct_intents
     _, direct_route = http("GET", f"{url}/v1/route?intent=weather.lookup")

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -74,8 +75,11 @@ class ServiceBackend:
     def _who(caller: Caller | None) -> Caller:
         return caller if caller is not None else Caller("mcp")
 
-    async def agents(self, caller: Caller | None) -> dict[str, Any]:
-        return self.service.agents(self._who(caller))
+    async def agents(self, caller: Caller | None, query: Mapping[str, str]) -> dict[str, Any]:
+        # the page built as /v1/agents builds it: a chunk at a time, the loop free between
+        listing = self.service.agents(self._who(caller), query)
+        page: dict[str, Any] = msgspec.json.decode(b"".join([c async for c in listing]))
+        return page
 
     async def intents(self, caller: Caller | None) -> dict[str, Any]:
         return _plain(self.service.intents(self._who(caller)))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlencode
 
@@ -43,8 +44,8 @@ class ClientBackend:
     def __init__(self, client: ReachClient) -> None:
         self.client = client
 
-    async def agents(self, caller: Caller | None) -> dict[str, Any]:
-        answer: dict[str, Any] = await self.client.get("/v1/agents")
+    async def agents(self, caller: Caller | None, query: Mapping[str, str]) -> dict[str, Any]:
+        answer: dict[str, Any] = await self.client.get(f"/v1/agents?{urlencode(query)}")
         return answer
 
     async def intents(self, caller: Caller | None) -> dict[str, Any]:

@@ -37,7 +37,14 @@ from mcp_types import CallToolResult, TextContent, Tool, ToolAnnotations
 from agent_reach.errors import AgentReachError, InternalError, InvalidRequest
 from agent_reach.gateway.service import Caller
 from agent_reach.observability.logs import log
-from agent_reach.wire.bodies import MAX_TIMEOUT_MS, RouteQuery, SendBody, decode
+from agent_reach.wire.bodies import (
+    AGENTS_DEFAULT_LIMIT,
+    AGENTS_MAX_LIMIT,
+    MAX_TIMEOUT_MS,
+    RouteQuery,
+    SendBody,
+    decode,
+)
 
 __all__ = ["CALLER", "TOOL_NAMES", "Backend", "ReachMcp", "package_version", "reachable_lines"]
 
@@ -52,8 +59,8 @@ MAX_LISTED = 40  # intents named in a description; the rest are counted (list_in
 class Backend(Protocol):
     """What the tools call: the v1 answers as JSON-ready dicts, refusals as AgentReachError."""
 
-    async def agents(self, caller: Caller | None) -> dict[str, Any]:
-        """``GET /v1/agents``."""
+    async def agents(self, caller: Caller | None, query: Mapping[str, str]) -> dict[str, Any]:
+        """``GET /v1/agents?...``: one page (limit, cursor, intent, status)."""
         ...
 
     async def intents(self, caller: Caller | None) -> dict[str, Any]:
@@ -130,9 +137,33 @@ _READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 _TOOLS: dict[str, tuple[str, str, dict[str, Any], ToolAnnotations]] = {
     "list_agents": (
         "List agents",
-        "Every agent registered with the gateway: its id (agent://NAME), the intents it "
-        "declares, its health (healthy, degraded, suspect, down) and its latencies.",
-        _schema({}),
+        "The agents registered with the gateway: each one's id (agent://NAME), the intents it "
+        "declares, its health (healthy, degraded, suspect, down) and its latencies. At most "
+        "'limit' a call (default 100), in id order, with 'total' (how many match) and "
+        "'next_cursor': pass it back as 'cursor' for the next ones (null: there are no more).",
+        _schema(
+            {
+                "intent": {
+                    "type": "string",
+                    "description": "Optional: only the agents that declare this exact tag.",
+                },
+                "status": {
+                    "type": "string",
+                    "enum": ["healthy", "degraded", "suspect", "down"],
+                    "description": "Optional: only the agents in this health now.",
+                },
+                "limit": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": AGENTS_MAX_LIMIT,
+                    "description": "How many at most (default 100).",
+                },
+                "cursor": {
+                    "type": "string",
+                    "description": "The next_cursor of the previous call, to go on from there.",
+                },
+            }
+        ),
         _READ_ONLY,
     ),
     "list_intents": (
@@ -322,7 +353,11 @@ class ReachMcp(MCPServer[Any]):
                 raise InvalidRequest(f"no tool named {name!r} (tools: {', '.join(_TOOLS)})")
             _arguments(name, arguments, spec[2]["properties"])
             if name == "list_agents":
-                return _result(await backend.agents(caller))
+                # a page (bounded: a registry of 50,000 is not one tool result); the query's
+                # values as a query string's, checked by the gateway's own decoder
+                page = {k: str(v) for k, v in arguments.items() if v is not None}
+                page.setdefault("limit", str(AGENTS_DEFAULT_LIMIT))
+                return _result(await backend.agents(caller, page))
             if name == "list_intents":
                 return _result(await backend.intents(caller))
             if name == "explain_route":
