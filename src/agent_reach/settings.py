@@ -13,6 +13,7 @@ from agent_reach.core.model import Thresholds
 from agent_reach.core.names import is_domain
 from agent_reach.core.netguard import AddressGuard
 from agent_reach.errors import ConfigError
+from agent_reach.wire.federation import gateway_url_refusal
 
 __all__ = [
     "DEFAULT_GATEWAY_URL",
@@ -385,8 +386,9 @@ class GatewaySettings:
                 source="domain",
             )
         for name, url in (("directory", self.directory), ("advertise-url", self.advertise_url)):
-            if url is not None and not url.startswith(("http://", "https://")):
-                raise ConfigError(f"{name} must be an http(s) URL, got {url!r}", source=name)
+            refusal = None if url is None else gateway_url_refusal(url)
+            if refusal is not None:
+                raise ConfigError(f"{name} {refusal}, got {url!r}", source=name)
         if not 0 < self.summary_interval < float("inf"):
             raise ConfigError("summary-interval must be a positive number of seconds")
         if self.directory and self.advertise_url is None and self.host in ("0.0.0.0", "::", ""):

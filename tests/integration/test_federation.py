@@ -171,7 +171,12 @@ def test_a_forwarded_request_is_never_forwarded_again(fed: Federation) -> None:
     assert code == 200, answer
     assert answer["result"]["origin"] == "beijing"
     # headers that do not parse: the field named, nothing done
-    for bad in ({"X-Reach-Hops": "one", "X-Reach-Origin": "beijing"}, {"X-Reach-Hops": "1"}):
+    for bad in (
+        {"X-Reach-Hops": "one", "X-Reach-Origin": "beijing"},
+        {"X-Reach-Hops": "1"},
+        {"X-Reach-Hops": "1" * 5000, "X-Reach-Origin": "beijing"},
+        {"X-Reach-Hops": "-1", "X-Reach-Origin": "beijing"},
+    ):
         code, answer = send(fed.chengdu, {"intent": TAG}, headers=bad)
         assert (code, answer["error"]) == (422, "invalid_request"), answer
 
@@ -367,7 +372,11 @@ def test_a_refused_connection_to_a_domain_fails_over_in_the_same_request(
             agent = start_agent(gws[name].url, f"agent://pager-{name}-01", intents="page.send")
             stack.callback(agent.stop)
             proxies[name] = proxy
-        origin = stack.enter_context(gateway(*domain_flags("pager-origin", fed.directory.url)))
+        # its probes every 3 s: the request below meets the refused connection itself (a probe
+        # in between would take the domain out first, and no forward would try it)
+        flags = domain_flags("pager-origin", fed.directory.url)
+        flags = tuple("3" if f == str(INTERVAL) else f for f in flags)
+        origin = stack.enter_context(gateway(*flags))
 
         def ordered() -> bool:
             peers = {p["domain"]: p for p in federation(origin)["peers"]}
@@ -394,6 +403,22 @@ def test_a_refused_connection_to_a_domain_fails_over_in_the_same_request(
         )
         # a probe that answers brings it back
         proxies["first"].restore()
-        wait_until(lambda: offered(origin, "first", "page.send") and ordered(), timeout=10)
+        wait_until(lambda: offered(origin, "first", "page.send") and ordered(), timeout=20)
         code, answer = send(origin, {"intent": "page.send"})
         assert answer["endpoint_id"] == "agent://pager-first-01@first", answer
+
+
+def test_a_trace_id_is_fetched_from_the_other_domain_as_one_path_segment(
+    fed: Federation,
+) -> None:
+    # a caller-chosen trace id with URL syntax in it reads its own remote events, never
+    # another trace's (VICTIM?x must not be fetched as VICTIM)
+    code, victim = send(fed.beijing, {"intent": TAG, "trace_id": "victim-trace"})
+    assert code == 200, victim
+    code, answer = send(fed.beijing, {"intent": TAG, "trace_id": "victim-trace?x"})
+    assert code == 200, answer
+    code, trace = http("GET", f"{fed.beijing.url}/v1/traces/victim-trace%3Fx")
+    assert code == 200, trace
+    remote = [e for e in trace["events"] if e.get("from_domain") == "chengdu"]
+    received = [e for e in remote if e["kind"] == "received"]
+    assert [e["msg_id"] for e in received] == [answer["msg_id"]], remote

@@ -178,3 +178,38 @@ def test_an_endpoint_pattern_without_a_domain_never_matches_a_forwarded_sender()
     assert Pattern("*", "endpoint").matches("agent://x@y")
     with pytest.raises(ValueError, match="domain pattern"):
         Pattern("agent://x@", "endpoint")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://host/internal/secret#",
+        "http://host:1/x?y=1",
+        "http://user:pw@host:1",
+        "ftp://host",
+        "http://",
+        "http://host:99999",
+        "http://host /x",
+    ],
+)
+def test_a_gateway_url_that_could_point_elsewhere_is_refused(url: str) -> None:
+    from agent_reach.wire.federation import DomainSummary, check_summary, gateway_url_refusal
+
+    assert gateway_url_refusal(url) is not None
+    with pytest.raises(InvalidRequest):
+        check_summary(DomainSummary("a", url, 1.0, {}))
+
+
+def test_a_summary_with_a_bad_gateway_url_from_the_directory_is_not_kept() -> None:
+    peers = Peers("beijing", stale_after_s=10.0)
+    bad = DirectoryEntry("evil", "http://evil/x?", 1.0, {TAG: IntentSummary(1, 0, None, 0)}, 0.0)
+    peers.update([bad, entry("chengdu", weather_query=(1, 0))], now=0.0)
+    assert [p.domain for p in peers.all()] == ["chengdu"] and peers.invalid == 1
+
+
+def test_a_remote_endpoint_is_always_named_with_the_domain_forwarded_to() -> None:
+    from agent_reach.gateway.forward import _remote_id
+
+    assert _remote_id("agent://x", "chengdu") == "agent://x@chengdu"
+    assert _remote_id("agent://x@shanghai", "chengdu") == "agent://x@chengdu"  # no third one
+    assert _remote_id("not an id", "chengdu") == "@chengdu"

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import msgspec
@@ -28,6 +29,7 @@ import msgspec
 from agent_reach.clock import Clock
 from agent_reach.federation.peers import Peers
 from agent_reach.observability.logs import log
+from agent_reach.transport.http import Fetched
 from agent_reach.wire.federation import DirectoryAnswer, DomainSummary
 
 __all__ = ["STALE_INTERVALS", "Membership"]
@@ -55,6 +57,7 @@ class Membership:
         token: Callable[[], str | None] = lambda: None,
         on_peers_changed: Callable[[], None] = lambda: None,
         on_published: Callable[[bool], None] = lambda ok: None,
+        fetch: Callable[[str, Mapping[str, str], float], Awaitable[Fetched]] | None = None,
     ) -> None:
         self.domain = domain
         self.directory = directory.rstrip("/")
@@ -65,6 +68,7 @@ class Membership:
         self._token = token
         self._on_peers_changed = on_peers_changed
         self._on_published = on_published
+        self._fetch = fetch  # the gateway's guarded GET (probes, trace reads)
         self.gateway_url: str | None = None  # set once the gateway listens (serving())
         self._served = asyncio.Event()
         self._session: aiohttp.ClientSession | None = None
@@ -200,22 +204,33 @@ class Membership:
         except Exception:  # a bug must not end the probes: the next round tries again
             log(logging.ERROR, "federation.probe_error", exc_info=True)
 
-    async def _probe(self, domain: str, gateway_url: str) -> None:
+    async def _get(self, url: str, headers: Mapping[str, str], timeout_s: float) -> Fetched:
+        """GET ``url`` through the gateway's HTTP transport (its address guard, its size cap,
+        no redirects: a peer's URL comes from another process), else this session's."""
+        if self._fetch is not None:
+            return await self._fetch(url, headers, timeout_s)
         assert self._session is not None
+        try:
+            async with asyncio.timeout(timeout_s):
+                resp = await self._session.get(url, headers=headers, allow_redirects=False)
+                async with resp:
+                    data = await _read_capped(resp)
+                    return Fetched(resp.status, data, dict(resp.headers), "")
+        except TimeoutError:
+            return Fetched(None, b"", {}, f"no answer within {timeout_s * 1000:.0f} ms")
+        except (aiohttp.ClientError, ValueError) as exc:
+            return Fetched(None, b"", {}, f"cannot be reached: {exc}")
+
+    async def _probe(self, domain: str, gateway_url: str) -> None:
         timeout = PROBE_TIMEOUT_S
         started = self.clock.monotonic()
+        # no credentials: /healthz needs none, and a peer token is nothing to hand out
+        got = await self._get(f"{gateway_url}/healthz", {}, timeout)
         why = ""
-        try:
-            async with asyncio.timeout(timeout):
-                resp = await self._session.get(f"{gateway_url}/healthz", headers=self.headers())
-                async with resp:
-                    await resp.read()
-                    if resp.status >= 500:
-                        why = f"its /healthz answered HTTP {resp.status}"
-        except TimeoutError:
-            why = f"its gateway did not answer a probe within {timeout * 1000:.0f} ms"
-        except aiohttp.ClientError as exc:
-            why = f"its gateway cannot be reached: {exc}"
+        if got.status is None:
+            why = f"its gateway did not answer a probe: {got.error}"
+        elif not 200 <= got.status < 300:
+            why = f"its /healthz answered HTTP {got.status}"
         rtt = None if why else (self.clock.monotonic() - started) * 1000.0
         if self.peers.probed(domain, rtt, why):
             peer = self.peers.get(domain)
@@ -231,30 +246,31 @@ class Membership:
 
     # --- reading ---------------------------------------------------------------------------
 
-    async def fetch_trace(self, domain: str, trace_id: str, timeout_s: float) -> Any:
-        """The events another domain's gateway holds for ``trace_id`` (its ``/v1/traces``
-        answer's events), or a string saying why there are none."""
+    async def fetch_trace(
+        self, domain: str, trace_id: str, timeout_s: float, max_events: int
+    ) -> list[dict[str, Any]] | str:
+        """The events (at most ``max_events``, each with a numeric ``ts``) another domain's
+        gateway holds for ``trace_id``, or a string saying why there are none."""
         peer = self.peers.get(domain)
-        if peer is None or self._session is None:
+        if peer is None:
             return f"{domain} is not a known domain now"
-        url = f"{peer.summary.gateway_url}/v1/traces/{trace_id}"
+        url = f"{peer.summary.gateway_url}/v1/traces/{quote(trace_id, safe='')}"
+        got = await self._get(url, self.headers(), timeout_s)
+        if got.status is None:
+            return f"{domain}: {got.error}"
+        if got.status != 200:
+            return f"{domain} answered HTTP {got.status}: {_detail(got.body)}"
         try:
-            async with asyncio.timeout(timeout_s):
-                resp = await self._session.get(url, headers=self.headers())
-                async with resp:
-                    data = await _read_capped(resp)
-                    status = resp.status
-        except TimeoutError:
-            return f"{domain} did not answer within {timeout_s * 1000:.0f} ms"
-        except aiohttp.ClientError as exc:
-            return f"{domain} cannot be reached: {exc}"
-        if status != 200 or len(data) > MAX_ANSWER_BYTES:
-            return f"{domain} answered HTTP {status}: {_detail(data)}"
-        try:
-            events = msgspec.json.decode(data).get("events")
+            events = msgspec.json.decode(got.body).get("events")
         except (msgspec.DecodeError, AttributeError):
             return f"{domain}'s answer is not a trace"
-        return events if isinstance(events, list) else f"{domain}'s answer is not a trace"
+        if not isinstance(events, list):
+            return f"{domain}'s answer is not a trace"
+        return [
+            e
+            for e in events[:max_events]
+            if isinstance(e, dict) and isinstance(e.get("ts"), int | float)
+        ]
 
     def describe(self) -> dict[str, Any]:
         """``GET /v1/federation``: this domain, its directory, its summary and its peers'."""

@@ -22,7 +22,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from agent_reach.core.health import EndpointStats
-from agent_reach.wire.federation import DirectoryEntry, DomainSummary, IntentSummary
+from agent_reach.errors import InvalidRequest
+from agent_reach.wire.federation import (
+    DirectoryEntry,
+    DomainSummary,
+    IntentSummary,
+    check_summary,
+)
 
 __all__ = ["MAX_PEERS", "Peer", "Peers"]
 
@@ -59,6 +65,7 @@ class Peers:
         self.stale_after_s = stale_after_s
         self._peers: dict[str, Peer] = {}
         self.ignored = 0  # summaries not kept: past MAX_PEERS
+        self.invalid = 0  # summaries not kept: not of the contract (a bad gateway_url, ...)
         self.version = 0  # bumped when the set of tags offered elsewhere may have changed
 
     # --- what the directory says ---------------------------------------------------------
@@ -69,9 +76,14 @@ class Peers:
         for entry in entries:
             if entry.domain == self.domain:
                 continue  # our own, echoed back (GET /v1/summaries)
+            summary = DomainSummary(entry.domain, entry.gateway_url, entry.at, entry.intents)
+            try:  # the directory checked it; another process's data is checked again here
+                check_summary(summary)
+            except InvalidRequest:
+                self.invalid += 1
+                continue
             received_at = now - max(0.0, entry.age_s)
             peer = self._peers.get(entry.domain)
-            summary = DomainSummary(entry.domain, entry.gateway_url, entry.at, entry.intents)
             if peer is None:
                 if len(self._peers) >= MAX_PEERS:
                     self.ignored += 1

@@ -95,6 +95,10 @@ async def destination(
                 )
             fw = _forward(router, body, body.intent, deadline, None, hint=name, domain=domain)
             return Routed(Match("hint", body.intent, 1.0), body.intent, None, fw)
+    if scope is not None and scope.endpoint is not None:
+        # the sender's rule names the endpoints it may reach: those of this domain, which the
+        # policy can see; another domain's are not offered to it (a hint may still name one)
+        fwd = None
     settled = router.settle(body.intent, hint, fallback=body.fallback)
     if settled is None and body.intent is not None and fwd is not None:
         # the exact tag (or its alias) in another domain, before any match by meaning

@@ -31,7 +31,7 @@ import msgspec
 
 from agent_reach.clock import Clock
 from agent_reach.core.model import Outcome
-from agent_reach.core.names import qualified
+from agent_reach.core.names import is_endpoint_id, split_domain
 from agent_reach.core.retry import Deadline, RetryBudget, per_try_timeout_ms
 from agent_reach.errors import (
     AgentError,
@@ -40,6 +40,7 @@ from agent_reach.errors import (
     DeadlineExceeded,
     NoAvailableAgent,
     NoCapableAgent,
+    Overloaded,
     error_from_answer,
 )
 from agent_reach.federation.peers import Peer, Peers
@@ -52,6 +53,7 @@ from agent_reach.wire.bodies import SendBody
 __all__ = ["HOPS_HEADER", "ORIGIN_HEADER", "ForwardRequest", "Forwarder"]
 
 ORIGIN_HEADER = "X-Reach-Origin"
+DEADLINE_SLACK_S = 0.05  # a forward that timed out this close to the deadline ran it out
 HOPS_HEADER = "X-Reach-Hops"
 # a domain's refusals passed on to the caller when no other domain could serve
 _REFUSALS = frozenset(
@@ -78,6 +80,7 @@ class _Refusal(msgspec.Struct):
     attempts: list[dict[str, Any]] = msgspec.field(default_factory=list)
     agent_status: int | None = None
     agent_answer: msgspec.Raw | None = None
+    retry_after_s: float | None = None
 
 
 _reply = msgspec.json.Decoder(_Reply)
@@ -214,7 +217,11 @@ class Forwarder:
             raise NoCapableAgent(f"no domain offers intent {fw.tag!r}")
         if refusal is not None and not reached_any:
             raise refusal
-        if fw.deadline.remaining(self.clock.monotonic()) <= 0.001:
+        last = attempts[-1].outcome if attempts else None
+        left = fw.deadline.remaining(self.clock.monotonic())
+        # the deadline ran out in the last forward: at this gateway (its timeout) or at the
+        # other (its deadline_exceeded comes a round trip, a few ms, before ours)
+        if left <= 0.001 or (last == Outcome.TIMEOUT.value and left <= DEADLINE_SLACK_S):
             raise DeadlineExceeded(
                 f"deadline of {fw.timeout_ms} ms ran out after {len(tried)} forward(s)"
                 f" ({', '.join(tried)})"
@@ -268,7 +275,12 @@ class Forwarder:
         endpoint_id = f"@{domain}"
         refusal: AgentReachError | None = None
         answer: _Reply | None = None
-        if delivery.status is not None and delivery.body is not None:
+        if delivery.outcome is Outcome.AGENT_ERROR and delivery.status is None:
+            # nothing usable came back though the other domain did the work (its answer was
+            # over this gateway's cap): not forwarded again, as an agent's would not be
+            outcome, error = Outcome.AGENT_ERROR, delivery.detail
+            refusal = AgentError(f"{domain}: {delivery.detail} (not forwarded again)")
+        elif delivery.status is not None and delivery.body is not None:
             if delivery.status == 200:
                 try:
                     answer = _reply.decode(delivery.body)
@@ -280,7 +292,7 @@ class Forwarder:
                     domain, delivery.status, delivery.body
                 )
         if answer is not None:
-            endpoint_id = qualified(answer.endpoint_id, domain)
+            endpoint_id = _remote_id(answer.endpoint_id, domain)
             stats.observe(latency_ms, now)
         elif outcome is Outcome.CONNECT_ERROR:
             stats.penalize(2000.0, now)
@@ -340,7 +352,7 @@ class Forwarder:
         endpoint_id = f"@{domain}"
         last = got.attempts[-1].get("endpoint_id") if got.attempts else None
         if isinstance(last, str):
-            endpoint_id = qualified(last, domain)
+            endpoint_id = _remote_id(last, domain)
         said = f"{domain}: {got.error}: {got.detail}"
         if got.error == "agent_error":
             fields: dict[str, Any] = {"agent_status": got.agent_status}
@@ -351,8 +363,22 @@ class Forwarder:
             return Outcome.TIMEOUT, True, said, None, endpoint_id
         if got.error == "all_attempts_failed":
             return Outcome.SERVER_ERROR, True, said, None, endpoint_id
-        refusal = None
+        refusal: AgentReachError | None = None
         if got.error in _REFUSALS:
             refusal = error_from_answer(status, {"error": got.error, "detail": said})
             refusal.http_status = None  # ours to render now, from our own table
+        elif got.error in ("overloaded", "rate_limited"):
+            # the other domain asks to come back later: so does this answer, with its delay
+            retry_after = got.retry_after_s if got.retry_after_s is not None else 1.0
+            refusal = Overloaded(said, retry_after_s=max(1.0, retry_after))
+        elif got.error in ("unauthorized", "forbidden"):
+            log(logging.WARNING, "federation.forward_refused", domain=domain, detail=said)
         return Outcome.SERVER_ERROR, False, said, refusal, endpoint_id
+
+
+def _remote_id(endpoint_id: str, domain: str) -> str:
+    """What another domain's gateway named as its endpoint, as seen here: always
+    ``agent://NAME@DOMAIN`` of the domain forwarded to (it cannot name a third one), and
+    ``@DOMAIN`` alone for a name that is not an endpoint id."""
+    name, _ = split_domain(endpoint_id)
+    return f"{name}@{domain}" if is_endpoint_id(name) else f"@{domain}"

@@ -149,6 +149,7 @@ class Node:
                 on_published=lambda ok: self.metrics.summaries_published.labels(
                     "ok" if ok else "failed"
                 ).inc(),
+                fetch=http.fetch if isinstance(http, HttpTransport) else None,
             )
             forwarder = Forwarder(
                 settings.domain,

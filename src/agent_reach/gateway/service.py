@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, overload
@@ -76,6 +77,7 @@ __all__ = ["ANONYMOUS_SENDER", "Caller", "Service", "delivery_refusal", "with_id
 
 # the sender of a forwarded request that named none (open mode), as the receiver sees it
 ANONYMOUS_SENDER = "agent://anonymous"
+_HOPS = re.compile(r"[0-9]{1,3}")  # X-Reach-Hops: a small number, ASCII digits only
 MAX_TRACE_DOMAINS = 4  # other domains a trace read fetches events from
 TRACE_FETCH_S = 2.0  # how long it waits for each
 
@@ -403,6 +405,10 @@ class Service:
                 raise delivery_refusal()
             access = self.access
             origin = self._origin(caller)
+            hint = body.recipient_hint
+            if hint is not None and hint.endswith(f"@{self.settings.domain}"):
+                # this domain's own endpoint: agent://NAME, judged and routed as such
+                body.recipient_hint = hint[: -len(self.settings.domain) - 1]
             principal = access.authenticate(caller, SENDERS if origin is None else PEERS, "send")
             if origin is not None:
                 origin = access.check_origin(principal, origin)
@@ -479,7 +485,7 @@ class Service:
         if caller.hops is None and caller.reach_origin is None:
             return None
         hops = (caller.hops or "").strip()
-        if not hops.isdigit():
+        if not _HOPS.fullmatch(hops):
             raise InvalidRequest(
                 f"{HOPS_HEADER} must be a number of hops, got {caller.hops!r}", field=HOPS_HEADER
             )
@@ -559,8 +565,9 @@ class Service:
                 )
             )[:MAX_TRACE_DOMAINS]
             if domains:
+                limit = self.traces.max_events
                 fetched = await asyncio.gather(
-                    *(membership.fetch_trace(d, trace_id, TRACE_FETCH_S) for d in domains)
+                    *(membership.fetch_trace(d, trace_id, TRACE_FETCH_S, limit) for d in domains)
                 )
                 now = self.node.clock.wall()
                 for domain, got in zip(domains, fetched, strict=True):
@@ -577,7 +584,7 @@ class Service:
                                 "detail": got,
                             }
                         )
-                events.sort(key=lambda e: e.get("ts") or 0.0)
+                events.sort(key=lambda e: e["ts"] if isinstance(e.get("ts"), int | float) else 0.0)
         return {"trace_id": trace_id, "events": events}
 
     def federation(self, caller: Caller) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -25,7 +26,9 @@ __all__ = [
     "DirectoryEntry",
     "DomainSummary",
     "IntentSummary",
+    "check_summary",
     "decode_summary",
+    "gateway_url_refusal",
 ]
 
 MAX_SUMMARY_INTENTS = 100_000  # tags a summary may carry (a registry's --max-endpoints)
@@ -89,8 +92,9 @@ def check_summary(summary: DomainSummary) -> None:
     """InvalidRequest naming the first field of ``summary`` that is not of the contract."""
     if not is_domain(summary.domain):
         raise InvalidRequest(f"domain {summary.domain!r} is not a domain name", field="domain")
-    if not summary.gateway_url.startswith(("http://", "https://")):
-        raise InvalidRequest("gateway_url must be an http(s) URL", field="gateway_url")
+    refusal = gateway_url_refusal(summary.gateway_url)
+    if refusal is not None:
+        raise InvalidRequest(f"gateway_url {refusal}", field="gateway_url")
     if not math.isfinite(summary.at) or summary.at < 0:
         raise InvalidRequest("at must be unix seconds", field="at")
     if len(summary.intents) > MAX_SUMMARY_INTENTS:
@@ -110,6 +114,28 @@ def check_summary(summary: DomainSummary) -> None:
             raise InvalidRequest(
                 f"intents.{tag}: counts must be >= 0 and p95_ms finite", field="intents"
             )
+
+
+def gateway_url_refusal(url: str) -> str | None:
+    """Why ``url`` cannot be a gateway's URL (None: it can): http(s), a host, an optional port
+    and path; no user info, query or fragment (forwards append ``/v1/send`` to it, and it comes
+    from another process)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return "is not a URL"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http(s) URL with a host"
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        return "must not carry user info"
+    if parts.query or parts.fragment or "?" in url or "#" in url:
+        return "must not carry a query or a fragment"
+    if port is not None and not 0 < port < 65536:
+        return "has a bad port"
+    if any(ord(c) < 33 or ord(c) > 126 for c in url):
+        return "must be printable ASCII without spaces"
+    return None
 
 
 def summary_dict(summary: DomainSummary | DirectoryEntry) -> dict[str, Any]:
