@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: run test test-e2e-redis test-e2e-nats test-slow bench eval lint format clean
+.PHONY: run test test-e2e-redis test-e2e-nats test-slow chaos bench eval lint format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,15 @@ test-e2e-nats: $(VENV)/.installed-test
 # long load and fault scenarios (marked slow; none yet: pytest's "no tests" exit 5 is fine here)
 test-slow: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS) || [ $$? -eq 5 ]
+
+## chaos: the reliability suite in full (docs/reliability.md): every scenario of tests/chaos
+## with its full durations (AGENT_REACH_CHAOS=full; `make test` runs their seconds-long smoke
+## versions), one at a time, each printing its figures as a line `CHAOS {...}`, also appended to
+## benchmarks/out/chaos.jsonl; about 35 minutes
+chaos: $(VENV)/.installed-test
+	@mkdir -p benchmarks/out
+	AGENT_REACH_CHAOS=full AGENT_REACH_CHAOS_OUT=$${AGENT_REACH_CHAOS_OUT:-benchmarks/out/chaos.jsonl} \
+		$(BIN)/python -m pytest tests/chaos -s $(PYTEST_ARGS)
 
 ## bench: the benchmarks of benchmarks/, against the seed-style baseline, into benchmarks/out/
 bench: $(VENV)/.installed-bench $(VENV)/.installed-test

@@ -1,0 +1,13 @@
+"""Scenario 11: the tail. 1 % of calls 10x slow, hedging on (``hedge_after_ms`` in the intent
+dictionary, CONTRACT.md v1.1): the p99.9 must be at least 5x better than without hedging, for at
+most 5 % extra load on the agents. Pending: hedging is being built (issue 17).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.mark.skip(reason="pending: waits for hedging (hedge_after_ms, issue 17), being built")
+def test_11_hedging_cuts_the_tail() -> None:
+    raise AssertionError("not written yet")
