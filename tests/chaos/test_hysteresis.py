@@ -8,8 +8,6 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.mark.skip(
-    reason="not written yet: the latency rule's hysteresis is built; this scenario is not"
-)
+@pytest.mark.skip(reason="not written yet: the hysteresis is built; this scenario is not")
 def test_13_no_flapping_near_the_slow_threshold() -> None:
     raise AssertionError("not written yet")
