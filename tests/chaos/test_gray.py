@@ -39,6 +39,10 @@ FAULTS: dict[str, dict[str, Any]] = {
 @bounded(60, 180)
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_7_gray_failure(fault: str) -> None:
+    if fault == "errors" and not FULL:
+        # 10 % errors leave a gray agent 90 % good: over a 2 s smoke window beside other
+        # tests its share is noise (17 % seen in CI, 1.1 % over the full run's 30 s)
+        pytest.skip("full only: the 10 % errors variant needs the full run's window")
     before, settle, measured = pick((1.5, 2.0, 1.5), (15.0, 10.0, 30.0))
     gray = "agent://gray-00"
     with gateway("--heartbeat-interval", "2") as gw, stopping([]) as agents:

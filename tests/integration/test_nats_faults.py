@@ -159,24 +159,26 @@ def test_failover_from_a_nats_agent_to_its_http_twin_and_back() -> None:
             for _ in range(3):
                 assert tried(send(gw, "twin.echo")[1]) == [(twin_id, "ok")]
 
-            # back, it registers again and is eligible again; the twin, which has not failed,
-            # stays the first choice (a failure costs the NATS agent in the load-aware score)
+            # back, it registers again and is eligible again; its registration (a heartbeat)
+            # clears what the failure cost it, so the faster agent takes the work back at once
             agent = start_bus_echo(NATS_URL, subject, *on_nats)
             wait_until(lambda: eligible(gw, "twin.echo", mine), 10)
-            assert tried(send(gw, "twin.echo")[1]) == [(twin_id, "ok")], route(gw, "twin.echo")
+            sent_to_mine = 0
+            for _ in range(5):
+                status, answer = send(gw, "twin.echo")
+                assert status == 200, answer
+                sent_to_mine += answer["endpoint_id"] == mine
+            assert sent_to_mine >= 4, route(gw, "twin.echo")
             twin.popen.kill()
             twin.popen.wait(10)
-            status, answer = send(gw, "twin.echo")
-            assert status == 200, answer
-            assert tried(answer) == [(twin_id, "connect_error"), (mine, "ok")], answer
-            events = traced(gw, answer["trace_id"])
-            assert [(e, o) for e, o, _ in events] == tried(answer)
-            assert "connect" in events[0][2].lower(), events
-            for _ in range(3):
-                assert tried(send(gw, "twin.echo")[1]) == [(mine, "ok")]
+            for _ in range(3):  # the twin gone: nothing is lost
+                status, answer = send(gw, "twin.echo")
+                assert status == 200, answer
+                assert answer["endpoint_id"] == mine, answer
+                sent_to_mine += 1
             assert answer["result"]["pid"] == agent.pid
             handled = agent.stop()["handled"]
-            assert handled == 4, handled  # the second process answered exactly its 4 sends
+            assert handled == sent_to_mine, handled  # the second process answered exactly those
         finally:
             agent.stop()
             twin.stop()

@@ -840,3 +840,10 @@ def test_a_request_read_at_the_end_of_a_stall_arrived_at_its_start() -> None:
     assert clock.arrival(12.1) == 12.1  # read after the stall ended
     clock.tick(12.251)
     assert clock.arrival(12.3) == 12.3
+
+
+def test_the_probe_backoff_of_a_long_outage_stays_bounded() -> None:
+    from agent_reach.core.health import PROBE_BACKOFF_MAX_S, probe_backoff_s
+
+    # thousands of failures in a row (a NATS server down under load): no overflow
+    assert probe_backoff_s(5000) == PROBE_BACKOFF_MAX_S

@@ -81,7 +81,8 @@ def slow_after(was_slow: bool, mean_ms: float | None, threshold_ms: float) -> bo
 
 def probe_backoff_s(strikes: int) -> float:
     """How long after its last failure a recovering endpoint with ``strikes`` is probed."""
-    return min(PROBE_BACKOFF_S * 2.0 ** max(0, strikes - 1), PROBE_BACKOFF_MAX_S)
+    # the exponent capped: strikes grow without bound in a long outage (2.0 ** 1024 overflows)
+    return min(PROBE_BACKOFF_S * 2.0 ** min(max(0, strikes - 1), 32), PROBE_BACKOFF_MAX_S)
 
 
 class EndpointStats:

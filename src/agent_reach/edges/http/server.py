@@ -140,8 +140,9 @@ def _closing(handler: RequestHandler) -> bool:
 
 class ReachServer(web.Server):
     """``web.Server`` whose connections answer malformed HTTP as the module says, and that
-    holds at most ``max_connections`` open: past it, the oldest idle connection (none of its
-    requests in hand) is closed for the new one, or, with none idle, the new one is.
+    holds at most ``max_connections`` open: past it, an idle connection (none of its requests
+    in hand) is closed for the new one, the oldest of those that never sent a byte first, else
+    the oldest idle one; with none idle, the new one is.
 
     ``keepalive_timeout`` (aiohttp's, counted from the connection's start too) closes a
     connection that sends nothing for that long, before its first request or between two.
@@ -162,10 +163,12 @@ class ReachServer(web.Server):
         open_now = [h for h in self._connections if not _closing(h)]
         if len(open_now) <= self.max_connections:
             return
-        victim = next(
-            (h for h in open_now if h is not new and h._current_request is None),  # oldest first
-            new,
-        )
+        idle = [h for h in open_now if h is not new and h._current_request is None]
+        # one that never sent a byte goes first (what a flood of idle sockets is), then the
+        # oldest idle one: a client's kept-alive connection between two requests goes last
+        victim = next((h for h in idle if getattr(h, "read_at", 0.0) is None), None)
+        if victim is None:
+            victim = idle[0] if idle else new
         held = self._evictions.take()
         if held is not None:
             log(
