@@ -57,7 +57,8 @@ def test_17_soak_at_a_steady_mixed_load() -> None:
         )
         state: dict[str, int] = {}
         with (
-            Poller(lambda: operator(gw, state), every=1.0) as usage,
+            # every fifth of the run holds samples, the smoke's few seconds too
+            Poller(lambda: operator(gw, state), every=min(1.0, duration / 20)) as usage,
             Load(gw.url, BODIES, rate=100, duration=duration) as load,
         ):
             pass

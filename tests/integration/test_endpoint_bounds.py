@@ -295,9 +295,13 @@ async def test_an_ejected_agent_that_comes_back_gets_traffic_within_a_few_second
             await until(lambda: a.served > 20 and b.served > 20, 10.0, "both serving")
             await a.stop()
             await until(lambda: status_of(gw.url, a.endpoint_id) == "suspect", 5.0, "a ejected")
-            down_at = time.monotonic()
-            # down until a probe was refused too (the backoff is 1 s after two strikes)
+            before = list(traffic.answered)
+            # down until a probe was refused too (the backoff is 1 s after two strikes); from
+            # then on nothing reaches it (before, a request on a connection kept alive from
+            # before its stop may still have been answered)
             await until(lambda: ejections(gw, a.endpoint_id) >= 2, 10.0, "a probe refused")
+            down_at = time.monotonic()
+            await until(lambda: len(traffic.answered) > 20 + len(before), 10.0, "traffic on")
             assert traffic.first_answer_by(a.endpoint_id, down_at) is None
             await a.start()  # the same port, nothing said to the gateway
             back_at = time.monotonic()
