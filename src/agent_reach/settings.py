@@ -274,7 +274,7 @@ class GatewaySettings:
     default_timeout_ms: int = 8000
     answer_margin_ms: float = 5.0
     trace_capacity: int = 10_000
-    retry_budget_ratio: float = 0.2
+    retry_budget_ratio: float = 0.1
     retry_budget_min_per_s: float = 10.0
     log_level: str = "INFO"
     # access control (docs/security.md)

@@ -6,6 +6,7 @@ the gateway answers throughout."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import time
 
@@ -62,3 +63,45 @@ def test_past_the_cap_the_oldest_idle_connections_make_room() -> None:
         finally:
             for sock in idle:
                 sock.close()
+
+
+def _status_line(sock: socket.socket) -> bytes:
+    """Read an answer's head off ``sock``; its status line (the answers here are small)."""
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = sock.recv(4096)
+        assert chunk, f"closed with the request unanswered: {head!r}"
+        head += chunk
+    return head.split(b"\r\n")[0]
+
+
+_HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+
+
+def test_a_request_sent_during_a_stall_longer_than_the_idle_timeout_is_answered() -> None:
+    # docs/reliability.md's B1: when the loop resumed, the idle check ran before the loop read
+    # the request waiting in the socket, closed the connection, and the client got a reset
+    with gateway("--matcher", "none", "--idle-timeout", "1") as gw:
+        sock = _connect(gw.url)
+        try:
+            sock.sendall(_HEALTHZ)
+            assert _status_line(sock) == b"HTTP/1.1 200 OK"
+            time.sleep(0.3)  # a kept-alive connection between two requests, the loop waiting
+            gw.popen.send_signal(signal.SIGSTOP)
+            try:
+                # the stall itself, twice the idle timeout; the request sent at its end (sent
+                # at its start, the loop's wait was woken by it: that one was read in time)
+                time.sleep(2.0)
+                sock.sendall(_HEALTHZ)
+            finally:
+                gw.popen.send_signal(signal.SIGCONT)
+            assert _status_line(sock) == b"HTTP/1.1 200 OK"
+        finally:
+            sock.close()
+        # and the connection is still an idle one like any other: closed a timeout later
+        quiet = _connect(gw.url)
+        try:
+            quiet.settimeout(5)
+            assert quiet.recv(1) == b""
+        finally:
+            quiet.close()

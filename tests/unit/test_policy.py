@@ -199,12 +199,32 @@ def test_custom_floor() -> None:
     assert spend_all(RetryBudget(ratio=0.2, min_per_second=0, window=10), NOW) == 0
 
 
-def test_ratio_share_on_top_of_the_floor() -> None:
+def test_the_floor_is_a_lower_bound_not_an_addition() -> None:
     budget = RetryBudget(ratio=0.2, min_per_second=10, window=10)
     for _ in range(50):
         budget.record_request(NOW)
-    assert budget.allowance(NOW) == pytest.approx(110.0)
-    assert spend_all(budget, NOW) == 110
+    assert budget.allowance(NOW) == pytest.approx(100.0)  # 0.2 x 50 = 10 is under the floor
+    for _ in range(950):
+        budget.record_request(NOW)
+    assert budget.allowance(NOW) == pytest.approx(200.0)  # 0.2 x 1,000: the share alone
+    assert spend_all(budget, NOW) == 200
+
+
+def test_an_outage_costs_at_most_the_share_past_the_floor() -> None:
+    # every request fails and asks for retries: 100 req/s over 60 s (the window's worth of
+    # requests made beforehand too), the default share 0.1: at most 1.1 attempts a request
+    budget = RetryBudget()
+    for second in range(10):
+        for _ in range(100):
+            budget.record_request(NOW - 10 + second)
+    retries = requests = 0
+    for tick in range(6000):
+        now = NOW + tick / 100
+        budget.record_request(now)
+        requests += 1
+        for _ in range(3):  # up to three retries each, as max_retries allows
+            retries += budget.try_spend(now)
+    assert 1.05 <= (requests + retries) / requests <= 1.12
 
 
 def test_ratio_alone() -> None:
@@ -215,8 +235,10 @@ def test_ratio_alone() -> None:
 
 
 def test_refused_retry_is_not_counted() -> None:
-    budget = RetryBudget(ratio=0.2, min_per_second=10, window=10)
-    spend_all(budget, NOW)
+    budget = RetryBudget(ratio=0.2, min_per_second=0, window=10)
+    for _ in range(500):
+        budget.record_request(NOW)
+    assert spend_all(budget, NOW) == 100
     for _ in range(20):
         assert budget.try_spend(NOW) is False
     assert budget.allowance(NOW) == 0.0
@@ -238,7 +260,7 @@ def test_window_slides_old_buckets_out() -> None:
 
 def test_window_drops_everything_after_a_long_pause() -> None:
     budget = RetryBudget(ratio=0.2, min_per_second=10, window=10)
-    for _ in range(50):
+    for _ in range(5000):
         budget.record_request(NOW)
     spend_all(budget, NOW)
     assert budget.allowance(NOW + 3600) == 100.0
@@ -257,9 +279,9 @@ def test_window_keeps_recent_buckets() -> None:
 
 def test_requests_slide_out_too() -> None:
     budget = RetryBudget(ratio=0.2, min_per_second=10, window=10)
-    for _ in range(50):
+    for _ in range(1000):
         budget.record_request(NOW)
-    assert budget.allowance(NOW + 9) == pytest.approx(110.0)
+    assert budget.allowance(NOW + 9) == pytest.approx(200.0)
     assert budget.allowance(NOW + 11) == pytest.approx(100.0)
 
 
@@ -271,7 +293,7 @@ def test_requests_slide_out_too() -> None:
     )
 )
 def test_budget_never_exceeded_in_any_window(ops: list[tuple[str, float]]) -> None:
-    """Granted retries in the window never exceed ratio x requests + floor."""
+    """Granted retries in the window never exceed the larger of ratio x requests and the floor."""
     budget = RetryBudget(ratio=0.2, min_per_second=1, window=5)
     now = NOW
     log: list[tuple[str, float]] = []
@@ -284,4 +306,4 @@ def test_budget_never_exceeded_in_any_window(ops: list[tuple[str, float]]) -> No
             log.append(("retry", now))
         second = int(now)
         recent = [k for k, at in log if int(at) > second - budget.window]
-        assert recent.count("retry") <= 0.2 * recent.count("request") + 5
+        assert recent.count("retry") <= max(0.2 * recent.count("request"), 5)

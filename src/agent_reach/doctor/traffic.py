@@ -175,8 +175,8 @@ def retry_storm(s: Snapshot) -> list[Finding]:
         "GET /v1/traces/TRACE_ID), then fix it or take it out (deregister). Retries multiply the "
         "load on a failing agent: a failover goes at once to another candidate; a retry of the "
         "same endpoint waits 0.5 x per-try before the first and 1 x per-try before later ones "
-        "(jittered, 50-100 %); the gateway-wide retry budget caps retries at 20 % of recent "
-        "requests plus 10 a second."
+        "(jittered, 50-100 %); the gateway-wide retry budget caps retries at 10 % of recent "
+        "requests, or 10 a second where that is more."
     )
     if refused:
         step += (

@@ -50,7 +50,7 @@ from agent_reach.errors import (
     Unauthorized,
 )
 from agent_reach.federation.dirstore import SummaryStore, open_store
-from agent_reach.observability.logs import log
+from agent_reach.observability.logs import Throttle, log
 from agent_reach.settings import is_loopback
 from agent_reach.wire.bodies import encode
 from agent_reach.wire.federation import DirectoryAnswer, decode_summary
@@ -109,23 +109,6 @@ class DirectorySettings:
             )
 
 
-class _Throttle:
-    """At most one log line per ``every_s`` for an event; counts what it holds back."""
-
-    def __init__(self, monotonic: Callable[[], float], every_s: float = 1.0) -> None:
-        self.monotonic, self.every_s = monotonic, every_s
-        self.next_at: dict[str, float] = {}
-        self.held: dict[str, int] = {}
-
-    def log(self, level: int, event: str, **data: Any) -> None:
-        now = self.monotonic()
-        if now < self.next_at.get(event, 0.0):
-            self.held[event] = self.held.get(event, 0) + 1
-            return
-        self.next_at[event] = now + self.every_s
-        log(level, event, suppressed=self.held.pop(event, 0), **data)
-
-
 class Directory:
     """The directory over one store: :meth:`handle` is the aiohttp low-level handler."""
 
@@ -148,7 +131,7 @@ class Directory:
         self.tokens: TokenService | None = None
         self._keys_checked = 0.0
         self._store_ok = True
-        self._throttle = _Throttle(self.clock.monotonic)
+        self._throttle = Throttle(monotonic=self.clock.monotonic)
         self._browsers: Any = None
         if settings.auth == "open":
             from agent_reach.gateway.guards import BrowserGuard

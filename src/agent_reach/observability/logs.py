@@ -8,11 +8,13 @@ from __future__ import annotations
 import contextvars
 import logging
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
-__all__ = ["TRACE_ID", "configure", "log", "logger"]
+__all__ = ["TRACE_ID", "Throttle", "configure", "log", "logger"]
 
 TRACE_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("trace_id", default=None)
 logger = logging.getLogger("agent_reach")
@@ -23,6 +25,51 @@ def log(level: int, event: str, *, exc_info: bool = False, **data: Any) -> None:
     """Log ``event`` with ``data`` as keys; the bound trace id is added when there is one."""
     if logger.isEnabledFor(level):
         logger.log(level, event, exc_info=exc_info, extra={"data": data})
+
+
+class Throttle:
+    """At most one log line per ``every_s`` for each key (an event name); counts what it
+    holds back, for the next line's ``suppressed``. A cheap guard against a flood of lines
+    that any client can cause (malformed HTTP, refused sessions, a full connection table)."""
+
+    def __init__(
+        self, every_s: float = 1.0, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.every_s, self.monotonic = every_s, monotonic
+        self.next_at: dict[str, float] = {}
+        self.held: dict[str, int] = {}
+
+    def take(self, key: str) -> int | None:
+        """The count held back for ``key`` since its last line when a line may go now, else
+        None (and one more is counted)."""
+        now = self.monotonic()
+        if now < self.next_at.get(key, 0.0):
+            self.held[key] = self.held.get(key, 0) + 1
+            return None
+        self.next_at[key] = now + self.every_s
+        return self.held.pop(key, 0)
+
+    def log(self, level: int, event: str, **data: Any) -> None:
+        """:func:`log` ``event`` with ``suppressed`` when a line may go now."""
+        held = self.take(event)
+        if held is not None:
+            log(level, event, suppressed=held, **data)
+
+
+class _LibraryThrottle(logging.Filter):
+    """Lets through at most one line a second of each message of the libraries named (their
+    loggers' records, by logger and message template): the ``mcp`` SDK logs a line for every
+    session a client opens, ends or is refused, which any client can repeat at will."""
+
+    def __init__(self, *prefixes: str) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+        self.throttle = Throttle()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(self.prefixes):
+            return True
+        return self.throttle.take(f"{record.name}:{record.msg}") is not None
 
 
 class JsonFormatter(logging.Formatter):
@@ -50,9 +97,15 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure(level: str = "INFO", stream: Any = None) -> None:
-    """Send every ``agent_reach`` and aiohttp log line to ``stream`` (stderr) as JSON."""
+    """Send every ``agent_reach`` and aiohttp log line to ``stream`` (stderr) as JSON.
+
+    The ``mcp`` SDK's lines are kept to WARNING and above unless ``level`` is DEBUG (its INFO
+    lines are one per session opened or ended), and each of its messages to one a second."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter())
+    handler.addFilter(_LibraryThrottle("mcp"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    if root.level > logging.DEBUG:
+        logging.getLogger("mcp").setLevel(logging.WARNING)

@@ -15,24 +15,32 @@ Connections: at most ``--max-connections`` open (default: the open-files limit l
 :data:`FD_RESERVE`); past it the oldest idle one is closed for the new one (a line
 ``http.connections_full``, rate-limited as above), so that a crowd of idle connections cannot
 lock the gateway out of its descriptors; and ``--idle-timeout`` closes one that sends nothing
-for that long, before its first request or between two.
+for that long, before its first request or between two. A connection with bytes waiting unread
+in its socket is not idle, however long ago it last sent: after a stall of the loop longer
+than the timeout (a SIGSTOP, a paused VM), the idle check runs before the loop reads what
+clients sent meanwhile, and closing then would answer their requests with a reset.
 
-This overrides ``RequestHandler.handle_error``, ``RequestHandler.connection_made`` and
-``Server.__call__``, and reads ``Server._connections`` and ``RequestHandler._current_request``,
+This overrides ``RequestHandler.handle_error``, ``RequestHandler.connection_made``,
+``RequestHandler._process_keepalive`` and ``Server.__call__``, and reads
+``Server._connections``, ``RequestHandler._current_request``, ``_keepalive_handle``,
+``_keepalive_timeout`` and ``_next_keepalive_close_time``,
 which aiohttp (3.9 to 3.14) uses: check both when upgrading aiohttp
 (tests/integration/test_malformed_http.py fails if they stop being used).
 """
 
 from __future__ import annotations
 
+import array
+import fcntl
 import logging
+import termios
 import time
 from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from agent_reach.observability.logs import log
+from agent_reach.observability.logs import Throttle
 from agent_reach.wire.bodies import encode
 
 __all__ = ["LOG_PER_S", "ReachServer", "default_max_connections"]
@@ -41,26 +49,7 @@ LOG_PER_S = 1.0  # http.malformed lines a second, at most
 _REASON_MAX = 120  # characters of the parser's reason kept (it may quote the input)
 
 
-class _Throttle:
-    """At most ``per_s`` log lines a second; counts what it holds back."""
-
-    def __init__(self, per_s: float) -> None:
-        self.every = 1.0 / per_s
-        self.next_at = 0.0
-        self.suppressed = 0
-
-    def take(self) -> int | None:
-        """The count held back since the last line when a line may go now, else None."""
-        now = time.monotonic()
-        if now < self.next_at:
-            self.suppressed += 1
-            return None
-        self.next_at = now + self.every
-        held, self.suppressed = self.suppressed, 0
-        return held
-
-
-_THROTTLE = _Throttle(LOG_PER_S)
+_THROTTLE = Throttle(1.0 / LOG_PER_S)
 FD_RESERVE = 256  # descriptors kept for the agents' pools, Redis, NATS, logs and files
 
 
@@ -86,6 +75,19 @@ def _reason(exc: BaseException | None, message: str | None) -> str:
     return printable[:_REASON_MAX]
 
 
+def _unread(transport: Any) -> bool:
+    """Whether bytes wait unread in the socket under ``transport`` (FIONREAD)."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return False
+    count = array.array("i", [0])
+    try:
+        fcntl.ioctl(sock.fileno(), termios.FIONREAD, count)
+    except (OSError, ValueError):  # closed meanwhile: nothing to keep it for
+        return False
+    return count[0] > 0
+
+
 class _ReachRequestHandler(RequestHandler):
     # when bytes of this connection were last read (monotonic): a request's deadline counts
     # from there, not from when its handler got to run (they differ under load)
@@ -94,6 +96,17 @@ class _ReachRequestHandler(RequestHandler):
     def data_received(self, data: bytes) -> None:
         self.read_at = time.monotonic()
         super().data_received(data)
+
+    def _process_keepalive(self) -> None:
+        if _unread(self.transport):
+            # a request sent while the loop was held: the loop reads it next; look again one
+            # timeout from now (a response in between moves the close time on as usual)
+            self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
+            self._keepalive_handle = self._loop.call_at(
+                self._next_keepalive_close_time, self._process_keepalive
+            )
+            return
+        super()._process_keepalive()
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -111,16 +124,13 @@ class _ReachRequestHandler(RequestHandler):
         if status >= 500:  # a fault of ours (our handler catches its own): aiohttp's way
             return super().handle_error(request, status, exc, message)
         reason = _reason(exc, message)
-        held = _THROTTLE.take()
-        if held is not None:
-            log(
-                logging.WARNING,
-                "http.malformed",
-                remote=request.remote or "?",
-                status=status,
-                reason=reason,
-                suppressed=held,
-            )
+        _THROTTLE.log(
+            logging.WARNING,
+            "http.malformed",
+            remote=request.remote or "?",
+            status=status,
+            reason=reason,
+        )
         if request.writer.output_size > 0:  # part of an answer went out: nothing more can
             raise ConnectionError("malformed request after an answer had started")
         body = {
@@ -151,7 +161,7 @@ class ReachServer(web.Server):
     def __init__(self, handler: Any, *, max_connections: int, **kwargs: Any) -> None:
         super().__init__(handler, **kwargs)
         self.max_connections = max_connections
-        self._evictions = _Throttle(LOG_PER_S)
+        self._evictions = Throttle(1.0 / LOG_PER_S)
 
     def __call__(self) -> RequestHandler:
         kwargs: dict[str, Any] = self._kwargs
@@ -169,13 +179,10 @@ class ReachServer(web.Server):
         victim = next((h for h in idle if getattr(h, "read_at", 0.0) is None), None)
         if victim is None:
             victim = idle[0] if idle else new
-        held = self._evictions.take()
-        if held is not None:
-            log(
-                logging.WARNING,
-                "http.connections_full",
-                limit=self.max_connections,
-                closed="the oldest idle connection" if victim is not new else "the new one",
-                suppressed=held,
-            )
+        self._evictions.log(
+            logging.WARNING,
+            "http.connections_full",
+            limit=self.max_connections,
+            closed="the oldest idle connection" if victim is not new else "the new one",
+        )
         victim.force_close()
