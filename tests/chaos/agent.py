@@ -8,13 +8,16 @@ thresholds. ``--beat-jitter S`` delays each sent beat by 0-2S seconds (S +- S ar
 on a task of its own, so that the schedule itself does not drift. A beat answered 404 registers
 again. ``--seed`` makes the drops reproducible.
 
-Deliveries (``POST /reach``) are answered after ``delay_ms`` with ``{"agent": ID}``; with
-probability ``error_rate`` at once with ``error_status`` (503 by default) instead; with ``hang``
-never (until the gateway gives up on the connection). ``POST /control`` with a JSON object
-changes any of ``delay_ms``, ``error_rate``, ``error_status``, ``hang``, ``beat_drop``.
-``GET /stats`` answers what it saw: deliveries received and answered by status, in flight now
-and at most, and the retries (``X-Reach-Attempt`` >= 2) with the ``X-Reach-Deadline-Ms`` they
-carried. ``POST /stats/reset`` zeroes the counts.
+Deliveries (``POST /reach``) are answered after ``delay_ms`` with ``{"agent": ID}`` (drawn
+from ``delay_ms`` x (1 +- ``delay_spread``), uniformly, when that is set); every
+``slow_every``-th delivery of an intent after ``slow_ms`` instead (a deterministic tail: exactly
+one in ``slow_every``); with probability ``error_rate`` at once with ``error_status`` (503 by
+default) instead; with ``hang`` never (until the gateway gives up on the connection).
+``POST /control`` with a JSON object changes any of ``delay_ms``, ``delay_spread``,
+``slow_every``, ``slow_ms``, ``error_rate``, ``error_status``, ``hang``, ``beat_drop``.
+``GET /stats`` answers what it saw: deliveries received (also by intent, ``received:TAG``) and
+answered by status, in flight now and at most, and the retries (``X-Reach-Attempt`` >= 2) with
+the ``X-Reach-Deadline-Ms`` they carried. ``POST /stats/reset`` zeroes the counts.
 
 It prints ``agent://ID serving at URL`` once registered (what tests/support.py waits for).
 """
@@ -37,6 +40,9 @@ parser.add_argument("--gateway", required=True)
 parser.add_argument("--id", required=True)
 parser.add_argument("--intents", default="test.echo")
 parser.add_argument("--delay-ms", type=float, default=0.0)
+parser.add_argument("--delay-spread", type=float, default=0.0)
+parser.add_argument("--slow-every", type=int, default=0)
+parser.add_argument("--slow-ms", type=float, default=0.0)
 parser.add_argument("--error-rate", type=float, default=0.0)
 parser.add_argument("--error-status", type=int, default=503)
 parser.add_argument("--hang", action="store_true")
@@ -48,6 +54,9 @@ args = parser.parse_args()
 
 state: dict[str, Any] = {
     "delay_ms": args.delay_ms,
+    "delay_spread": args.delay_spread,
+    "slow_every": args.slow_every,
+    "slow_ms": args.slow_ms,
     "error_rate": args.error_rate,
     "error_status": args.error_status,
     "hang": args.hang,
@@ -65,8 +74,10 @@ def log(event: str, **data: Any) -> None:
 
 
 async def reach(request: web.Request) -> web.Response:
-    await request.read()
+    intent = str(json.loads(await request.read()).get("intent"))
     counts["received"] += 1
+    counts[f"received:{intent}"] += 1
+    nth = counts[f"received:{intent}"]
     inflight["now"] += 1
     inflight["max"] = max(inflight["max"], inflight["now"])
     attempt = int(request.headers.get("X-Reach-Attempt", "1"))
@@ -78,8 +89,11 @@ async def reach(request: web.Request) -> web.Response:
         if state["error_rate"] > 0 and rng.random() < state["error_rate"]:
             counts[str(state["error_status"])] += 1
             return web.json_response({"error": "told to fail"}, status=state["error_status"])
-        if state["delay_ms"] > 0:
-            await asyncio.sleep(state["delay_ms"] / 1000)
+        delay_ms = state["delay_ms"] * (1 + state["delay_spread"] * rng.uniform(-1, 1))
+        if state["slow_every"] and nth % state["slow_every"] == 0:
+            delay_ms = state["slow_ms"]
+        if delay_ms > 0:
+            await asyncio.sleep(delay_ms / 1000)
         counts["200"] += 1
         return web.json_response({"agent": args.id})
     finally:

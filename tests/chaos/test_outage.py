@@ -80,9 +80,9 @@ def test_6_every_agent_503_then_healthy() -> None:
         assert amplification <= 1.2, amplification
     else:
         # smoke, too short for the ratio: the retry budget holds, over its 10 s window at most
-        # 20 % of the requests plus a floor of 10 a second (docs/routing.md), and 10 of slack
+        # 10 % of the requests or a floor of 10 a second (docs/routing.md), and 10 of slack
         seen = window(results, healed_at - 10.0, healed_at)
-        assert received - len(during) <= 0.2 * len(seen) + 100 + 10, (received, len(during))
+        assert received - len(during) <= max(0.1 * len(seen), 100) + 10, (received, len(during))
     assert to_steady <= INTERVAL, to_steady
 
 

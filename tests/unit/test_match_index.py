@@ -5,13 +5,23 @@ and waiting, and its answers cached until a new index comes."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
+import sys
 import threading
 from collections.abc import Callable, Collection
 
 import pytest
 
 from agent_reach.errors import Overloaded
-from agent_reach.intents.matcher import EMPTY_INDEX, MatchIndexHolder, Scored, TagTexts
+from agent_reach.intents.matcher import (
+    EMPTY_INDEX,
+    MATCHER_NICE,
+    SNAPSHOT_CHUNK,
+    MatchIndexHolder,
+    Scored,
+    TagTexts,
+)
 
 
 async def until(predicate: Callable[[], bool], bound: float = 5.0) -> None:
@@ -177,3 +187,86 @@ async def test_a_cancelled_lookup_keeps_its_slot_until_its_thread_is_done() -> N
     assert index.lookups == 2
     with pytest.raises(asyncio.CancelledError):
         await first
+
+
+async def test_a_long_build_delays_lookups_only_in_its_first_fresh_wait() -> None:
+    tags = {"weather.query"}
+    matcher = Words()
+    holder = MatchIndexHolder(matcher, lambda: set(tags), lambda tag: [], fresh_wait_s=0.2)
+    await holder.wait()
+    matcher.hold_builds.clear()  # the next build runs long (50,000 new tags to embed)
+    try:
+        tags.add("note.create")
+        holder.changed()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        first = await holder.lookup(None, "weather note")  # waits for it, then the old index
+        waited = loop.time() - started
+        assert 0.15 <= waited < 1.0, waited
+        assert first == [("weather.query", 0.9)]
+        started = loop.time()
+        await holder.lookup(None, "note weather")  # past the build's first 0.2 s: no wait
+        assert loop.time() - started < 0.1
+    finally:
+        matcher.hold_builds.set()
+    await holder.wait(5)
+    assert await holder.lookup(None, "note") == [("note.create", 0.9)]
+
+
+def _niceness() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+async def test_the_matchers_work_runs_in_threads_of_its_own_below_the_loop() -> None:
+    seen: dict[str, tuple[str, bool, int]] = {}
+
+    class Looking(Words):
+        def build(self, known: Collection[str], texts: TagTexts) -> WordIndex:
+            me = threading.current_thread()
+            seen["build"] = (me.name, me.daemon, _niceness())
+            index = super().build(known, texts)
+            original = index.match
+
+            def match(intent: str | None, text: str | None, k: int = 4) -> Scored:
+                seen["lookup"] = (threading.current_thread().name, False, _niceness())
+                return original(intent, text, k)
+
+            index.match = match  # type: ignore[method-assign]
+            return index
+
+    holder = MatchIndexHolder(Looking(), lambda: {"weather.query"}, lambda tag: [])
+    await holder.wait()
+    assert await holder.lookup(None, "weather") == [("weather.query", 0.9)]
+    name, daemon, nice = seen["build"]
+    assert name == "agent-reach-index" and daemon  # a gateway stopping does not wait for it
+    lookup_thread, _, lookup_nice = seen["lookup"]
+    assert lookup_thread.startswith("agent-reach-match"), lookup_thread
+    if sys.platform == "linux":
+        assert nice == lookup_nice == min(_niceness() + MATCHER_NICE, 19), (nice, lookup_nice)
+    holder.close()
+
+
+async def test_the_snapshot_of_many_tags_lets_the_loop_run_between_chunks() -> None:
+    tags = {f"t{n}.query" for n in range(3 * SNAPSHOT_CHUNK + 1)}
+    read: list[int] = []  # how many tags' texts had been read at each turn of the loop
+    count = 0
+
+    def texts(tag: str) -> list[str]:
+        nonlocal count
+        count += 1
+        return []
+
+    async def turns() -> None:
+        while True:
+            read.append(count)
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(turns())
+    try:
+        holder = MatchIndexHolder(Words(), lambda: tags, texts)
+        await holder.wait()
+    finally:
+        ticker.cancel()
+    steps = [b - a for a, b in itertools.pairwise(read)]
+    assert count == len(tags)
+    assert max(steps) <= SNAPSHOT_CHUNK, max(steps)  # never all of them in one hold

@@ -11,7 +11,15 @@ Invariants:
   tags or their texts schedules one build (changes during a build are taken by one more build
   after it); a build started before a later change never replaces the index of that change.
 - Builds see a snapshot: the known tags and their texts are read on the event loop and handed
-  to the worker thread as plain values (the registry's view is not thread-safe).
+  to the worker thread as plain values (the registry's view is not thread-safe), the texts
+  :data:`SNAPSHOT_CHUNK` tags at a time with the loop free between (a read of 50,000 tags held
+  it ~30 ms at once); a change meanwhile is taken by the next build.
+- The matcher's work runs at a lower CPU priority than the event loop (Linux: nice
+  :data:`MATCHER_NICE`, those threads only): lookups in a pool of ``max_running`` threads of
+  the holder's own, each build in a daemon thread of its own. A flood of new sentences (each
+  an embedding, ~15 ms of a core) or a big build (an embedding of each of 50,000 new tags is
+  minutes of a core) takes what the loop leaves, rather than the core its requests need, and
+  a gateway stopping does not wait for a build.
 - Until the first build finishes the index is empty: no fallback match, only exact and alias
   ones. A failing build is logged and the previous index stays in force.
 - A lookup's cost does not grow with the requests in flight: at most ``max_running`` run at
@@ -19,17 +27,23 @@ Invariants:
   ``max_waiting`` wait for them; past that a lookup is refused with
   :class:`~agent_reach.errors.Overloaded` at once. Answers are cached (bounded, keyed by the
   caller's words; dropped when a new index comes).
-- A lookup made while a build of a newer change runs waits for it, up to ``fresh_wait_s`` (1 s),
-  so that a tag registered a moment ago is found; past that it uses the index in force.
+- A lookup made while a build of a newer change runs waits for it, until ``fresh_wait_s`` (1 s)
+  after that build started, so that a tag registered a moment ago is found; past that it uses
+  the index in force (a build of minutes delays lookups in its first second only).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import logging
+import os
+import sys
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from agent_reach.errors import Overloaded
 from agent_reach.observability.logs import log
@@ -49,6 +63,10 @@ TagTexts = Callable[[str], Sequence[str]]
 Scored = list[tuple[str, float]]
 
 LOOKUP_K = 4  # tags a lookup keeps: the best, and runners-up for the trace and suggestions
+SNAPSHOT_CHUNK = 2000  # tags whose texts a build reads on the loop before letting it run
+MATCHER_NICE = 10  # the matcher threads' niceness (Linux): about a tenth of a contended core
+
+_T = TypeVar("_T")
 
 
 class MatchIndex(Protocol):
@@ -111,7 +129,11 @@ class MatchIndexHolder:
         self._version = 0  # bumped by every change
         self._built = -1 if matcher is not None else 0  # the version of the index in force
         self._task: asyncio.Task[None] | None = None
+        self._started_at = 0.0  # loop time the build in progress started
         self._running = asyncio.Semaphore(max_running)
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_running, thread_name_prefix="agent-reach-match", initializer=_lower_priority
+        )
         self._max_waiting = max_waiting
         self._waiting = 0
         self._cache: OrderedDict[tuple[str | None, str | None], Scored] = OrderedDict()
@@ -151,12 +173,20 @@ class MatchIndexHolder:
     async def _build_until_current(self) -> None:
         matcher = self.matcher
         assert matcher is not None
+        loop = asyncio.get_running_loop()
         while self._built < self._version:
             version = self._version
+            self._started_at = loop.time()
             known = tuple(self._known())
-            texts = {tag: tuple(self._texts(tag)) for tag in known}  # read here, on the loop
+            texts: dict[str, tuple[str, ...]] = {}
+            for start in range(0, len(known), SNAPSHOT_CHUNK):  # read here, on the loop
+                if start:
+                    await asyncio.sleep(0)
+                texts.update(
+                    (tag, tuple(self._texts(tag))) for tag in known[start : start + SNAPSHOT_CHUNK]
+                )
             try:
-                index = await asyncio.to_thread(matcher.build, known, _lookup(texts))
+                index = await _in_background(matcher.build, known, _lookup(texts))
             except asyncio.CancelledError:
                 raise
             except Exception:  # the old index stays; the next change tries again
@@ -173,9 +203,11 @@ class MatchIndexHolder:
         _retrieve(future)
 
     def close(self) -> None:
-        """Cancel a build in progress."""
+        """Cancel a build in progress (its thread runs on, unwaited) and end the lookups'
+        threads once their lookups are done."""
         if self._task is not None:
             self._task.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     # --- looking up --------------------------------------------------------------------------
 
@@ -198,13 +230,16 @@ class MatchIndexHolder:
             task = self._task
             if self._built < self._version and task is not None and not task.done():
                 # a build of a newer change is running (an agent just registered): a lookup
-                # waits for it a little, rather than miss the tags it brings
-                await asyncio.wait([task], timeout=self.fresh_wait_s)
+                # waits for it a little, rather than miss the tags it brings; not for a long
+                # one past its first fresh_wait_s
+                left = self._started_at + self.fresh_wait_s - asyncio.get_running_loop().time()
+                if left > 0:
+                    await asyncio.wait([task], timeout=left)
             index = self.index
             await self._running.acquire()
             try:
                 running = asyncio.get_running_loop().run_in_executor(
-                    None, index.match, key[0], key[1], LOOKUP_K
+                    self._pool, index.match, key[0], key[1], LOOKUP_K
                 )
             except BaseException:
                 self._running.release()
@@ -220,6 +255,45 @@ class MatchIndexHolder:
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         return scored
+
+
+def _lower_priority() -> None:
+    """Make the calling thread :data:`MATCHER_NICE` nicer than it was (Linux, where a thread
+    has a niceness of its own)."""
+    if sys.platform == "linux":  # (elsewhere the call would renice the whole process)
+        # not permitted here: it runs at the usual priority
+        with contextlib.suppress(OSError):
+            me = threading.get_native_id()
+            os.setpriority(
+                os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + MATCHER_NICE)
+            )
+
+
+def _in_background(fn: Callable[..., _T], *args: object) -> asyncio.Future[_T]:
+    """``fn(*args)`` in a daemon thread of its own at :data:`MATCHER_NICE`; its outcome in the
+    returned future (a cancelled future: the outcome is dropped, the thread runs to its end)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[_T] = loop.create_future()
+
+    def settle(outcome: _T | None, fault: BaseException | None) -> None:
+        if future.done():
+            return
+        if fault is not None:
+            future.set_exception(fault)
+        else:
+            future.set_result(outcome)  # type: ignore[arg-type]
+
+    def run() -> None:
+        _lower_priority()
+        try:
+            outcome, fault = fn(*args), None
+        except BaseException as exc:  # handed to the awaiting task, which logs it
+            outcome, fault = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(settle, outcome, fault)
+
+    threading.Thread(target=run, name="agent-reach-index", daemon=True).start()
+    return future
 
 
 def _retrieve(future: asyncio.Future[Scored]) -> None:
