@@ -10,11 +10,15 @@ answers ``SendMessage`` by ``--mode``:
 - ``hang``: never answers (until the process is stopped); ``slow``: a Message after
   ``--delay-ms``.
 
+``CancelTask`` cancels a task that is not finished (an ``input`` mode task waiting for its
+follow-up); a finished one is not cancelable (-32002, the SDK's check).
+
 Each answer (a Message's parts, or the artifact's) is a text part ``echo: <user text>`` and a
 data part telling what arrived: ``{"agent", "pid", "data" (the first data part received, or
 null), "metadata" (the message's metadata), "context_id", "task_id" (the message's ids as the
 client sent them, null when it sent none: the SDK fills in generated ones before the executor
-runs), "parts" (the kinds of the parts received, in order)}``. Numbers in it come back as
+runs), "parts" (the kinds of the parts received, in order), "assertion" (the request's
+``X-Reach-Assertion`` header, null without one)}``. Numbers in it come back as
 floats (protobuf's ``Value``: ``pid`` and ``deadline_ms`` too).
 
 ``--sign-key PEM`` (and ``--kid``) signs the card (ES256, the SDK's signer).
@@ -75,8 +79,9 @@ Receive = Callable[[], Awaitable[AsgiEvent]]
 Send = Callable[[AsgiEvent], Awaitable[None]]
 Asgi = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-# messageId -> the (contextId, taskId) the client sent, recorded before the SDK fills them in
-SENT_IDS: dict[str, tuple[str | None, str | None]] = {}
+# messageId -> the (contextId, taskId) the client sent, recorded before the SDK fills them in,
+# and the request's X-Reach-Assertion header
+SENT_IDS: dict[str, tuple[str | None, str | None, str | None]] = {}
 STOPPING = asyncio.Event()  # set on SIGTERM/SIGINT: a hanging request gives up
 
 
@@ -157,7 +162,7 @@ def seen_part(args: argparse.Namespace, ctx: RequestContext) -> list[Part]:
     message = ctx.message
     assert message is not None
     data = get_data_parts(message.parts)
-    context_id, task_id = SENT_IDS.pop(message.message_id, (None, None))
+    context_id, task_id, assertion = SENT_IDS.pop(message.message_id, (None, None, None))
     seen = {
         "agent": args.name,
         "pid": os.getpid(),
@@ -166,6 +171,7 @@ def seen_part(args: argparse.Namespace, ctx: RequestContext) -> list[Part]:
         "context_id": context_id,
         "task_id": task_id,
         "parts": [part.WhichOneof("content") for part in message.parts],
+        "assertion": assertion,
     }
     return [new_text_part("echo: " + ctx.get_user_input()), new_data_part(seen)]
 
@@ -213,8 +219,10 @@ class ModeExecutor(AgentExecutor):
         await updater.complete()
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
-        """Not offered."""
-        raise UnsupportedOperationError()
+        """Cancels the task (the SDK refuses a finished one before this is called)."""
+        if context.task_id is None or context.context_id is None:
+            raise UnsupportedOperationError()
+        await TaskUpdater(event_queue, context.task_id, context.context_id).cancel()
 
 
 class RecordSentIds:
@@ -242,9 +250,12 @@ class RecordSentIds:
             SENT_IDS.clear()
         try:
             message = json.loads(body)["params"]["message"]
+            headers = dict(scope.get("headers") or [])
+            assertion = headers.get(b"x-reach-assertion")
             SENT_IDS[str(message["messageId"])] = (
                 message.get("contextId"),
                 message.get("taskId"),
+                None if assertion is None else assertion.decode("latin-1"),
             )
         except (ValueError, KeyError, TypeError):
             pass  # not a SendMessage: the SDK answers it as it should

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from agent_reach.core.model import EndpointRecord
 from agent_reach.errors import ConfigError, EndpointHeld, RegistryFull
 from agent_reach.registry import RegistryBackend, RegistryChange, open_registry
+from agent_reach.testing import FakeClock
 from tests.support import REDIS_URL, drop_prefix
 
 Opener = Callable[..., Awaitable[RegistryBackend]]
@@ -252,3 +254,75 @@ async def test_a_shared_map_is_seen_by_every_view_of_the_registry(opener: Opener
 
 def _memory(registry: RegistryBackend) -> bool:
     return type(registry).__name__ == "MemoryRegistry"
+
+
+async def test_a_claim_map_is_seen_by_every_view_and_the_first_claim_wins(
+    opener: Opener,
+) -> None:
+    first = await opener()
+    second = first if _memory(first) else await opener()
+    owners, seen = first.claim_map("a2a-owners"), second.claim_map("a2a-owners")
+    assert await owners.get("task:t1") is None
+    assert await owners.claim("task:t1", "agent://a", 60) == "agent://a"
+    assert await seen.get("task:t1") == "agent://a"  # on Redis: another gateway
+    # a second claim of a live entry, by another value: refused, the holder answered, unchanged
+    assert await seen.claim("task:t1", "agent://b", 60) == "agent://a"
+    assert await owners.get("task:t1") == "agent://a"
+    assert await seen.claim("task:t1", "agent://a", 60) == "agent://a"  # the holder renews
+    assert await first.claim_map("other").get("task:t1") is None  # maps are apart
+    assert await first.shared_map("a2a-owners").items() == {}  # and apart from shared maps
+    await seen.delete("task:t1")
+    await seen.delete("task:none")  # absent: no error
+    assert await owners.get("task:t1") is None
+    assert await owners.claim("task:t1", "agent://b", 60) == "agent://b"  # free again
+
+
+async def test_claims_at_once_have_one_winner(opener: Opener) -> None:
+    first = await opener()
+    second = first if _memory(first) else await opener()
+    maps = [first.claim_map("a2a-owners"), second.claim_map("a2a-owners")]
+    claims = [maps[i % 2].claim("ctx:c1", f"agent://n{i}", 60) for i in range(20)]
+    held = await asyncio.gather(*claims)
+    assert len(set(held)) == 1, held  # every claimant is told the one winner
+    (winner,) = set(held)
+    assert await maps[0].get("ctx:c1") == await maps[1].get("ctx:c1") == winner
+
+
+async def test_a_claim_expires_after_its_ttl_on_the_memory_clock(opener: Opener) -> None:
+    registry = await opener()
+    if not _memory(registry):
+        pytest.skip("Redis keeps its own time: the test below waits on it")
+    clock = FakeClock(start=100.0)
+    registry.bind(clock.monotonic)
+    owners = registry.claim_map("a2a-owners")
+    assert await owners.claim("task:t1", "agent://a", 30) == "agent://a"
+    clock.advance(29.9)
+    assert await owners.get("task:t1") == "agent://a"
+    assert await owners.claim("task:t1", "agent://b", 30) == "agent://a"  # still live
+    assert await owners.claim("task:t1", "agent://a", 30) == "agent://a"  # renewed: 30 more
+    clock.advance(29.9)
+    assert await owners.get("task:t1") == "agent://a"
+    clock.advance(0.2)
+    assert await owners.get("task:t1") is None  # gone for every reader
+    assert await owners.claim("task:t1", "agent://b", 30) == "agent://b"  # and free to claim
+    # expired entries nobody reads again do not pile up
+    for i in range(5000):
+        await owners.claim(f"ctx:{i}", "agent://a", 1)
+        clock.advance(0.01)
+    assert len(owners._values) < 2100, len(owners._values)  # type: ignore[attr-defined]
+
+
+async def test_a_claim_expires_in_redis_after_its_ttl(opener: Opener) -> None:
+    registry = await opener()
+    if _memory(registry):
+        pytest.skip("the memory map's expiry is tested on the fake clock")
+    other = await opener()  # another gateway: it sees the expiry without a write of its own
+    owners = registry.claim_map("a2a-owners")
+    assert await owners.claim("task:t1", "agent://a", 0.3) == "agent://a"
+    assert await other.claim_map("a2a-owners").claim("task:t1", "agent://b", 60) == "agent://a"
+    deadline = time.monotonic() + 5.0
+    while await other.claim_map("a2a-owners").get("task:t1") is not None:
+        assert time.monotonic() < deadline, "the entry outlived its TTL by 5 s"
+        await asyncio.sleep(0.02)
+    assert await other.claim_map("a2a-owners").claim("task:t1", "agent://b", 60) == "agent://b"
+    assert await owners.get("task:t1") == "agent://b"

@@ -355,8 +355,9 @@ def test_token_mode_on_a2a(tmp_path: Path) -> None:
 
 
 def test_one_off_messages_leave_no_owner_behind() -> None:
-    """Stateless traffic writes nothing to the owners' map: it grows with conversations (a
-    context the caller names, a Task), not with requests."""
+    """Stateless traffic to a v1 agent writes nothing to the owners' map: it grows with
+    conversations (a context the caller names, a Task, an A2A agent's own context), not with
+    requests."""
     import redis
 
     prefix = f"test-{os.urandom(6).hex()}"
@@ -366,7 +367,7 @@ def test_one_off_messages_leave_no_owner_behind() -> None:
         with gateway(*shared) as gw:
             agent = start_agent(gw.url, "agent://echo-1", intents="test.echo")
             try:
-                owners = "{" + prefix + "}:map:a2a-owners"  # the hash-tagged prefix
+                owners = "{" + prefix + "}:claim:a2a-owners:"  # one key an owner
                 for i in range(5):
                     one_off = {
                         "jsonrpc": "2.0",
@@ -384,13 +385,13 @@ def test_one_off_messages_leave_no_owner_behind() -> None:
                     status, answer = http("POST", f"{gw.url}/a2a", one_off)
                     assert status == 200 and "result" in answer, answer
                     assert "contextId" not in answer["result"]["message"]
-                keys = [k.decode() for k in store.keys("{" + prefix + "}:map:*")]
-                assert owners not in keys, keys
+                keys = [k.decode() for k in store.keys("{" + prefix + "}:*")]
+                assert not [k for k in keys if k.startswith(owners)], keys
                 # a context the caller names is owned: its follow-up stays with this agent
                 one_off["params"]["message"]["contextId"] = "ctx-1"  # type: ignore[index]
                 status, answer = http("POST", f"{gw.url}/a2a", one_off)
                 assert answer["result"]["message"]["contextId"] == "ctx-1", answer
-                assert store.hexists(owners, "ctx:ctx-1")
+                assert store.exists(owners + "ctx:ctx-1")
             finally:
                 agent.stop()
     finally:

@@ -415,15 +415,13 @@ async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None
     http.mount(RPC_PATH, a2a_edge.rpc)
     bus = None
     try:
-        await node.start()
-        await a2a_edge.start()  # keys, policy, registry (BackendUnavailable), transports
+        await node.start()  # keys, policy, registry (BackendUnavailable), transports
         if node.nats is not None:  # the API over NATS too, in the prefix's queue group
             from agent_reach.edges.nats.edge import NatsEdge
 
             bus = NatsEdge(node)
             await bus.start()
     except BaseException:
-        await a2a_edge.close()
         await node.close()
         raise
     # on SIGTERM, requests in flight get SHUTDOWN_S to finish (their deadlines may be longer)
@@ -459,7 +457,6 @@ async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None
             await bus.close()
         if mcp is not None:
             await mcp.close()
-        await a2a_edge.close()
         await node.close()
         raise click.ClickException(
             f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}"
@@ -497,7 +494,6 @@ async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None
             bus.close(SHUTDOWN_S) if bus else asyncio.sleep(0),
             mcp.close(SHUTDOWN_S) if mcp else asyncio.sleep(0),
         )
-        await a2a_edge.close()
         await node.close()
         logs.log(logging.INFO, "gateway.stopped")
 

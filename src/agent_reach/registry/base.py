@@ -20,6 +20,7 @@ from agent_reach.core.model import EndpointRecord
 from agent_reach.errors import ConfigError, RegistryFull
 
 __all__ = [
+    "ClaimMap",
     "RegistryBackend",
     "RegistryChange",
     "RegistryListener",
@@ -77,11 +78,44 @@ class SharedMap(Protocol):
         ...
 
 
+class ClaimMap(Protocol):
+    """A small named map of strings whose entries expire, shared by every gateway of the
+    registry: who holds what for a while (the owners of A2A tasks and contexts).
+
+    - **TTL in the store.** An entry lives ``ttl_s`` after its last :meth:`claim`, then is
+      gone for every reader: in-process on ``memory://`` (on the registry's bound clock,
+      expired entries dropped as the map grows), one key per entry with a ``PX`` expiry on
+      ``redis://`` (Redis forgets it itself: no sweep, nothing read back to expire).
+    - **First claim wins.** A claim is one atomic step: a live entry holding another value is
+      never overwritten, so of two gateways claiming a key at once exactly one gets it.
+
+    Each call may be a round trip. Raises BackendUnavailable when the store cannot be
+    reached."""
+
+    async def get(self, key: str) -> str | None:
+        """The value of ``key`` while it lives, or None."""
+        ...
+
+    async def claim(self, key: str, value: str, ttl_s: float) -> str:
+        """Atomically: when ``key`` is absent (or expired) or holds ``value``, set it to
+        ``value`` to live ``ttl_s`` seconds from now and return ``value``; else leave it as it
+        is (value and expiry) and return the value another claim holds."""
+        ...
+
+    async def delete(self, key: str) -> None:
+        """Forget ``key`` (no error when absent)."""
+        ...
+
+
 class RegistryBackend(Protocol):
     """Storage of endpoint records with an intent -> endpoints inverted index."""
 
     def shared_map(self, name: str) -> SharedMap:
         """The :class:`SharedMap` called ``name`` (``[a-z0-9-]+``) of this registry."""
+        ...
+
+    def claim_map(self, name: str) -> ClaimMap:
+        """The :class:`ClaimMap` called ``name`` (``[a-z0-9-]+``) of this registry."""
         ...
 
     def bind(self, now: Callable[[], float]) -> None:

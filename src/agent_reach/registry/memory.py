@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable
 
+from agent_reach.clock import SystemClock
 from agent_reach.core.model import EndpointRecord
 from agent_reach.errors import EndpointHeld
 from agent_reach.registry.base import (
@@ -38,6 +39,48 @@ class MemorySharedMap:
         return dict(self._values)
 
 
+class MemoryClaimMap:
+    """A :class:`~agent_reach.registry.base.ClaimMap` in this process, on the clock ``now``
+    (the registry's bound liveness clock: a fake clock in tests moves its expiries).
+
+    An expired entry is invisible at once and dropped when the map has doubled since its last
+    pass over them, so that entries nobody reads again do not pile up (amortized O(1) a claim).
+    """
+
+    _MIN_PASS = 1024  # no pass over the entries below this many
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        self._now = now
+        self._values: dict[str, tuple[str, float]] = {}  # key -> (value, expires at)
+        self._next_pass = self._MIN_PASS
+
+    def _live(self, key: str, now: float) -> str | None:
+        found = self._values.get(key)
+        if found is None:
+            return None
+        if found[1] <= now:
+            del self._values[key]
+            return None
+        return found[0]
+
+    async def get(self, key: str) -> str | None:
+        return self._live(key, self._now())
+
+    async def claim(self, key: str, value: str, ttl_s: float) -> str:
+        now = self._now()
+        held = self._live(key, now)
+        if held is not None and held != value:
+            return held
+        self._values[key] = (value, now + ttl_s)
+        if len(self._values) >= self._next_pass:
+            self._values = {k: v for k, v in self._values.items() if v[1] > now}
+            self._next_pass = max(self._MIN_PASS, 2 * len(self._values))
+        return value
+
+    async def delete(self, key: str) -> None:
+        self._values.pop(key, None)
+
+
 class MemoryRegistry:
     """Records in a dict, with an intent -> ordered set of ids index kept in step.
 
@@ -51,6 +94,7 @@ class MemoryRegistry:
         self._now: Callable[[], float] | None = None
         self._records: dict[str, EndpointRecord] = {}
         self._maps: dict[str, MemorySharedMap] = {}
+        self._claims: dict[str, MemoryClaimMap] = {}
         self._index: dict[str, dict[str, None]] = {}
         self._listeners: list[RegistryListener] = []
 
@@ -60,6 +104,17 @@ class MemoryRegistry:
         if found is None:
             found = self._maps[name] = MemorySharedMap()
         return found
+
+    def claim_map(self, name: str) -> MemoryClaimMap:
+        """The claim map ``name`` of this process (made at first use), on the bound clock."""
+        found = self._claims.get(name)
+        if found is None:
+            found = self._claims[name] = MemoryClaimMap(self._clock)
+        return found
+
+    def _clock(self) -> float:
+        # read at each call: a map made before bind() follows the clock bound later
+        return SystemClock().monotonic() if self._now is None else self._now()
 
     def bind(self, now: Callable[[], float]) -> None:
         self._now = now  # one process, one clock: nothing to map; read for held_within_s

@@ -16,12 +16,16 @@ else; a message is routed by the service's send, as every other edge's request i
   agent's JSON as a Message with one data part. ``GetTask`` and ``CancelTask`` go to the agent
   that owns the task. ``SendStreamingMessage`` is unsupported (-32004; the card says so).
 - Stickiness: a message whose ``taskId`` or ``contextId`` an agent owns goes to that agent
-  (``recipient_hint``), never re-routed; an unknown ``taskId`` is -32001, an owner gone is
-  -32001 too, with the reason. An agent owns the Tasks it answers with (their ids and
-  contexts) and the contexts callers named in the messages it answered; a one-off message
-  (no task, no context named) is owned by nobody and writes nothing. Owners are kept in the
-  registry's ``a2a-owners`` shared map (on Redis, seen by every gateway) for
-  :data:`OWNER_TTL_S` after their last message.
+  (``recipient_hint``), never re-routed; an unknown ``taskId`` is -32001, an owner no longer
+  registered is -32001 too, with the reason; an owner registered but not answering is the
+  send's refusal (-32603), its message naming the owner. An agent owns every ``taskId`` and
+  ``contextId`` of its answers (a Task's id and context, a Message's context and task, its
+  own ids as much as those the caller named) and the context the caller named; a message
+  that names none and gets none back (a v1 agent's one-off) writes nothing. Owners are held
+  for the caller who opened them, in the registry's ``a2a-owners`` claim map, each
+  :data:`OWNER_TTL_S` after its last message, the TTL kept by the store itself (on Redis, a
+  key with its expiry, seen by every gateway); a claim is atomic and never takes over a
+  live owner.
 
 Errors: a refusal of the service is a JSON-RPC error whose ``data`` is a
 ``google.rpc.ErrorInfo`` (the form the a2a-sdk's client reads) with the v1 error body in its
@@ -49,6 +53,7 @@ from agent_reach.errors import (
     Forbidden,
     InvalidRequest,
     MethodNotAllowed,
+    ReachError,
     Unauthorized,
 )
 from agent_reach.gateway.node import Node
@@ -63,7 +68,6 @@ CARD_PATH = "/.well-known/agent-card.json"
 RPC_PATH = "/a2a"
 OWNER_MAP = "a2a-owners"
 OWNER_TTL_S = 3600.0  # an owner is forgotten an hour after the last message of its task
-SWEEP_INTERVAL_S = 60.0
 CARD_TTL_S = 1.0  # the card is built again at most this often
 CONTEXT_HEADER = "X-Reach-A2A-Context-Id"  # transport/a2a.py puts them in the message
 TASK_HEADER = "X-Reach-A2A-Task-Id"
@@ -118,7 +122,8 @@ def _refusal(exc: AgentReachError) -> tuple[int, dict[str, Any]]:
     else:
         code = -32603
     metadata = {
-        k: v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+        # msgspec, not json: ``attempts`` are Attempt structs (json.dumps raised: a 500)
+        k: v if isinstance(v, str) else encode(v).decode()
         for k, v in body.items()
         if k != "ok" and v is not None
     }
@@ -145,22 +150,9 @@ class A2aEdge:
         self.node = node
         self.service = node.service
         self.settings = node.settings
-        self.owners = node.registry.shared_map(OWNER_MAP)
+        self.owners = node.registry.claim_map(OWNER_MAP)
         self._monotonic = node.clock.monotonic
-        self._wall = node.clock.wall
         self._cards: dict[str, tuple[float, bytes, str]] = {}  # base URL -> (until, body, etag)
-        self._tasks: list[asyncio.Task[None]] = []
-
-    async def start(self) -> None:
-        """Start the sweep of expired owners."""
-        self._tasks.append(asyncio.create_task(self._sweep(), name="agent-reach-a2a-owners"))
-
-    async def close(self) -> None:
-        """Stop the sweep (idempotent)."""
-        tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
     # --- the card --------------------------------------------------------------------------
 
@@ -359,7 +351,15 @@ class A2aEdge:
             headers[CONTEXT_HEADER] = str(context_id)
         if task_id:
             headers[TASK_HEADER] = str(task_id)
-        reply = await self.service.send(caller, body, headers=headers or None)
+        try:
+            reply = await self.service.send(caller, body, headers=headers or None)
+        except ReachError as exc:
+            if owner is not None:  # say whose silence it is: no other agent will be tried
+                exc.detail = (
+                    f"the agent that owns {owner['key']}, {owner['endpoint_id']}, did not take"
+                    f" the follow-up ({exc.detail}): the conversation stays with it, try later"
+                )
+            raise
         answer: dict[str, Any] = msgspec.json.decode(encode(reply))
         endpoint_id, intent = answer["endpoint_id"], answer["intent"]
         result = answer.get("result")
@@ -396,11 +396,8 @@ class A2aEdge:
         for kind, key in (("task", task_id), ("ctx", context_id)):
             if not key:
                 continue
-            raw = await self.owners.get(f"{kind}:{key}")
+            raw = await self.owners.get(f"{kind}:{key}")  # an expired owner reads as None
             found: dict[str, Any] | None = None if raw is None else json.loads(raw)
-            if found is not None and found["expires"] < self._wall():
-                await self.owners.delete(f"{kind}:{key}")
-                found = None
             if found is not None and found.get("caller", "") != who:
                 if kind == "ctx":  # named by someone else: not to be taken over
                     raise RpcError(-32602, f"contextId {key!r} is another caller's: name another")
@@ -418,43 +415,40 @@ class A2aEdge:
                     " the conversation cannot go on elsewhere",
                     "OWNER_GONE",
                 )
+            found["key"] = f"{'task' if kind == 'task' else 'context'} {key!r}"
             return found
         return None
 
     async def _own(
         self, out: dict[str, Any], context_id: Any, endpoint_id: str, intent: str, who: str
     ) -> None:
-        """Note who owns what a follow-up may name: a Task's id and context, and a context the
-        caller named, for the caller ``who``. Nothing for a one-off message (no task, no context
-        of the caller's): a stateless send writes nothing, so the map grows with
-        conversations, not requests. An entry another endpoint or caller holds is never
-        overwritten (an agent cannot claim the ids of another's task)."""
-        task = out.get("task") if isinstance(out.get("task"), dict) else None
+        """Note who owns what a follow-up may name, for the caller ``who``: every ``taskId``
+        and ``contextId`` of the answer (a Task's ``id`` and ``contextId``, a Message's
+        ``contextId`` and ``taskId``: the agent's own as much as the caller's) and the context
+        the caller named. Nothing when there is none (a v1 agent's answer to a one-off: the
+        wrapped Message carries a context only when the caller named one), so that stateless
+        traffic writes nothing. Each key is claimed in one atomic step: a live owner (another
+        endpoint, or another caller) is never overwritten (an agent cannot claim the ids of
+        another's task), the same owner's claim renews its TTL."""
         keys = []
-        if task is not None:
-            if isinstance(task.get("id"), str) and _ID.fullmatch(task["id"]):
-                keys.append(f"task:{task['id']}")
-            if isinstance(task.get("contextId"), str) and _ID.fullmatch(task["contextId"]):
-                keys.append(f"ctx:{task['contextId']}")
+        for kind, task_field in (("task", "id"), ("message", "taskId")):
+            answer = out.get(kind)
+            if not isinstance(answer, dict):
+                continue
+            for prefix, value in (
+                ("task", answer.get(task_field)),
+                ("ctx", answer.get("contextId")),
+            ):
+                if isinstance(value, str) and _ID.fullmatch(value):
+                    keys.append(f"{prefix}:{value}")
         if context_id:
             keys.append(f"ctx:{context_id}")
         value = json.dumps(
-            {
-                "endpoint_id": endpoint_id,
-                "intent": intent,
-                "caller": who,
-                "expires": self._wall() + OWNER_TTL_S,
-            }
+            {"caller": who, "endpoint_id": endpoint_id, "intent": intent}, sort_keys=True
         )
         for key in dict.fromkeys(keys):
-            raw = await self.owners.get(key)
-            if raw is not None:
-                held = json.loads(raw)
-                other = (held.get("endpoint_id"), held.get("caller", "")) != (endpoint_id, who)
-                if other and held.get("expires", 0) >= self._wall():
-                    log(logging.WARNING, "a2a.owner_kept", key=key, claimed_by=endpoint_id)
-                    continue
-            await self.owners.put(key, value)
+            if await self.owners.claim(key, value, OWNER_TTL_S) != value:
+                log(logging.WARNING, "a2a.owner_kept", key=key, claimed_by=endpoint_id)
 
     async def _task(self, caller: Caller, method: str, params: dict[str, Any]) -> Any:
         task_id = params.get("id")
@@ -469,23 +463,6 @@ class A2aEdge:
         owned = {"task": {"id": task_id}}  # polled: its owner is kept another hour
         await self._own(owned, None, owner["endpoint_id"], owner["intent"], who)
         return result
-
-    async def _sweep(self) -> None:
-        while True:
-            await self.node.clock.sleep(SWEEP_INTERVAL_S)
-            if not self.node.registry.state().available:
-                continue  # the shared registry is away: its own line says so
-            try:
-                now = self._wall()
-                for key, raw in (await self.owners.items()).items():
-                    if json.loads(raw).get("expires", 0) < now:
-                        await self.owners.delete(key)
-            except asyncio.CancelledError:
-                raise
-            except AgentReachError:
-                continue
-            except Exception:
-                log(logging.ERROR, "a2a.sweep_error", exc_info=True)
 
 
 def _version() -> str:

@@ -31,6 +31,7 @@ from agent_reach.core.model import EndpointRecord
 from agent_reach.errors import BackendUnavailable
 from agent_reach.observability.logs import log
 from agent_reach.registry.base import (
+    ClaimMap,
     RegistryListener,
     RegistryState,
     SharedMap,
@@ -107,6 +108,11 @@ class RedisRegistry:
     def shared_map(self, name: str) -> SharedMap:
         """The map ``name``: a Redis hash under this registry's prefix, seen by every gateway."""
         return self._store.shared_map(name)
+
+    def claim_map(self, name: str) -> ClaimMap:
+        """The claim map ``name``: one Redis key per entry, expiring in Redis, under this
+        registry's prefix, seen by every gateway."""
+        return self._store.claim_map(name)
 
     def bind(self, now: Callable[[], float]) -> None:
         self._store.now = now

@@ -19,7 +19,7 @@ Invariants (the key layout is in :mod:`agent_reach.registry.redis.store`):
 
 from __future__ import annotations
 
-__all__ = ["INIT", "REMOVE", "TOUCH", "UPSERT"]
+__all__ = ["CLAIM", "INIT", "REMOVE", "TOUCH", "UPSERT"]
 
 _TS = "local t = redis.call('TIME') local ts = tonumber(t[1]) + tonumber(t[2]) / 1000000 "
 
@@ -118,4 +118,15 @@ for i = 1, #fields, 2 do
 end
 redis.call('SET', KEYS[3], top)
 return dropped
+"""
+
+# A claim of a ClaimMap entry (one key, its TTL Redis's own): the first claim wins, a live
+# entry holding another value is never overwritten, the same value is claimed again (its TTL
+# renewed). One step, so that two gateways cannot both read "free" and both write.
+# KEYS: the entry; ARGV: value, TTL in ms -> the value the entry holds after the call
+CLAIM = """
+local held = redis.call('GET', KEYS[1])
+if held and held ~= ARGV[1] then return held end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return ARGV[1]
 """

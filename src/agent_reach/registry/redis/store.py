@@ -9,6 +9,8 @@ also run on Redis Cluster)::
     {P}:seq       string the last version given; registrations and removals share it
     {P}:epoch     string a token set once: if it vanishes, Redis lost its data
     {P}:events    pub/sub channel of registrations ('u') and removals ('r'), with versions
+    {P}:map:NAME  hash   a SharedMap's keys and values
+    {P}:claim:NAME:KEY   string  one ClaimMap entry, with its TTL (PX) in Redis
 
 Invariants:
 
@@ -39,7 +41,7 @@ from redis.exceptions import RedisError
 from agent_reach.core.model import EndpointRecord
 from agent_reach.errors import BackendUnavailable, ConfigError, EndpointHeld
 from agent_reach.registry.base import registry_full
-from agent_reach.registry.redis.scripts import INIT, REMOVE, TOUCH, UPSERT
+from agent_reach.registry.redis.scripts import CLAIM, INIT, REMOVE, TOUCH, UPSERT
 from agent_reach.settings import redacted
 
 __all__ = ["EventStream", "Fetched", "Heartbeats", "RedisStore", "Snapshot", "key_prefix"]
@@ -105,6 +107,32 @@ class RedisSharedMap:
         return found
 
 
+class RedisClaimMap:
+    """A :class:`~agent_reach.registry.base.ClaimMap` as one Redis key per entry (``PREFIX``
+    then the entry's key), each with its TTL in Redis: Redis forgets an expired entry itself,
+    and a claim is the :data:`~agent_reach.registry.redis.scripts.CLAIM` script (one step).
+    One key per entry rather than a hash because a hash field's own TTL (HEXPIRE) needs
+    Redis 7.4, and the registry runs on older servers too."""
+
+    def __init__(self, client: Any, prefix: str, script: Any, io: Callable[[], Any]) -> None:
+        self._redis, self.prefix, self._claim, self._io = client, prefix, script, io
+
+    async def get(self, key: str) -> str | None:
+        with self._io():
+            value: str | None = await self._redis.get(self.prefix + key)
+        return value
+
+    async def claim(self, key: str, value: str, ttl_s: float) -> str:
+        ttl_ms = max(1, round(ttl_s * 1000))
+        with self._io():
+            held: str = await self._claim(keys=[self.prefix + key], args=[value, ttl_ms])
+        return held
+
+    async def delete(self, key: str) -> None:
+        with self._io():
+            await self._redis.delete(self.prefix + key)
+
+
 class RedisStore:
     """The keys of one network (``prefix``) on one Redis (``url``, a redis-py URL)."""
 
@@ -128,6 +156,7 @@ class RedisStore:
         self._remove = self._redis.register_script(REMOVE)
         self._touch = self._redis.register_script(TOUCH)
         self._init = self._redis.register_script(INIT)
+        self._claim = self._redis.register_script(CLAIM)
         self.now: Callable[[], float] = _unbound  # the liveness clock (set by the registry)
         self.offset: float | None = None  # Redis time - liveness time, from the last measure
         self.last_sync: float | None = None  # liveness time of the last measure
@@ -142,6 +171,11 @@ class RedisStore:
     def shared_map(self, name: str) -> RedisSharedMap:
         """The hash ``PREFIX:map:NAME``."""
         return RedisSharedMap(self._redis, f"{key_prefix(self.prefix)}:map:{name}", self._io)
+
+    def claim_map(self, name: str) -> RedisClaimMap:
+        """The keys ``PREFIX:claim:NAME:KEY``, one per entry."""
+        prefix = f"{key_prefix(self.prefix)}:claim:{name}:"
+        return RedisClaimMap(self._redis, prefix, self._claim, self._io)
 
     def _keys(self, endpoint_id: str) -> list[str]:
         return [self._ep + endpoint_id, self.seen_key, self.ver_key, self.channel, self.seq_key]
