@@ -4,8 +4,9 @@ A real gateway process with the demo's dictionary and real agent processes; the 
 ``Client`` talks to ``/mcp`` over streamable HTTP, in both protocol versions it speaks (the
 2026 one it negotiates by default, and the 2025 handshake with sessions that today's hosts
 use), and to ``agent-reach mcp`` over stdio. Every tool is called, answers are compared with the
-HTTP API's, refusals are ``isError`` results carrying the v1 error body, and token mode refuses
-what the token may not do.
+HTTP API's, refusals are ``isError`` results carrying the v1 error body, token mode refuses
+what the token may not do, and a change in the intents reachable is told to clients of both
+protocol versions.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import httpx2
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from mcp_types import ToolListChangedNotification
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from agent_reach.edges.mcp.tools import reachable_lines
 from tests.support import (
@@ -69,15 +72,44 @@ def _routable(url: str, tag: str, token: str | None = None) -> bool:
 
 
 @asynccontextmanager
-async def mcp_client(url: str, mode: str = "auto", token: str | None = None) -> AsyncIterator[Any]:
+async def mcp_client(
+    url: str, mode: str = "auto", token: str | None = None, message_handler: Any = None
+) -> AsyncIterator[Any]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     http_client = httpx2.AsyncClient(headers=headers, timeout=30)
     transport = streamable_http_client(f"{url}/mcp", http_client=http_client)
     try:
-        async with Client(transport, mode=mode) as client:
+        async with Client(transport, mode=mode, message_handler=message_handler) as client:
             yield client
     finally:
         await http_client.aclose()
+
+
+def _tool_list_changes() -> tuple[Any, asyncio.Queue[ToolListChangedNotification]]:
+    """A client's ``message_handler``, and the queue of the ``notifications/tools/list_changed``
+    it receives (the 2025 protocol's, pushed by the server)."""
+    changes: asyncio.Queue[ToolListChangedNotification] = asyncio.Queue()
+
+    async def handler(message: Any) -> None:
+        if isinstance(message, ToolListChangedNotification):
+            changes.put_nowait(message)
+
+    return handler, changes
+
+
+async def _told_of(
+    client: Any, changes: asyncio.Queue[ToolListChangedNotification], line: str, bound: float
+) -> int:
+    """Wait (within ``bound`` seconds) for notifications until, after one, ``reach``'s
+    description has ``line``; how many came. (One may come first for a change made before.)"""
+    deadline = time.monotonic() + bound
+    told = 0
+    while True:
+        await asyncio.wait_for(changes.get(), max(deadline - time.monotonic(), 0.01))
+        told += 1
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        if line in (tools["reach"].description or ""):
+            return told
 
 
 def _answer(result: Any) -> dict[str, Any]:
@@ -107,8 +139,17 @@ async def test_the_four_tools_are_listed_for_a_model(net: dict[str, Any], mode: 
     assert reach.annotations.read_only_hint is False
 
 
+def _traces(url: str) -> list[dict[str, Any]]:
+    status, answer = http("GET", f"{url}/v1/traces?intent=weather.query&limit=500")
+    assert status == 200, answer
+    traces: list[dict[str, Any]] = answer["traces"]
+    assert len(traces) < 500  # all of them: the count below is exact
+    return traces
+
+
 @pytest.mark.parametrize("mode", MODES)
 async def test_reach_by_intent_is_one_trace_like_any_other(net: dict[str, Any], mode: str) -> None:
+    before = _traces(net["url"])
     async with mcp_client(net["url"], mode) as client:
         result = await client.call_tool(
             "reach", {"intent": "weather.query", "payload": {"city": "成都"}, "timeout_ms": 3000}
@@ -125,6 +166,11 @@ async def test_reach_by_intent_is_one_trace_like_any_other(net: dict[str, Any], 
     kinds = [e["kind"] for e in trace["events"]]
     assert kinds[0] == "received"
     assert "attempt" in kinds
+    # one request answered, one trace: no other for the session, the listing or the call
+    after = _traces(net["url"])
+    assert len(after) == len(before) + 1
+    assert after[0]["trace_id"] == trace_id
+    assert after[0]["outcome"] == "ok"
 
 
 @pytest.mark.parametrize(
@@ -168,10 +214,10 @@ async def test_list_and_explain_answer_as_the_http_api(net: dict[str, Any]) -> N
         agents = _answer(await client.call_tool("list_agents", {}))
         intents = _answer(await client.call_tool("list_intents", {}))
         route = _answer(await client.call_tool("explain_route", {"intent": "weather.lookup"}))
-    _, direct_agents = http("GET", f"{url}/v1/agents?limit=100")
-    assert agents == direct_agents  # one page, as /v1/agents pages (id order, total, cursor)
-    assert agents["total"] == len(agents["agents"]) and agents["next_cursor"] is None
-    # a page at a time: the tool is bounded whatever the registry's size
+    _, direct_agents = http("GET", f"{url}/v1/agents")
+    assert agents == direct_agents  # no argument: the v1 list, as /v1/agents with no query
+    assert set(agents) == {"agents"} and agents["agents"]
+    # a page at a time when asked, as /v1/agents pages (id order, total, cursor)
     extra = {
         "endpoint_id": "agent://zz-mcp-extra",
         "capabilities": ["extra.only"],
@@ -184,7 +230,7 @@ async def test_list_and_explain_answer_as_the_http_api(net: dict[str, Any]) -> N
             cursor = first["next_cursor"]
             rest = _answer(await client.call_tool("list_agents", {"cursor": cursor}))
             only = _answer(await client.call_tool("list_agents", {"intent": "extra.only"}))
-        assert len(first["agents"]) == 1 and cursor and first["total"] == agents["total"] + 1
+        assert len(first["agents"]) == 1 and cursor and first["total"] == len(agents["agents"]) + 1
         ids = [a["endpoint_id"] for a in first["agents"] + rest["agents"]]
         assert ids == sorted([*(a["endpoint_id"] for a in agents["agents"]), extra["endpoint_id"]])
         assert [a["endpoint_id"] for a in only["agents"]] == [extra["endpoint_id"]]
@@ -224,6 +270,10 @@ async def test_bad_arguments_get_invalid_request_and_change_nothing(net: dict[st
             assert answer["error"] in ("invalid_request", "no_capable_agent"), answer
             if answer["error"] == "invalid_request" and field is not None:
                 assert answer.get("field") == field, (arguments, answer)
+            if name in ("reach", "explain_route"):  # ids, as every /v1/send error has
+                assert answer["msg_id"].startswith("msg_"), answer
+                assert answer["trace_id"].startswith("trace_"), answer
+                assert answer["attempts"] == [], answer
     assert http("GET", f"{url}/v1/agents")[1]["agents"] == before["agents"]
     assert http("GET", f"{url}/healthz")[0] == 200
     delivered = [
@@ -256,6 +306,22 @@ async def test_a_new_intent_is_announced_and_listed(net: dict[str, Any]) -> None
             assert "- note.create: Write down a note" in tools["reach"].description
         finally:
             note.stop()
+
+
+async def test_a_2025_session_is_told_that_the_tools_changed(net: dict[str, Any]) -> None:
+    # what today's hosts speak: the handshake, a session, and its event stream (GET /mcp)
+    url = net["url"]
+    handler, changes = _tool_list_changes()
+    async with mcp_client(url, "legacy", message_handler=handler) as client:
+        assert client.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS
+        tools = client.server_capabilities.tools
+        assert tools is not None and tools.list_changed is True  # said at initialize
+        air = start_agent(url, "agent://air-mcp", intents="air.query")
+        try:
+            told = await _told_of(client, changes, "- air.query: Air quality", 15)
+        finally:
+            air.stop()
+    assert told in (1, 2)  # this change's, after at most one of a change made before
 
 
 # --- sessions are bounded ------------------------------------------------------------------
@@ -306,11 +372,14 @@ def test_no_mcp_when_turned_off() -> None:
 # --- over stdio ----------------------------------------------------------------------------
 
 
-def _stdio(url: str, token: str | None = None) -> Client:
+def _stdio(
+    url: str, token: str | None = None, mode: str = "auto", message_handler: Any = None
+) -> Client:
     args = ["-m", "agent_reach", "mcp", "--gateway", url]
     if token:
         args += ["--token", token]
-    return Client(StdioServerParameters(command=sys.executable, args=args, cwd=str(ROOT)))
+    server = StdioServerParameters(command=sys.executable, args=args, cwd=str(ROOT))
+    return Client(server, mode=mode, message_handler=message_handler)
 
 
 async def test_stdio_serves_the_same_tools(net: dict[str, Any]) -> None:
@@ -321,7 +390,7 @@ async def test_stdio_serves_the_same_tools(net: dict[str, Any]) -> None:
         refused = await client.call_tool("reach", {"intent": "unknown.action"})
         bad = await client.call_tool("reach", {"intent": "weather.query", "timeout_ms": -1})
         intents = await client.call_tool("list_intents", {})
-    assert "- weather.query: Current or coming weather" in tools["reach"].description
+    assert "- weather.query: Current or coming weather" in (tools["reach"].description or "")
     answer = _answer(ok)
     assert ok.is_error is False
     assert answer["endpoint_id"] == "agent://weather-mcp"
@@ -330,7 +399,23 @@ async def test_stdio_serves_the_same_tools(net: dict[str, Any]) -> None:
     assert refused.is_error is True
     assert _answer(refused)["error"] == "no_capable_agent"
     assert _answer(bad)["field"] == "timeout_ms"
+    assert _answer(bad)["trace_id"].startswith("trace_") and _answer(bad)["attempts"] == []
     assert _answer(intents) == http("GET", f"{url}/v1/intents")[1]
+
+
+async def test_stdio_tells_a_2025_host_that_the_tools_changed(net: dict[str, Any]) -> None:
+    url = net["url"]
+    handler, changes = _tool_list_changes()
+    async with _stdio(url, mode="legacy", message_handler=handler) as client:
+        assert client.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS
+        tools = client.server_capabilities.tools
+        assert tools is not None and tools.list_changed is True  # said at initialize
+        finder = start_agent(url, "agent://note-finder-mcp", intents="note.query")
+        try:  # agent-reach mcp polls the gateway every 5 s
+            told = await _told_of(client, changes, "- note.query: Find the notes", 20)
+        finally:
+            finder.stop()
+    assert told in (1, 2)
 
 
 async def test_stdio_answers_gateway_unavailable_when_it_is_away(tmp_path: Path) -> None:

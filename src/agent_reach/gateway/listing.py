@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from agent_reach.gateway.cards import Card
     from agent_reach.gateway.router import Router
 
-__all__ = ["DESCRIBE_CHUNK", "SCAN_CHUNK", "AgentListing", "describe", "every_agent"]
+__all__ = ["DESCRIBE_CHUNK", "SCAN_CHUNK", "AgentListing", "describe"]
 
 DESCRIBE_CHUNK = 250  # records described and encoded per step (~3.5 µs each)
 SCAN_CHUNK = 1000  # records matched against a page's filters per step (~0.6 µs each)
@@ -143,10 +143,3 @@ class AgentListing:
         chunk = records[start : start + DESCRIBE_CHUNK]
         encoded = encode([describe(router, cards, r, now) for r in chunk])
         return (_OPENING if start == 0 else b",") + encoded[1:-1]  # without its brackets
-
-
-def every_agent(router: Router, cards: Mapping[str, Card]) -> dict[str, Any]:
-    """The v1 listing built at once, as a value (for an edge that needs the whole list: the
-    MCP tool ``list_agents``); it holds the loop for as long as it takes."""
-    now = router.now()
-    return {"agents": [describe(router, cards, r, now) for r in router.registry.records()]}

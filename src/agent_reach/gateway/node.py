@@ -5,9 +5,10 @@ behind their mux, the router, the metrics and traces, access control, the delive
 the service), owns the background loops (the liveness ticker, the purge, the reloader of the
 key directory and policy file) and closes everything in the reverse order of starting.
 
-Every edge (the HTTP app today; NATS, A2A, MCP and federation next) receives the node and
-nothing else: it reads ``node.service`` for the use cases and ``node.settings`` for what it
-needs to listen, and never builds a part of its own (docs/architecture.md, "Adding an edge").
+Every edge (the HTTP app, NATS, A2A and MCP; peer gateways come in through the HTTP app)
+receives the node and nothing else: it reads ``node.service`` for the use cases and
+``node.settings`` for what it needs to listen, and never builds a part of its own
+(docs/architecture.md, "Adding an edge").
 
 Invariants:
 - Building does no I/O; :meth:`start` loads the intent dictionary, keys and policy (a

@@ -1,6 +1,6 @@
 """The gateway's use cases: one method per thing a caller can ask, for every edge alike.
 
-An edge (HTTP today; NATS, A2A, MCP and federation next) parses its protocol into a
+An edge (HTTP, NATS, A2A, MCP; peer gateways come in through HTTP) parses its protocol into a
 :class:`Caller` and the wire structs of :mod:`agent_reach.wire.bodies`, calls one method here,
 and renders what comes back (a JSON-ready answer) or the error it raises (the tree of
 :mod:`agent_reach.errors`, rendered from the edge's own table). Nothing here knows a protocol.
@@ -21,7 +21,7 @@ import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn, overload
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from agent_reach.auth.tokens import Kind
 from agent_reach.core.model import Status
@@ -42,7 +42,7 @@ from agent_reach.errors import (
 )
 from agent_reach.gateway import explain
 from agent_reach.gateway.forward import HOPS_HEADER, ORIGIN_HEADER
-from agent_reach.gateway.listing import AgentListing, every_agent
+from agent_reach.gateway.listing import AgentListing
 from agent_reach.gateway.principal import (
     ENDPOINTS,
     OPERATORS,
@@ -280,28 +280,17 @@ class Service:
 
     # --- reading the registry --------------------------------------------------------------
 
-    @overload
-    def agents(self, caller: Caller) -> dict[str, Any]: ...
-
-    @overload
-    def agents(self, caller: Caller, query: Mapping[str, str]) -> AgentListing: ...
-
-    def agents(
-        self, caller: Caller, query: Mapping[str, str] | None = None
-    ) -> dict[str, Any] | AgentListing:
+    def agents(self, caller: Caller, query: Mapping[str, str]) -> AgentListing:
         """Every registered endpoint, as the contract's AGENT objects, or one page of them.
 
-        Without ``query`` (the MCP tool): the v1 answer, built at once. With the query
-        string's values (``GET /v1/agents``; read after the caller is authenticated, 422 when
-        they do not parse): an :class:`~agent_reach.gateway.listing.AgentListing`, the answer
-        built a chunk at a time as the edge iterates it, so that a big registry never holds
-        the event loop for long: the v1 answer, or the page the query asks for (an extension
-        beyond contract v1: :func:`~agent_reach.wire.bodies.agents_query`)."""
+        ``query``: the query string's values (``GET /v1/agents``, the MCP tool's arguments;
+        read after the caller is authenticated, 422 when they do not parse). The answer is an
+        :class:`~agent_reach.gateway.listing.AgentListing`, built a chunk at a time as the edge
+        iterates it, so that a big registry never holds the event loop for long: the v1 answer
+        (no query), or the page the query asks for (an extension beyond contract v1:
+        :func:`~agent_reach.wire.bodies.agents_query`)."""
         self.access.authenticate(caller, READERS, "list agents")
-        cards = self.node.cards.local
-        if query is None:
-            return every_agent(self.router, cards)
-        return AgentListing(self.router, cards, agents_query(query))
+        return AgentListing(self.router, self.node.cards.local, agents_query(query))
 
     def intents(self, caller: Caller) -> IntentsAnswer:
         """``GET /v1/intents``: :func:`agent_reach.gateway.explain.intents_listing`."""

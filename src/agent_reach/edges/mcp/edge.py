@@ -5,8 +5,12 @@ node's service (:class:`ServiceBackend`), as every other edge does. The ``mcp`` 
 protocol: :class:`~agent_reach.edges.mcp.tools.ReachMcp` (its ``MCPServer``) and its
 streamable HTTP session manager, reached through :func:`~agent_reach.edges.mcp.asgi.serve_asgi`.
 
-Built at the first request to ``/mcp``, not at start: importing the SDK costs about half a
-second of CPU, which a gateway that never serves MCP should not pay. Then:
+Built at the first request to ``/mcp``, not at start: importing the SDK and building its
+server cost about 1.5 s of CPU, which a gateway that never serves MCP should not pay. Both run
+in a worker thread; only the start of the session manager (well under a millisecond) runs on
+the event loop. The thread still takes the GIL from the loop: measured on 2 busy cores, the
+loop stalled 0.1-0.19 s once (the SDK importing ``rich`` for its logging) and under 70 ms
+otherwise, where building on the loop stalled it 0.16-0.34 s. Then:
 
 - Every request is authenticated before the SDK sees it (the gateway's own rules: the bearer
   token in token mode, the browser guard in open mode), so the SDK's DNS-rebinding check is
@@ -22,14 +26,17 @@ second of CPU, which a gateway that never serves MCP should not pay. Then:
   open event streams are told their client has gone, and new requests get 503 ``overloaded``.
   A manager that ends by a fault is logged, and the next request builds a new one.
 - Every :data:`WATCH_INTERVAL_S` the intents reachable now are compared with the last ones; a
-  change is published as ``tools/list_changed`` (to clients listening on
-  ``subscriptions/listen``), since the tools' descriptions name them.
+  change is published as ``tools/list_changed`` (:meth:`ReachMcp.tools_changed`: to the 2026
+  protocol's clients listening on ``subscriptions/listen``, and as
+  ``notifications/tools/list_changed`` to every live 2025 session), since the tools'
+  descriptions name them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -76,7 +83,8 @@ class ServiceBackend:
         return caller if caller is not None else Caller("mcp")
 
     async def agents(self, caller: Caller | None, query: Mapping[str, str]) -> dict[str, Any]:
-        # the page built as /v1/agents builds it: a chunk at a time, the loop free between
+        # the answer built as /v1/agents builds it (no query: the v1 list; else a page): a
+        # chunk at a time, the loop free between
         listing = self.service.agents(self._who(caller), query)
         page: dict[str, Any] = msgspec.json.decode(b"".join([c async for c in listing]))
         return page
@@ -146,27 +154,16 @@ class McpEdge:
                 raise self._stopping()
             if self._handler is not None:
                 return self._handler
+            settings = self.settings
+            stateless = self.stateless or settings.workers > 1
             try:
-                # imported off the loop: the SDK and pydantic take ~0.5 s to import
-                tools = await asyncio.to_thread(_import_tools)
+                # off the loop: importing the SDK and building its server take ~1.5 s of CPU
+                server = await asyncio.to_thread(_make_server, self.node, stateless)
             except ImportError as exc:
                 raise ConfigError(
                     "/mcp needs the mcp SDK: pip install 'agent-reach-gateway[mcp]'",
                     source="mcp",
                 ) from exc
-            server = tools.ReachMcp(ServiceBackend(self.node), version=tools.package_version())
-            settings = self.settings
-            stateless = self.stateless or settings.workers > 1
-            from mcp.server.transport_security import TransportSecuritySettings
-
-            server.streamable_http_app(
-                stateless_http=stateless,
-                max_request_body_size=settings.max_body_bytes,
-                session_idle_timeout=settings.mcp_session_idle,
-                max_sessions=settings.mcp_max_sessions,
-                # the gateway's own browser guard ran first (Service.reader)
-                transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
-            )
             manager = server.session_manager
             started = asyncio.Event()
             run = asyncio.create_task(self._run(manager, started), name="agent-reach-mcp")
@@ -245,7 +242,24 @@ class McpEdge:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _import_tools() -> Any:
-    from agent_reach.edges.mcp import tools
+def _make_server(node: Node, stateless: bool) -> ReachMcp:
+    """The SDK imported and the server built, with its streamable HTTP session manager (not
+    started): run in a worker thread, since it touches no event loop."""
+    from mcp.server.transport_security import TransportSecuritySettings
 
-    return tools
+    from agent_reach.edges.mcp.tools import ReachMcp, package_version
+
+    # anyio loads its asyncio backend at its first use, which would be the manager's start on
+    # the loop (~35 ms): loaded here instead
+    importlib.import_module("anyio._backends._asyncio")
+    settings = node.settings
+    server = ReachMcp(ServiceBackend(node), version=package_version())
+    server.streamable_http_app(
+        stateless_http=stateless,
+        max_request_body_size=settings.max_body_bytes,
+        session_idle_timeout=settings.mcp_session_idle,
+        max_sessions=settings.mcp_max_sessions,
+        # the gateway's own browser guard ran first (Service.reader)
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+    )
+    return server

@@ -6,8 +6,11 @@ no second copy of the gateway's wiring, and the answers are the gateway's own v1
 standard output carries the protocol only; log lines go to stderr.
 
 Every :data:`WATCH_INTERVAL_S` the gateway's intents are read; a change in those reachable now
-is published as ``tools/list_changed`` (the tools' descriptions name them). A gateway away is
-not an end: the tools answer its ``gateway_unavailable`` until it is back.
+is published as ``tools/list_changed`` (the tools' descriptions name them): to a host of the
+2025 protocol as ``notifications/tools/list_changed`` (``initialize`` told it
+``listChanged``), to one of the 2026 protocol on its ``subscriptions/listen`` stream
+(:meth:`ReachMcp.tools_changed`). A gateway away is not an end: the tools answer its
+``gateway_unavailable`` until it is back.
 """
 
 from __future__ import annotations
@@ -45,7 +48,9 @@ class ClientBackend:
         self.client = client
 
     async def agents(self, caller: Caller | None, query: Mapping[str, str]) -> dict[str, Any]:
-        answer: dict[str, Any] = await self.client.get(f"/v1/agents?{urlencode(query)}")
+        # no query: the v1 list, as GET /v1/agents answers it
+        path = f"/v1/agents?{urlencode(query)}" if query else "/v1/agents"
+        answer: dict[str, Any] = await self.client.get(path)
         return answer
 
     async def intents(self, caller: Caller | None) -> dict[str, Any]:

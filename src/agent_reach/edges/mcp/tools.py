@@ -9,12 +9,16 @@ would answer, as an ``isError`` result. Every result carries the v1 answer twice
 ``structuredContent`` and as its JSON text (hosts that show only text still see it all).
 
 The descriptions of ``reach`` and ``explain_route`` list the intents the gateway can reach
-now (from the dictionary and the registry), read at every ``tools/list``.
+now (from the dictionary and the registry), read at every ``tools/list``; when they change,
+:meth:`ReachMcp.tools_changed` tells every client: the 2026 protocol's listeners through the
+SDK's subscription bus, the 2025 protocol's sessions (remembered weakly at ``initialize``,
+which then says ``"tools": {"listChanged": true}``) with ``notifications/tools/list_changed``.
 
 Invariants:
 - A tool never raises to the SDK: every refusal (AgentReachError) is an ``isError`` result
   carrying the contract's error body; anything unexpected is the ``internal_error`` body,
-  logged once with its traceback.
+  logged once with its traceback. A ``reach`` or ``explain_route`` refused for its arguments
+  carries ``msg_id``, ``trace_id`` and ``attempts``, as ``/v1/send`` and ``/v1/route`` do.
 - The tools parse, call the backend and render; who may do what is the backend's (the
   service authenticates every call with the bearer token of the HTTP request carrying it).
 """
@@ -25,17 +29,21 @@ import asyncio
 import contextvars
 import importlib.metadata
 import logging
+import weakref
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import msgspec
+from mcp.server.connection import Connection
 from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import MCPServer
-from mcp.server.subscriptions import InMemorySubscriptionBus
+from mcp.server.session import ServerSession
+from mcp.server.subscriptions import InMemorySubscriptionBus, ToolsListChanged
 from mcp_types import CallToolResult, TextContent, Tool, ToolAnnotations
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_reach.errors import AgentReachError, InternalError, InvalidRequest
-from agent_reach.gateway.service import Caller
+from agent_reach.gateway.service import Caller, with_ids
 from agent_reach.observability.logs import log
 from agent_reach.wire.bodies import (
     AGENTS_DEFAULT_LIMIT,
@@ -54,13 +62,16 @@ CALLER: contextvars.ContextVar[Caller | None] = contextvars.ContextVar(
     "agent_reach_mcp_caller", default=None
 )
 MAX_LISTED = 40  # intents named in a description; the rest are counted (list_intents has all)
+_Args = TypeVar("_Args", RouteQuery, SendBody)
+NOTIFY_TIMEOUT_S = 1.0  # a 2025 session's event stream that takes longer is skipped this time
 
 
 class Backend(Protocol):
     """What the tools call: the v1 answers as JSON-ready dicts, refusals as AgentReachError."""
 
     async def agents(self, caller: Caller | None, query: Mapping[str, str]) -> dict[str, Any]:
-        """``GET /v1/agents?...``: one page (limit, cursor, intent, status)."""
+        """``GET /v1/agents?...``: the v1 list (no query), or one page (limit, cursor, intent,
+        status)."""
         ...
 
     async def intents(self, caller: Caller | None) -> dict[str, Any]:
@@ -138,9 +149,12 @@ _TOOLS: dict[str, tuple[str, str, dict[str, Any], ToolAnnotations]] = {
     "list_agents": (
         "List agents",
         "The agents registered with the gateway: each one's id (agent://NAME), the intents it "
-        "declares, its health (healthy, degraded, suspect, down) and its latencies. At most "
-        "'limit' a call (default 100), in id order, with 'total' (how many match) and "
-        "'next_cursor': pass it back as 'cursor' for the next ones (null: there are no more).",
+        "declares, its health (healthy, degraded, suspect, down) and its latencies. With no "
+        "argument: every agent, in registration order. With any argument: one page, in id "
+        "order, of at most 'limit' agents (default 100), with 'total' (how many match) and "
+        "'next_cursor': pass it back as 'cursor' for the next page (null: there are no more). "
+        "A large registry (hundreds of agents or more) is long to read whole: page it with "
+        "'limit', and narrow it with 'intent' or 'status'.",
         _schema(
             {
                 "intent": {
@@ -156,11 +170,13 @@ _TOOLS: dict[str, tuple[str, str, dict[str, Any], ToolAnnotations]] = {
                     "type": "integer",
                     "minimum": 1,
                     "maximum": AGENTS_MAX_LIMIT,
-                    "description": "How many at most (default 100).",
+                    "description": "Optional: how many agents at most on the page (default "
+                    f"{AGENTS_DEFAULT_LIMIT}).",
                 },
                 "cursor": {
                     "type": "string",
-                    "description": "The next_cursor of the previous call, to go on from there.",
+                    "description": "Optional: the next_cursor of the previous page, to go on "
+                    "from there (with the same intent and status).",
                 },
             }
         ),
@@ -263,12 +279,35 @@ def _arguments(name: str, arguments: Mapping[str, Any], allowed: Mapping[str, An
             )
 
 
+def _parsed(name: str, arguments: Mapping[str, Any], kind: type[_Args]) -> _Args:
+    """The arguments of a send or a dry run as its wire struct; refused, the error carries new
+    ``msg_id``, ``trace_id`` and ``attempts``, as ``/v1/send``'s and ``/v1/route``'s do."""
+    try:
+        _arguments(name, arguments, _TOOLS[name][2]["properties"])
+        return decode(msgspec.json.encode(arguments), kind)
+    except AgentReachError as exc:
+        raise with_ids(exc) from None
+
+
+def _connection(session: ServerSession) -> Connection | None:
+    """The connection (2025: the session and its event stream) a request's ``session`` speaks
+    for. The SDK gives a middleware the request's ``ServerSession``, built anew for each
+    message, and keeps its connection private (its ``Context.connection`` is not given to
+    handlers yet): read here, in one place; an SDK without it gives None (no notifications)."""
+    connection = getattr(session, "_connection", None)
+    return connection if isinstance(connection, Connection) else None
+
+
 class ReachMcp(MCPServer[Any]):
     """``MCPServer`` serving the four tools over ``backend``. ``bus`` is the SDK's subscription
-    bus (``tools/list_changed`` events go out on it: :meth:`tools_changed`)."""
+    bus; :meth:`tools_changed` publishes on it and notifies the 2025 protocol's sessions, to
+    which ``initialize`` says ``listChanged`` (not on a stateless server: without a session
+    there is no event stream to be told on)."""
 
     def __init__(self, backend: Backend, *, version: str) -> None:
         self.bus = InMemorySubscriptionBus()
+        # the 2025 protocol's live sessions, held weakly: an ended one is dropped
+        self._sessions: weakref.WeakSet[Connection] = weakref.WeakSet()
         super().__init__(
             "agent-reach",
             title="Agent-Reach",
@@ -281,7 +320,7 @@ class ReachMcp(MCPServer[Any]):
             ),
             version=version,
             subscriptions=self.bus,
-            middleware=[self._bind_caller],
+            middleware=[self._bind_caller, self._handshake],
         )
         self.backend = backend
         self._calls = 0  # tool calls in hand
@@ -299,6 +338,24 @@ class ReachMcp(MCPServer[Any]):
             return await call_next(ctx)
         finally:
             CALLER.reset(token)
+
+    async def _handshake(self, ctx: ServerRequestContext[Any, Any], call_next: Any) -> Any:
+        # a 2025 session's initialize: listChanged said, and the session remembered (weakly,
+        # and dropped at once when it ends) for tools_changed. (The SDK takes listChanged from
+        # options its streamable HTTP manager does not pass: hence the answer amended.) No
+        # event stream (stateless HTTP): nothing to say it on, so not said.
+        result = await call_next(ctx)
+        if ctx.method != "initialize" or ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return result
+        connection = _connection(ctx.session)
+        if connection is None or not connection.has_standalone_channel:
+            return result
+        tools = result.get("capabilities", {}).get("tools") if isinstance(result, dict) else None
+        if isinstance(tools, dict):
+            tools["listChanged"] = True
+        self._sessions.add(connection)
+        connection.exit_stack.callback(self._sessions.discard, connection)
+        return result
 
     async def list_tools(self) -> list[Tool]:
         """The four tools; the descriptions of reach and explain_route name the intents
@@ -351,19 +408,19 @@ class ReachMcp(MCPServer[Any]):
             spec = _TOOLS.get(name)
             if spec is None:
                 raise InvalidRequest(f"no tool named {name!r} (tools: {', '.join(_TOOLS)})")
-            _arguments(name, arguments, spec[2]["properties"])
             if name == "list_agents":
-                # a page (bounded: a registry of 50,000 is not one tool result); the query's
-                # values as a query string's, checked by the gateway's own decoder
-                page = {k: str(v) for k, v in arguments.items() if v is not None}
-                page.setdefault("limit", str(AGENTS_DEFAULT_LIMIT))
-                return _result(await backend.agents(caller, page))
+                _arguments(name, arguments, spec[2]["properties"])
+                # no argument: the v1 list, as GET /v1/agents; any: a page. The values as a
+                # query string's, checked by the gateway's own decoder
+                params = {k: str(v) for k, v in arguments.items() if v is not None}
+                return _result(await backend.agents(caller, params))
             if name == "list_intents":
+                _arguments(name, arguments, spec[2]["properties"])
                 return _result(await backend.intents(caller))
             if name == "explain_route":
-                query = decode(msgspec.json.encode(arguments), RouteQuery)
+                query = _parsed(name, arguments, RouteQuery)
                 return _result(await backend.explain(caller, query))
-            body = decode(msgspec.json.encode(arguments), SendBody)
+            body = _parsed(name, arguments, SendBody)
             return _result(await backend.send(caller, body))
         except AgentReachError as exc:
             return _result(exc.to_body(), error=True)
@@ -374,7 +431,17 @@ class ReachMcp(MCPServer[Any]):
             return _result(InternalError("unexpected error; see gateway log").to_body(), error=True)
 
     async def tools_changed(self) -> None:
-        """Tell the clients listening (``subscriptions/listen``) that the tools changed."""
-        from mcp.server.subscriptions import ToolsListChanged
-
+        """Tell every client that the tools changed: those of the 2026 protocol listening
+        (``subscriptions/listen``) through the bus, and each live session of the 2025 protocol
+        with ``notifications/tools/list_changed`` on its event stream (one that does not take
+        it within :data:`NOTIFY_TIMEOUT_S` holds up no other)."""
         await self.bus.publish(ToolsListChanged())
+        sessions = [c for c in self._sessions if c.initialized.is_set()]
+        await asyncio.gather(*(self._notify(c) for c in sessions))
+
+    @staticmethod
+    async def _notify(connection: Connection) -> None:
+        try:  # never raises for a closed stream: the SDK drops what it cannot send
+            await asyncio.wait_for(connection.send_tool_list_changed(), NOTIFY_TIMEOUT_S)
+        except TimeoutError:
+            log(logging.WARNING, "mcp.notify_slow", session_id=connection.session_id)
