@@ -4,23 +4,25 @@ with a heartbeat loop of its own that can lose beats and jitter them.
 It registers with ``--gateway`` and then heartbeats at the SDK's cadence (every 0.6-0.8 x the
 interval the gateway answered). ``--beat-drop P`` loses each beat with probability P, silently:
 the beat is never sent and the agent does not know (no retry), the worst case for the gateway's
-thresholds. ``--beat-jitter S`` delays each sent beat by 0-2S seconds (S +- S around its mean),
-on a task of its own, so that the schedule itself does not drift. A beat answered 404 registers
-again. ``--seed`` makes the drops reproducible.
+thresholds. With ``--beat-retry`` a lost beat is a failed one, as a lost HTTP or NATS request is
+to its sender: the agent tries again as the SDK does (after a jittered backoff from 0.25 s,
+doubling, each try lost with the same P), and beats on at its cadence from the one that went.
+``--beat-jitter S`` delays each sent beat by 0-2S seconds (S +- S around its mean), on a task of
+its own, so that the schedule itself does not drift. A beat answered 404 registers again.
+``--seed`` makes the drops reproducible.
 
-Deliveries (``POST /reach``) are answered after ``delay_ms`` with ``{"agent": ID}`` (drawn
-from ``delay_ms`` x (1 +- ``delay_spread``), uniformly, when that is set); every
-``slow_every``-th delivery of an intent after ``slow_ms`` instead (a deterministic tail: exactly
-one in ``slow_every``); with probability ``error_rate`` at once with ``error_status`` (503 by
-default) instead; with ``hang`` never (until the gateway gives up on the connection).
-``POST /control`` with a JSON object changes any of ``delay_ms``, ``delay_spread``,
-``slow_every``, ``slow_ms``, ``error_rate``, ``error_status``, ``hang``, ``beat_drop``.
-``GET /stats`` answers what it saw: deliveries received (also by intent, ``received:TAG``) and
-answered by status, in flight now and at most, and the retries (``X-Reach-Attempt`` >= 2) with
-the ``X-Reach-Deadline-Ms`` they carried. ``POST /stats/reset`` zeroes the counts.
+Deliveries (``POST /reach``) are answered after ``delay_ms`` with ``{"agent": ID}`` (drawn from
+``delay_ms`` x (1 +- ``delay_spread``), uniformly, when that is set); every ``slow_every``-th
+delivery of an intent after ``slow_ms`` instead (a deterministic tail: exactly one in
+``slow_every``); with probability ``error_rate`` at once with ``error_status`` (503 by default)
+instead; with ``hang`` never (until the gateway gives up on the connection). ``POST /control``
+with a JSON object changes any of ``delay_ms``, ``delay_spread``, ``slow_every``, ``slow_ms``,
+``error_rate``, ``error_status``, ``hang``, ``beat_drop``. ``GET /stats`` answers what it saw:
+deliveries received (also by intent, ``received:TAG``) and answered by status, in flight now and
+at most, and the retries (``X-Reach-Attempt`` >= 2) with the ``X-Reach-Deadline-Ms`` they
+carried. ``POST /stats/reset`` zeroes the counts.
 
-It prints ``agent://ID serving at URL`` once registered (what tests/support.py waits for).
-"""
+It prints ``agent://ID serving at URL`` once registered (what tests/support.py waits for)."""
 
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ parser.add_argument("--error-status", type=int, default=503)
 parser.add_argument("--hang", action="store_true")
 parser.add_argument("--beat-drop", type=float, default=0.0)
 parser.add_argument("--beat-jitter", type=float, default=0.0)
+parser.add_argument("--beat-retry", action="store_true")
 parser.add_argument("--seed", type=int, default=None)
 parser.add_argument("--no-beat", action="store_true")
 args = parser.parse_args()
@@ -164,13 +167,19 @@ async def lifeline(session: ClientSession, url: str, interval: float) -> None:
     pending: set[asyncio.Task[None]] = set()
     while True:
         await asyncio.sleep(rng.uniform(0.6, 0.8) * interval)
-        if rng.random() < state["beat_drop"]:
+        backoff = 0.25
+        while rng.random() < state["beat_drop"]:
             beats.append((time.time(), "dropped"))
-            continue
-        beats.append((time.time(), "sent"))
-        task = asyncio.create_task(beat(session, url, rng.uniform(0, 2 * args.beat_jitter)))
-        pending.add(task)
-        task.add_done_callback(pending.discard)
+            if not args.beat_retry:
+                break  # silent: lost, and the agent never knows
+            # a failed beat, seen: tried again after the SDK's jittered backoff
+            await asyncio.sleep(backoff * rng.uniform(0.5, 1.0))
+            backoff = min(2 * backoff, interval)
+        else:  # this beat goes (each ends its own task: the cadence does not wait for it)
+            beats.append((time.time(), "sent"))
+            task = asyncio.create_task(beat(session, url, rng.uniform(0, 2 * args.beat_jitter)))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
         del beats[:-5000]
 
 

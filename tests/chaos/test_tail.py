@@ -105,7 +105,9 @@ def test_11_hedging_cuts_the_tail(tmp_path: Path) -> None:
     )
     assert not failed, failed
     assert late == 0
-    # what hedging must do whatever the scale: cut the slow calls' wait by well over half,
-    # for little more than the slow calls' share of extra attempts
-    assert better >= 2.5, (tail_plain, tail_hedged)
+    # what hedging must do whatever the scale: halve the slow calls' wait at least, for little
+    # more than the slow calls' share of extra attempts
+    assert better >= 2.0, (tail_plain, tail_hedged)
     assert extra <= 2.5 / slow_every + 0.02, extra
+    if FULL:  # the goal (at its bound: the module docstring)
+        assert met, (better, extra)

@@ -9,12 +9,14 @@ import itertools
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Collection
 
 import pytest
 
 from agent_reach.errors import Overloaded
 from agent_reach.intents.matcher import (
+    BUILD_GAP_S,
     EMPTY_INDEX,
     MATCHER_NICE,
     SNAPSHOT_CHUNK,
@@ -270,3 +272,25 @@ async def test_the_snapshot_of_many_tags_lets_the_loop_run_between_chunks() -> N
     steps = [b - a for a, b in itertools.pairwise(read)]
     assert count == len(tags)
     assert max(steps) <= SNAPSHOT_CHUNK, max(steps)  # never all of them in one hold
+
+
+async def test_builds_under_churn_start_at_least_a_gap_apart() -> None:
+    tags = {"weather.query"}
+    starts: list[float] = []
+
+    class Timed(Words):
+        def build(self, known: Collection[str], texts: TagTexts) -> WordIndex:
+            starts.append(time.monotonic())
+            return super().build(known, texts)
+
+    holder = MatchIndexHolder(Timed(), lambda: set(tags), lambda tag: [])
+    await holder.wait()
+    for n in range(40):  # a registration every 10 ms: 40 changes in 0.4 s
+        tags.add(f"churn.t{n}")
+        holder.changed()
+        await asyncio.sleep(0.01)
+    await holder.wait(5)
+    gaps = [b - a for a, b in itertools.pairwise(starts[1:])]
+    assert len(starts) <= 8, len(starts)  # not one build a change
+    assert min(gaps) >= 0.9 * BUILD_GAP_S, gaps
+    assert holder.index.match(None, "churn") != []  # the last change is in force

@@ -10,6 +10,8 @@ Invariants:
 - The router awaits :meth:`MatchIndexHolder.lookup` and never builds. A change of the known
   tags or their texts schedules one build (changes during a build are taken by one more build
   after it); a build started before a later change never replaces the index of that change.
+- Builds of changes that keep coming (registrations churning) start at least
+  :data:`BUILD_GAP_S` apart: at most ten a second, each taking every change since the last.
 - Builds see a snapshot: the known tags and their texts are read on the event loop and handed
   to the worker thread as plain values (the registry's view is not thread-safe), the texts
   :data:`SNAPSHOT_CHUNK` tags at a time with the loop free between (a read of 50,000 tags held
@@ -23,7 +25,8 @@ Invariants:
 - Until the first build finishes the index is empty: no fallback match, only exact and alias
   ones. A failing build is logged and the previous index stays in force.
 - A lookup's cost does not grow with the requests in flight: at most ``max_running`` run at
-  once (the model's work is CPU-bound: more would only queue in threads), at most
+  once (the model's work is CPU-bound: more would only queue in threads; by default one core
+  fewer than the process may use, 1 to 4: :func:`default_running`), at most
   ``max_waiting`` wait for them; past that a lookup is refused with
   :class:`~agent_reach.errors.Overloaded` at once. Answers are cached (bounded, keyed by the
   caller's words; dropped when a new index comes).
@@ -38,6 +41,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import math
 import os
 import sys
 import threading
@@ -50,11 +54,13 @@ from agent_reach.observability.logs import log
 
 __all__ = [
     "EMPTY_INDEX",
+    "MAX_RUNNING",
     "FallbackMatcher",
     "MatchIndex",
     "MatchIndexHolder",
     "Scored",
     "TagTexts",
+    "default_running",
 ]
 
 # the texts describing a tag (a dictionary's description and examples; agents' descriptions)
@@ -63,6 +69,8 @@ TagTexts = Callable[[str], Sequence[str]]
 Scored = list[tuple[str, float]]
 
 LOOKUP_K = 4  # tags a lookup keeps: the best, and runners-up for the trace and suggestions
+MAX_RUNNING = 4  # lookups at once, at most, by default (default_running)
+BUILD_GAP_S = 0.1  # between two builds at least, when changes keep coming
 SNAPSHOT_CHUNK = 2000  # tags whose texts a build reads on the loop before letting it run
 MATCHER_NICE = 10  # the matcher threads' niceness (Linux): about a tenth of a contended core
 
@@ -116,7 +124,7 @@ class MatchIndexHolder:
         texts: TagTexts,
         on_swap: Callable[[], None] = lambda: None,
         *,
-        max_running: int = 2,
+        max_running: int | None = None,
         max_waiting: int = 64,
         cache_size: int = 4096,
         fresh_wait_s: float = 1.0,
@@ -129,10 +137,12 @@ class MatchIndexHolder:
         self._version = 0  # bumped by every change
         self._built = -1 if matcher is not None else 0  # the version of the index in force
         self._task: asyncio.Task[None] | None = None
-        self._started_at = 0.0  # loop time the build in progress started
-        self._running = asyncio.Semaphore(max_running)
+        self._started_at = 0.0  # loop time the build in progress was started (or scheduled)
+        self._ended_at = -math.inf  # loop time the last build ended
+        running = max_running if max_running is not None else default_running()
+        self._running = asyncio.Semaphore(running)
         self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_running, thread_name_prefix="agent-reach-match", initializer=_lower_priority
+            running, thread_name_prefix="agent-reach-match", initializer=_lower_priority
         )
         self._max_waiting = max_waiting
         self._waiting = 0
@@ -175,8 +185,11 @@ class MatchIndexHolder:
         assert matcher is not None
         loop = asyncio.get_running_loop()
         while self._built < self._version:
-            version = self._version
             self._started_at = loop.time()
+            gap = self._ended_at + BUILD_GAP_S - self._started_at
+            if gap > 0:  # a build right after a build: not back to back (churn)
+                await asyncio.sleep(gap)
+            version = self._version
             known = tuple(self._known())
             texts: dict[str, tuple[str, ...]] = {}
             for start in range(0, len(known), SNAPSHOT_CHUNK):  # read here, on the loop
@@ -192,6 +205,7 @@ class MatchIndexHolder:
             except Exception:  # the old index stays; the next change tries again
                 log(logging.ERROR, "intents.index_failed", matcher=matcher.name, exc_info=True)
                 return
+            self._ended_at = loop.time()
             if version >= self._built:
                 self.index, self._built = index, version
                 self._cache.clear()
@@ -255,6 +269,17 @@ class MatchIndexHolder:
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         return scored
+
+
+def default_running() -> int:
+    """Lookups that may run at once by default: one core fewer than this process may use, 1 to
+    :data:`MAX_RUNNING` (a fresh sentence is ~13 ms of a core: on two cores, two at once took
+    both, and a flood of them lifted the other requests' p99 2.3x, against 1.2x with one)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cores = os.cpu_count() or 2
+    return max(1, min(MAX_RUNNING, cores - 1))
 
 
 def _lower_priority() -> None:

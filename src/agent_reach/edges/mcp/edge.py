@@ -157,7 +157,9 @@ class McpEdge:
             settings = self.settings
             stateless = self.stateless or settings.workers > 1
             try:
-                # off the loop: importing the SDK and building its server take ~1.5 s of CPU
+                # off the loop: importing the SDK and building its server take ~1.5 s of CPU,
+                # pure Python that holds the GIL (the gateway's short switch interval gives it
+                # back to the loop within a millisecond: cli/main.py)
                 server = await asyncio.to_thread(_make_server, self.node, stateless)
             except ImportError as exc:
                 raise ConfigError(
