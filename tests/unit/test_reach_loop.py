@@ -240,7 +240,7 @@ async def test_connection_refused_ejects_at_once_and_is_not_charged_to_the_budge
         assert not isinstance(result, ReachError)
     dead_calls = [c for c in transport.calls if c[0] == url("dead")]
     assert len(dead_calls) == 1  # ejected after the first refusal
-    assert budget.allowance(clock.now) == pytest.approx(0.2 * 20 + 10 * 10)  # nothing spent
+    assert budget.allowance(clock.now) == pytest.approx(10 * 10)  # nothing spent: the floor
     record = reacher.router.registry.get("agent://dead")
     assert record is not None
     assert reacher.router.health(record).status.value == "suspect"
