@@ -16,12 +16,13 @@ Invariants:
   to the worker thread as plain values (the registry's view is not thread-safe), the texts
   :data:`SNAPSHOT_CHUNK` tags at a time with the loop free between (a read of 50,000 tags held
   it ~30 ms at once); a change meanwhile is taken by the next build.
-- The matcher's work runs at a lower CPU priority than the event loop (Linux: nice
-  :data:`MATCHER_NICE`, those threads only): lookups in a pool of ``max_running`` threads of
-  the holder's own, each build in a daemon thread of its own. A flood of new sentences (each
-  an embedding, ~15 ms of a core) or a big build (an embedding of each of 50,000 new tags is
-  minutes of a core) takes what the loop leaves, rather than the core its requests need, and
-  a gateway stopping does not wait for a build.
+- The matcher's work runs at a lower CPU priority than the event loop (Linux, those threads
+  only): lookups in a pool of ``max_running`` threads of the holder's own, :data:`LOOKUP_NICE`
+  nicer, each build in a daemon thread of its own, :data:`BUILD_NICE` nicer. A flood of new
+  sentences (each an embedding, ~15 ms of a core) or a big build (an embedding of each of
+  50,000 new tags is minutes of a core) takes what the loop leaves, rather than the core its
+  requests need, and a gateway stopping does not wait for a build. On a machine that other
+  busy processes share, lookups slow down first: exact and alias routing do not.
 - Until the first build finishes the index is empty: no fallback match, only exact and alias
   ones. A failing build is logged and the previous index stays in force.
 - A lookup's cost does not grow with the requests in flight: at most ``max_running`` run at
@@ -72,7 +73,10 @@ LOOKUP_K = 4  # tags a lookup keeps: the best, and runners-up for the trace and 
 MAX_RUNNING = 4  # lookups at once, at most, by default (default_running)
 BUILD_GAP_S = 0.1  # between two builds at least, when changes keep coming
 SNAPSHOT_CHUNK = 2000  # tags whose texts a build reads on the loop before letting it run
-MATCHER_NICE = 10  # the matcher threads' niceness (Linux): about a tenth of a contended core
+# how much nicer than the loop the matcher's threads run (Linux): a build, background work,
+# gets about a tenth of a core others want; a lookup, which a request waits for, a quarter
+BUILD_NICE = 10
+LOOKUP_NICE = 5
 
 _T = TypeVar("_T")
 
@@ -142,7 +146,10 @@ class MatchIndexHolder:
         running = max_running if max_running is not None else default_running()
         self._running = asyncio.Semaphore(running)
         self._pool = concurrent.futures.ThreadPoolExecutor(
-            running, thread_name_prefix="agent-reach-match", initializer=_lower_priority
+            running,
+            thread_name_prefix="agent-reach-match",
+            initializer=_lower_priority,
+            initargs=(LOOKUP_NICE,),
         )
         self._max_waiting = max_waiting
         self._waiting = 0
@@ -282,20 +289,20 @@ def default_running() -> int:
     return max(1, min(MAX_RUNNING, cores - 1))
 
 
-def _lower_priority() -> None:
-    """Make the calling thread :data:`MATCHER_NICE` nicer than it was (Linux, where a thread
-    has a niceness of its own)."""
+def _lower_priority(nicer: int = BUILD_NICE) -> None:
+    """Make the calling thread ``nicer`` than it was (Linux, where a thread has a niceness of
+    its own)."""
     if sys.platform == "linux":  # (elsewhere the call would renice the whole process)
         # not permitted here: it runs at the usual priority
         with contextlib.suppress(OSError):
             me = threading.get_native_id()
             os.setpriority(
-                os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + MATCHER_NICE)
+                os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + nicer)
             )
 
 
 def _in_background(fn: Callable[..., _T], *args: object) -> asyncio.Future[_T]:
-    """``fn(*args)`` in a daemon thread of its own at :data:`MATCHER_NICE`; its outcome in the
+    """``fn(*args)`` in a daemon thread of its own at :data:`BUILD_NICE`; its outcome in the
     returned future (a cancelled future: the outcome is dropped, the thread runs to its end)."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[_T] = loop.create_future()
