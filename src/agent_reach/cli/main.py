@@ -444,8 +444,7 @@ async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None
     gc.set_threshold(50_000, 20, 20)
     # The loop gets the GIL back within 1 ms, not the interpreter's 5 ms, from a thread
     # running Python beside it (a /metrics scrape, the MCP SDK's import, a matcher build):
-    # with one thread alone nothing changes; under the fuzz of every route it halved the
-    # other requests' p99 (docs/reliability.md, scenario 15)
+    # with one thread alone nothing changes (docs/reliability.md, scenario 15: F3)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     site = web.TCPSite(
         runner,

@@ -23,9 +23,9 @@ clients sent meanwhile, and closing then would answer their requests with a rese
 This overrides ``RequestHandler.handle_error``, ``RequestHandler.connection_made``,
 ``RequestHandler._process_keepalive`` and ``Server.__call__``, and reads
 ``Server._connections``, ``RequestHandler._current_request``, ``_keepalive_handle``,
-``_keepalive_timeout`` and ``_next_keepalive_close_time``,
-which aiohttp (3.9 to 3.14) uses: check both when upgrading aiohttp
-(tests/integration/test_malformed_http.py fails if they stop being used).
+``_keepalive_timeout`` and ``_next_keepalive_close_time``, which aiohttp (3.10 to 3.14)
+uses: check them when upgrading aiohttp (tests/integration/test_malformed_http.py and
+test_connections.py fail if they stop being used).
 """
 
 from __future__ import annotations
