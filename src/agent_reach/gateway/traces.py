@@ -59,7 +59,9 @@ class TraceStore:
     ) -> None:
         self.capacity = capacity
         self.max_events = max_events
-        self._traces: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        # an event is kept as it came (ts, kind, its data) and made a dict only when read: this
+        # runs several times on every request
+        self._traces: OrderedDict[str, list[tuple[float, str, dict[str, Any]]]] = OrderedDict()
         self._recent: deque[RequestSummary] = deque(maxlen=recent_capacity)
 
     def add(self, trace_id: str, ts: float, kind: str, **data: Any) -> None:
@@ -72,12 +74,15 @@ class TraceStore:
         else:
             self._traces.move_to_end(trace_id)
         if len(events) < self.max_events:
-            events.append({"ts": round(ts, 6), "kind": kind, **data})
+            events.append((ts, kind, data))
 
     def get(self, trace_id: str) -> list[dict[str, Any]] | None:
-        """The events of ``trace_id`` in order, or None when it is not (or no longer) held."""
+        """The events of ``trace_id`` in order (``ts`` to the microsecond, ``kind``, then the
+        event's fields), or None when it is not (or no longer) held."""
         events = self._traces.get(trace_id)
-        return None if events is None else list(events)
+        if events is None:
+            return None
+        return [{"ts": round(ts, 6), "kind": kind, **data} for ts, kind, data in events]
 
     def request_done(
         self,

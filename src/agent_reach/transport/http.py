@@ -1,7 +1,9 @@
-"""HTTP transport on one shared aiohttp session: pooled keep-alive connections, TCP_NODELAY.
+"""HTTP transport: deliveries through the lean HTTP/1.1 client of :mod:`.h1` (pooled keep-alive
+connections, TCP_NODELAY, one write per request); documents (A2A cards) through one aiohttp
+session, with the same address guard and size cap.
 
 Invariants:
-- Every answer, good or bad, is a :class:`Delivery`; no aiohttp exception leaves
+- Every answer, good or bad, is a :class:`Delivery`; no client exception leaves
   :meth:`HttpTransport.deliver`, and the whole attempt (a resend included) fits in its timeout.
 - A request that fails on a connection taken from the pool, before any of the answer came back,
   is sent once more on a fresh connection, inside the same attempt: the agent closed that idle
@@ -12,21 +14,15 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import errno
 import logging
 import socket
-import weakref
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
-from aiohttp.client_proto import ResponseHandler
-from aiohttp.client_reqrep import ClientRequest
-from aiohttp.connector import Connection
 from aiohttp.resolver import DefaultResolver
-from aiohttp.tracing import Trace
 from yarl import URL
 
 from agent_reach.core.model import Outcome
@@ -34,19 +30,11 @@ from agent_reach.core.netguard import AddressGuard, is_ip
 from agent_reach.errors import InternalError
 from agent_reach.observability.logs import log
 from agent_reach.transport.base import Delivery, agent_answer
+from agent_reach.transport.h1 import Client, Failure, TooLarge
 
 __all__ = ["Fetched", "GuardedResolver", "HttpTransport"]
 
 _JSON = {"Content-Type": "application/json"}
-
-# The ways a connection dies under a request: the agent closed it (EOF), reset it, or it was
-# closing when the request was written. A refused connection (ClientConnectorError, a
-# ClientOSError too) never happens on a pooled connection, so it is never resent.
-_DROPPED = (
-    aiohttp.ServerDisconnectedError,
-    aiohttp.ClientOSError,
-    aiohttp.ClientConnectionResetError,
-)
 
 
 class GuardedResolver(AbstractResolver):
@@ -71,56 +59,6 @@ class GuardedResolver(AbstractResolver):
 
     async def close(self) -> None:
         await self._inner.close()
-
-
-class _Pick:
-    """Whether the connection of the request in progress came from the pool, and whether the
-    request was sent again on a fresh one."""
-
-    __slots__ = ("resent", "reused")
-
-    def __init__(self) -> None:
-        self.reused = False
-        self.resent = False
-
-
-# set around each request, so that the connector can say what it handed out (a task each
-# request: concurrent deliveries never see each other's)
-_PICK: contextvars.ContextVar[_Pick | None] = contextvars.ContextVar("reach_pick", default=None)
-
-
-class _PoolConnector(aiohttp.TCPConnector):
-    """aiohttp's connector, noting in :data:`_PICK` whether a connection was used before."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._used: weakref.WeakSet[ResponseHandler] = weakref.WeakSet()
-
-    async def connect(  # aiohttp's signature
-        self,
-        req: ClientRequest,
-        traces: list[Trace],
-        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109
-    ) -> Connection:
-        conn = await super().connect(req, traces, timeout)
-        proto = conn.protocol
-        if proto is not None:
-            pick = _PICK.get()
-            if pick is not None:
-                pick.reused = proto in self._used
-            self._used.add(proto)
-        return conn
-
-
-def _nothing_came_back(exc: BaseException) -> bool:
-    """For a failure raised before the answer's head was parsed: was none of it received?
-
-    A clean close after part of the head carries that part (aiohttp's partial message); a reset
-    cannot tell, and is taken as nothing (an agent that reset a connection half-way through its
-    status line is far rarer than the keep-alive race)."""
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return isinstance(exc.message, str)  # "Server disconnected": no message parsed
-    return True
 
 
 class Fetched(NamedTuple):
@@ -158,27 +96,26 @@ class HttpTransport:
         self._keepalive_s = keepalive_s
         self._guard = address_guard
         self._literal: dict[str, str | None] = {}  # url -> refusal of its literal address
-        self._session: aiohttp.ClientSession | None = None
-        # for the resend after the keep-alive race: a connection of its own each time
-        self._fresh: aiohttp.ClientSession | None = None
+        self._client: Client | None = None  # deliveries
+        self._session: aiohttp.ClientSession | None = None  # fetches (cards)
 
     async def start(self) -> None:
         """Open the pools; idempotent."""
+        if self._client is None:
+            guard = self._guard
+            self._client = Client(
+                limit=self._pool_size,
+                limit_per_host=self._pool_per_host,
+                keepalive_s=self._keepalive_s,
+                dns_ttl_s=60,
+                allow=None if guard is None else guard.refusal_for_address,
+            )
         if self._session is None:
             self._session = self._open(
-                _PoolConnector(
-                    limit=self._pool_size,
-                    limit_per_host=self._pool_per_host,
-                    keepalive_timeout=self._keepalive_s,
-                    ttl_dns_cache=60,
-                    resolver=self._resolver(),
-                )
-            )
-            self._fresh = self._open(
                 aiohttp.TCPConnector(
                     limit=self._pool_size,
                     limit_per_host=self._pool_per_host,
-                    force_close=True,
+                    keepalive_timeout=self._keepalive_s,
                     ttl_dns_cache=60,
                     resolver=self._resolver(),
                 )
@@ -216,25 +153,19 @@ class HttpTransport:
 
     async def close(self) -> None:
         """Close the pools; idempotent."""
-        session, fresh = self._session, self._fresh
-        self._session = self._fresh = None
+        client, session = self._client, self._session
+        self._client = self._session = None
+        if client is not None:
+            await client.close()
         if session is not None:
             await session.close()
-        if fresh is not None:
-            await fresh.close()
 
     async def deliver(
         self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float
     ) -> Delivery:
         """POST ``body`` to ``url``: :meth:`agent_reach.transport.base.Transport.deliver`."""
-        pick = _Pick()
-        delivery = await self._deliver(url, body, headers, timeout_s, pick)
-        return delivery._replace(resent=True) if pick.resent else delivery
-
-    async def _deliver(
-        self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float, pick: _Pick
-    ) -> Delivery:
-        if self._session is None:
+        client = self._client
+        if client is None:
             raise InternalError("HttpTransport.deliver() before start()")
         if self._guard is not None:
             refusal = self._literal_refusal(url)
@@ -245,45 +176,40 @@ class HttpTransport:
                     reached=False,
                     eject=True,
                 )
+        resent = False
+        limit = self.max_response_bytes
         try:
             async with asyncio.timeout(timeout_s):
-                resp = await self._post(url, body, {**_JSON, **headers}, pick)
-                async with resp:
-                    status = resp.status
-                    encoding = resp.headers.get("Content-Encoding", "identity").lower()
-                    timing = resp.headers.get("Server-Timing")
-                    data = await self._read_capped(resp)
+                try:
+                    answer = await client.post(url, body, {**_JSON, **headers}, limit)
+                except Failure as exc:
+                    # the keep-alive race (module docstring): once more, on a fresh connection
+                    if not exc.reused or exc.came_back or exc.kind == "protocol":
+                        raise
+                    log(logging.INFO, "transport.stale_connection", url=url, error=exc.detail)
+                    resent = True
+                    answer = await client.post(url, body, {**_JSON, **headers}, limit, fresh=True)
         except TimeoutError:
-            return Delivery(Outcome.TIMEOUT, detail=f"no answer within {timeout_s * 1000:.0f} ms")
-        except aiohttp.ClientConnectorError as exc:
             return Delivery(
-                Outcome.CONNECT_ERROR,
-                detail=f"cannot connect: {exc.os_error}",
-                reached=False,
-                eject=True,
+                Outcome.TIMEOUT,
+                detail=f"no answer within {timeout_s * 1000:.0f} ms",
+                resent=resent,
             )
-        except aiohttp.ServerDisconnectedError:
-            # the agent dropped a request in flight on a fresh connection (or on a pooled one
-            # after part of its answer): its process died, a reset for the passive check
-            return Delivery(Outcome.CONNECT_ERROR, detail="agent closed the connection", eject=True)
-        except aiohttp.ClientConnectionResetError as exc:
-            return Delivery(Outcome.CONNECT_ERROR, detail=f"connection reset: {exc}", eject=True)
-        except aiohttp.ClientOSError as exc:
-            reset = exc.errno in (errno.ECONNRESET, errno.EPIPE)
-            return Delivery(Outcome.CONNECT_ERROR, detail=f"connection error: {exc}", eject=reset)
-        except _TooLarge:
+        except Failure as exc:
+            return _failed(exc)._replace(resent=resent)
+        except TooLarge:
             # the agent did the work: a retry could repeat its side effects, so none is made
             return Delivery(
                 Outcome.AGENT_ERROR,
                 detail=f"answer larger than {self.max_response_bytes} bytes",
+                resent=resent,
             )
-        except (ValueError, UnicodeError) as exc:  # a URL the resolver cannot encode
+        except (ValueError, UnicodeError) as exc:  # a URL or header that cannot be sent
             return Delivery(
                 Outcome.CONNECT_ERROR, detail=f"cannot connect: {exc}", reached=False, eject=True
             )
-        except aiohttp.ClientError as exc:
-            return Delivery(Outcome.SERVER_ERROR, detail=f"bad HTTP answer: {exc}")
-        return agent_answer(status, data, encoding, timing)
+        delivery = agent_answer(answer.status, answer.body, answer.encoding, answer.timing)
+        return delivery._replace(resent=True) if resent else delivery
 
     async def fetch(self, url: str, headers: Mapping[str, str], timeout_s: float) -> Fetched:
         """GET ``url`` (a document an agent publishes: an A2A card) through the same guard,
@@ -302,45 +228,38 @@ class HttpTransport:
                     return Fetched(resp.status, data, dict(resp.headers), "")
         except TimeoutError:
             return Fetched(None, b"", {}, f"no answer within {timeout_s * 1000:.0f} ms")
-        except _TooLarge:
+        except TooLarge:
             return Fetched(None, b"", {}, f"larger than {self.max_response_bytes} bytes")
         except aiohttp.ClientConnectorError as exc:
             return Fetched(None, b"", {}, f"cannot connect: {exc.os_error}")
         except (aiohttp.ClientError, ValueError, UnicodeError) as exc:
             return Fetched(None, b"", {}, f"cannot fetch: {exc}")
 
-    async def _post(
-        self, url: str, body: bytes, headers: Mapping[str, str], pick: _Pick
-    ) -> aiohttp.ClientResponse:
-        """The answer's head, the keep-alive race taken care of (module docstring)."""
-        assert self._session is not None and self._fresh is not None
-        token = _PICK.set(pick)
-        try:
-            return await self._session.post(url, data=body, headers=headers, allow_redirects=False)
-        except _DROPPED as exc:
-            if not pick.reused or not _nothing_came_back(exc):
-                raise
-            log(logging.INFO, "transport.stale_connection", url=url, error=repr(exc))
-            pick.resent = True
-        finally:
-            _PICK.reset(token)
-        return await self._fresh.post(url, data=body, headers=headers, allow_redirects=False)
-
     async def _read_capped(self, resp: aiohttp.ClientResponse) -> bytes:
         limit = self.max_response_bytes
         if resp.content_length is not None:
             if resp.content_length > limit:
-                raise _TooLarge
+                raise TooLarge
             return await resp.read()  # the length is known and within the limit
         chunks: list[bytes] = []  # chunked: count while reading, stop past the limit
         size = 0
         async for chunk in resp.content.iter_any():
             size += len(chunk)
             if size > limit:
-                raise _TooLarge
+                raise TooLarge
             chunks.append(chunk)
         return b"".join(chunks)
 
 
-class _TooLarge(Exception):
-    """The answer is over ``max_response_bytes`` (internal to this adapter)."""
+def _failed(exc: Failure) -> Delivery:
+    """What a network failure of an attempt means for the retry and the passive check."""
+    if exc.kind == "connect":
+        return Delivery(Outcome.CONNECT_ERROR, detail=exc.detail, reached=False, eject=True)
+    if exc.kind == "protocol":
+        return Delivery(Outcome.SERVER_ERROR, detail=exc.detail)
+    if exc.kind == "io":
+        reset = exc.errno in (errno.ECONNRESET, errno.EPIPE)
+        return Delivery(Outcome.CONNECT_ERROR, detail=exc.detail, eject=reset)
+    # closed or reset under a request: on a fresh connection (or on a pooled one after part of
+    # the answer) the agent's process died or dropped it, a reset for the passive check
+    return Delivery(Outcome.CONNECT_ERROR, detail=exc.detail, eject=True)

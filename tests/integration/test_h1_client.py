@@ -1,0 +1,215 @@
+"""The lean HTTP/1.1 client of the HTTP transport (:mod:`agent_reach.transport.h1`), against raw
+asyncio servers on 127.0.0.1 that answer as each test scripts them: what the transport's
+contract suite does not reach (answers ended by a close, interim answers, the pool's limits and
+idle timeout, a cancelled request, what it refuses to send, the address guard on names)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+
+from agent_reach.transport.h1 import Client, Failure
+
+Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    """One request's head and body."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    return head + await reader.readexactly(length)
+
+
+@asynccontextmanager
+async def server(script: Script) -> AsyncIterator[tuple[str, list[int]]]:
+    """A server running ``script`` on each connection; yields its URL and a list that holds
+    one entry per connection accepted."""
+    accepted: list[int] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(len(accepted))
+        try:
+            await script(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    srv = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}/reach", accepted
+    finally:
+        srv.close()
+        await srv.wait_closed()
+
+
+@asynccontextmanager
+async def client(**kwargs: object) -> AsyncIterator[Client]:
+    c = Client(**kwargs)  # type: ignore[arg-type]
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+async def keep_answering(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    while True:
+        await read_request(reader)
+        writer.write(OK)
+
+
+async def test_keep_alive_reuses_one_connection() -> None:
+    async with server(keep_answering) as (url, accepted), client() as c:
+        for _ in range(5):
+            answer = await c.post(url, b'{"a":1}', {"X-Reach-Msg-Id": "m1"}, 100)
+            assert (answer.status, answer.body) == (200, b"{}")
+        assert len(accepted) == 1
+
+
+async def test_an_answer_ended_by_the_close_is_whole_and_the_connection_not_kept() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b'HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n{"long": "answer"}')
+        await writer.drain()
+
+    async with server(script) as (url, accepted), client() as c:
+        first = await c.post(url, b"{}", {}, 100)
+        second = await c.post(url, b"{}", {}, 100)
+        assert first.body == second.body == b'{"long": "answer"}'
+        assert len(accepted) == 2
+
+
+async def test_an_interim_answer_is_skipped() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n" + OK)
+        await writer.drain()
+        await keep_answering(reader, writer)
+
+    async with server(script) as (url, _), client() as c:
+        assert (await c.post(url, b"{}", {}, 100)).status == 200
+        assert (await c.post(url, b"{}", {}, 100)).status == 200
+
+
+async def test_the_answers_headers_that_matter_are_read() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(
+            b"HTTP/1.1 201 Created\r\nContent-Encoding: GZIP\r\nServer-Timing: app;dur=1\r\n"
+            b"Server-Timing: handle;dur=2\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"1\r\n{\r\n1\r\n}\r\n0\r\n\r\n"
+        )
+        await writer.drain()
+
+    async with server(script) as (url, _), client() as c:
+        answer = await c.post(url, b"{}", {}, 100)
+        assert answer == (201, b"{}", "gzip", "app;dur=1, handle;dur=2")
+
+
+async def test_garbage_is_a_protocol_failure() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"SSH-2.0-OpenSSH_9.2\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async with server(script) as (url, _), client() as c:
+        with pytest.raises(Failure) as caught:
+            await c.post(url, b"{}", {}, 100)
+        assert caught.value.kind == "protocol" and caught.value.came_back
+
+
+async def test_at_most_limit_per_host_connections_the_rest_wait_their_turn() -> None:
+    open_now = peak = 0
+    gate = asyncio.Event()
+    two_in = asyncio.Event()
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal open_now, peak
+        open_now += 1
+        peak = max(peak, open_now)
+        if open_now == 2:
+            two_in.set()
+        try:
+            await read_request(reader)
+            await gate.wait()
+            writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}")
+            await writer.drain()
+        finally:
+            open_now -= 1
+
+    async with server(script) as (url, accepted), client(limit_per_host=2) as c:
+        calls = [asyncio.create_task(c.post(url, b"{}", {}, 100)) for _ in range(6)]
+        await asyncio.wait_for(two_in.wait(), 5)  # two made: the other four wait for room
+        assert c._open == 2
+        gate.set()
+        answers = await asyncio.wait_for(asyncio.gather(*calls), 5)
+        assert [a.status for a in answers] == [200] * 6
+        assert peak == 2 and len(accepted) == 6
+
+
+async def test_a_cancelled_request_closes_its_connection() -> None:
+    got_eof = asyncio.Event()
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        if await reader.read() == b"":  # no answer: the client gives up and closes
+            got_eof.set()
+
+    async with server(script) as (url, _), client() as c:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.2):
+                await c.post(url, b"{}", {}, 100)
+        await asyncio.wait_for(got_eof.wait(), 5)
+        assert c._open == 0 and not any(p.idle for p in c._pools.values())
+
+
+async def test_a_connection_idle_past_keepalive_is_not_reused() -> None:
+    now = [100.0]
+    async with (
+        server(keep_answering) as (url, accepted),
+        client(keepalive_s=4.0, monotonic=lambda: now[0]) as c,
+    ):
+        await c.post(url, b"{}", {}, 100)
+        now[0] += 3.9
+        await c.post(url, b"{}", {}, 100)
+        assert len(accepted) == 1
+        now[0] += 4.1
+        await c.post(url, b"{}", {}, 100)
+        assert len(accepted) == 2
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"X-Evil": "a\r\nHost: other"}, {"X-Evil\r\nHost": "x"}, {"Bad:Name": "x"}],
+)
+async def test_a_header_that_would_split_the_request_is_refused_and_nothing_sent(
+    headers: dict[str, str],
+) -> None:
+    async with server(keep_answering) as (url, accepted), client() as c:
+        with pytest.raises(ValueError):
+            await c.post(url, b"{}", headers, 100)
+        assert accepted == [] and c._open == 0
+
+
+async def test_a_name_that_resolves_only_into_a_denied_network_is_not_connected_to() -> None:
+    def deny_loopback(address: str) -> str | None:
+        return "denied network (loopback)" if address in ("127.0.0.1", "::1") else None
+
+    async with server(keep_answering) as (url, accepted), client(allow=deny_loopback) as c:
+        with pytest.raises(Failure) as caught:
+            await c.post(url.replace("127.0.0.1", "localhost"), b"{}", {}, 100)
+        assert caught.value.kind == "connect"
+        assert "denied network (loopback)" in caught.value.detail
+        assert accepted == []
+        # the literal address is the transport's guard's to judge (HttpTransport), not this one
+        assert (await c.post(url, b"{}", {}, 100)).status == 200
