@@ -11,11 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent_reach.core.health import (
+    EWMA_DECAY_S,
     INF,
     PROBE_BACKOFF_MAX_S,
     PROBE_BACKOFF_S,
     SLOW_RECOVERY,
     STRIKE_MEMORY_S,
+    WARMUP_SAMPLES,
     EndpointStats,
     LivenessClock,
     derive,
@@ -609,12 +611,76 @@ def test_peak_ewma_rises_at_once_on_a_slow_sample() -> None:
 
 def test_peak_ewma_decays_while_idle() -> None:
     s = EndpointStats()
-    s.observe(1000.0, T0)
+    for _ in range(WARMUP_SAMPLES):  # warm: decays at the full time constant
+        s.observe(1000.0, T0)
     costs = [s.cost_ms(T0 + dt) for dt in (0, 1, 5, 10, 30, 100)]
     assert costs[0] == 1000.0
     assert costs[3] == pytest.approx(1000.0 / math.e)
     assert all(a > b for a, b in itertools.pairwise(costs))
     assert costs[-1] < 1.0
+
+
+def test_a_cost_with_few_samples_behind_it_decays_faster() -> None:
+    """The warm-up: one slow first answer (a cold process) must not keep a new endpoint out
+    for seconds; the time constant grows with the samples, to the full one at WARMUP_SAMPLES."""
+    s = EndpointStats()
+    s.observe(5.0, T0)
+    first = EWMA_DECAY_S / WARMUP_SAMPLES
+    assert s.cost_ms(T0 + first) == pytest.approx(5.0 / math.e)
+    assert s.cost_ms(T0 + 1.0) < 2.5 / 3  # under a warm twin's 2.5 ms within a second
+    s.observe(5.0, T0 + 1.0)  # peak again; now two samples behind it
+    assert s.cost_ms(T0 + 1.0 + 2 * first) == pytest.approx(5.0 / math.e)
+    for k in range(WARMUP_SAMPLES):
+        s.observe(5.0, T0 + 2.0 + k)
+    at = T0 + 1.0 + WARMUP_SAMPLES
+    assert s.cost_ms(at + EWMA_DECAY_S) == pytest.approx(s.cost_ms(at) / math.e)
+
+
+def test_a_failures_cost_decays_at_the_full_time_constant_even_when_new() -> None:
+    s = EndpointStats()
+    s.observe(5.0, T0)
+    s.observe(2000.0, T0 + 0.1, answered=False, penalty_ms=2000.0)  # a timeout
+    s.fail(T0 + 0.1)
+    assert s.cost_ms(T0 + 0.1 + EWMA_DECAY_S) == pytest.approx(2000.0 / math.e)
+    fresh = EndpointStats()  # refused before it ever answered
+    fresh.penalize(2000.0, T0)
+    fresh.eject(T0)
+    assert fresh.cost_ms(T0 + EWMA_DECAY_S) == pytest.approx(2000.0 / math.e)
+
+
+def test_a_failure_does_not_change_the_cost_already_decayed() -> None:
+    s = EndpointStats()
+    s.observe(100.0, T0)
+    before = s.cost_ms(T0 + 0.3)
+    s.fail(T0 + 0.3)  # the time constant changes from here on, not backwards
+    assert s.cost_ms(T0 + 0.3) == pytest.approx(before)
+    assert s.cost_ms(T0 + 0.3 + EWMA_DECAY_S) == pytest.approx(before / math.e)
+
+
+def test_an_answer_that_ends_a_penalty_starts_the_warm_up_again() -> None:
+    s = EndpointStats()
+    for k in range(WARMUP_SAMPLES):
+        s.observe(3.0, T0 + k * 0.01)
+    s.observe(2000.0, T0 + 1, answered=False, penalty_ms=2000.0)
+    s.fail(T0 + 1)
+    s.recover(6.0, T0 + 2)  # a probe's answer, from a process still cold
+    assert s.cost_ms(T0 + 2 + EWMA_DECAY_S / WARMUP_SAMPLES) == pytest.approx(6.0 / math.e)
+
+
+def test_a_registration_starts_the_cost_again_unless_penalized() -> None:
+    s = EndpointStats()
+    for k in range(WARMUP_SAMPLES):
+        s.observe(3.0, T0 + k * 0.01)
+    s.renew()  # registered again: perhaps a new process
+    assert s.cost_ms(T0 + 1) == 0.0
+    assert s.p95_ms() == 3.0  # its samples stay
+    s.observe(5.0, T0 + 1)  # the new process's first answer, cold
+    assert s.cost_ms(T0 + 1 + EWMA_DECAY_S / WARMUP_SAMPLES) == pytest.approx(5.0 / math.e)
+    s.penalize(2000.0, T0 + 2)
+    s.fail(T0 + 2)
+    s.renew()  # a failing agent that registers again keeps its penalty
+    assert s.cost_ms(T0 + 2) == 2000.0
+    assert s.penalized
 
 
 def test_peak_ewma_blends_down_on_a_faster_sample() -> None:

@@ -387,3 +387,152 @@ async def test_wait_times_out_without_a_wake_and_returns_at_once_when_woken() ->
     assert await slots.wait(w, 0.0) is False
     slots.offer("agent://e", ("t",), 1, routable=True, hintable=True)
     assert await slots.wait(w, 60.0) is True
+
+
+# --- the hand-over: one wake-up a wait --------------------------------------------------------
+
+
+async def test_two_waiters_one_slot_one_wake_up() -> None:
+    router, _ = await make(["agent://a"], bound=1)
+    p = await plan(router)
+    router.attempt_started("agent://a")
+    callers = Callers(router, p)
+    callers.send("first", "normal")
+    callers.send("second", "normal")
+    await turns(lambda: router.slots.waiting == 2)
+    finish(router, "agent://a")  # one slot: reserved for the first, who takes it as it is
+    await turns(lambda: callers.served == ["first"])
+    for _ in range(5):  # nothing else stirs
+        await asyncio.sleep(0)
+    assert router.slots.wakeups == 1
+    assert router.slots.waiting == 1
+    assert not callers.tasks["second"].done()
+    assert router.slots.reserved == {}  # the claim became the attempt's own slot
+    finish(router, "agent://a")
+    await turns(lambda: callers.served == ["first", "second"])
+    assert router.slots.wakeups == 2
+
+
+async def test_a_woken_waiter_takes_the_slot_it_was_woken_for_without_choosing_again() -> None:
+    """Another candidate freed a slot too before the waiter ran, and looks cheaper: a choice
+    made again would go there; the waiter takes the slot reserved for it instead."""
+    router, _ = await make(["agent://a", "agent://b"], bound=1)
+    p = await plan(router)
+    stats = {e: router.attempt_started(e) for e in ("agent://a", "agent://b")}
+    waiting = asyncio.create_task(router.acquire(p, (), "normal"))
+    await turns(lambda: router.slots.waiting == 1)
+    for endpoint_id, ms in (("agent://a", 500.0), ("agent://b", 1.0)):  # a offered, b free
+        router.attempt_finished(
+            endpoint_id, stats[endpoint_id], Outcome.OK, ms, reached=True, eject=False
+        )
+    assert router.choose(p, free_only=True) == "agent://b"  # free, and the cheaper of the two
+    await turns(waiting.done)
+    assert waiting.result() == "agent://a"
+    assert router.slots.wakeups == 1
+
+
+async def test_a_woken_waiter_takes_the_reserved_slot_as_its_claim() -> None:
+    """The reservation the offer made is the slot acquire hands out: held until the attempt
+    starts (or two turns of the loop), never counted twice."""
+    router, _ = await make(["agent://a"], bound=2)
+    p = await plan(router)
+    for _ in range(2):
+        router.attempt_started("agent://a")
+    task = asyncio.create_task(router.acquire(p, (), "normal"))
+    await turns(lambda: router.slots.waiting == 1)
+    finish(router, "agent://a")
+    assert router.slots.reserved == {"agent://a": 1}
+    await turns(task.done)
+    assert task.result() == "agent://a"
+    assert router.slots.reserved == {"agent://a": 1}  # now the claim, not a second slot
+    assert router.full("agent://a")  # one in flight, one claimed
+    assert (router.slots.waiting, router.slots.served) == (0, 1)
+    await turns(lambda: not router.slots.reserved)  # never started: given back
+    assert not router.full("agent://a")
+
+
+async def test_a_claim_from_a_hand_over_that_never_starts_goes_to_the_next_waiter() -> None:
+    router, _ = await make(["agent://a"], bound=1)
+    p = await plan(router)
+    router.attempt_started("agent://a")
+    idle = asyncio.create_task(router.acquire(p, (), "high"))  # takes a slot, starts nothing
+    callers = Callers(router, p)
+    callers.send("next", "low")
+    await turns(lambda: router.slots.waiting == 2)
+    finish(router, "agent://a")
+    await turns(lambda: idle.done() and callers.served == ["next"])
+    assert idle.result() == "agent://a"
+    assert router.slots.wakeups == 2
+
+
+async def test_a_waiter_woken_for_an_endpoint_its_request_tried_chooses_again() -> None:
+    """A retry waits; the slot offered first is at the endpoint it failed at, while another
+    candidate has one too: it goes there (failover), and the offered slot is freed again."""
+    router, _ = await make(["agent://a", "agent://b"], bound=1)
+    p = await plan(router)
+    router.attempt_started("agent://a")
+    router.attempt_started("agent://b")
+    retry = asyncio.create_task(router.acquire(p, ("agent://a",), "normal"))
+    await turns(lambda: router.slots.waiting == 1)
+    finish(router, "agent://a")  # offered to the retry, which tried a
+    finish(router, "agent://b")  # nobody left in line: b's slot stays free
+    await turns(retry.done)
+    assert retry.result() == "agent://b"
+    assert router.slots.reserved == {"agent://b": 1}  # a's reservation was given back
+    assert not router.full("agent://a")
+
+
+async def test_a_waiter_woken_for_a_tried_endpoint_takes_it_when_it_is_the_only_one() -> None:
+    router, _ = await make(["agent://a", "agent://b"], bound=1)
+    p = await plan(router)
+    router.attempt_started("agent://a")
+    router.attempt_started("agent://b")
+    retry = asyncio.create_task(router.acquire(p, ("agent://a",), "normal"))
+    await turns(lambda: router.slots.waiting == 1)
+    finish(router, "agent://a")  # b stays full: a again is the only choice
+    await turns(retry.done)
+    assert retry.result() == "agent://a"
+    assert router.slots.reserved == {"agent://a": 1}
+
+
+async def test_a_hinted_waiter_takes_its_endpoint_though_tried() -> None:
+    router, _ = await make(["agent://a"], bound=1)
+    hinted = await plan(router, hint="agent://a")
+    router.attempt_started("agent://a")
+    retry = asyncio.create_task(router.acquire(hinted, ("agent://a",), "normal"))
+    await turns(lambda: router.slots.waiting == 1)
+    finish(router, "agent://a")
+    await turns(retry.done)
+    assert retry.result() == "agent://a"
+    assert router.slots.wakeups == 1
+
+
+async def test_a_waiter_woken_for_an_endpoint_gone_meanwhile_chooses_again() -> None:
+    router, _ = await make(["agent://a", "agent://b"], bound=1)
+    p = await plan(router)
+    router.attempt_started("agent://a")
+    router.attempt_started("agent://b")
+    waiting = asyncio.create_task(router.acquire(p, (), "normal"))
+    await turns(lambda: router.slots.waiting == 1)
+    finish(router, "agent://a")  # reserved for the waiter...
+    await router.deregister("agent://a")  # ...and gone before it runs
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not waiting.done()  # b is full: back in line
+    assert router.slots.waiting == 1
+    assert router.slots.reserved == {}
+    finish(router, "agent://b")
+    await turns(waiting.done)
+    assert waiting.result() == "agent://b"
+
+
+async def test_hand_over_turns_the_reservation_into_a_claim() -> None:
+    slots = Slots(lambda: 0.0)
+    w = slots.join("t", "normal", intent="t")
+    slots.offer("agent://e", ("t",), 1, routable=True, hintable=True)
+    assert slots.hand_over(w) == "agent://e"
+    assert slots.reserved == {"agent://e": 1}
+    assert (slots.waiting, slots.served, slots.wakeups) == (0, 1, 1)
+    assert slots.leave(w) is None  # gone already: nothing to give back
+    slots.consume("agent://e")  # its attempt starts
+    assert slots.reserved == {}

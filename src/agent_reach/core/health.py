@@ -15,6 +15,13 @@ Invariants:
   with its strikes (failures less than ``STRIKE_MEMORY_S`` apart) from ``PROBE_BACKOFF_S`` to at
   most ``PROBE_BACKOFF_MAX_S``. An answer ends the penalty and the ejection (and forgets the
   failure's cost); a heartbeat ends an ejection.
+- Load-aware cost: peak-EWMA of latency (a failure counts as ``penalty_ms``), decayed toward 0
+  while idle. Its time constant grows with the samples behind it, ``EWMA_DECAY_S x n /
+  WARMUP_SAMPLES`` up to ``EWMA_DECAY_S`` (a warm-up), so that a cost taken from one slow first
+  answer (a cold process) does not keep a new or restarted endpoint out for seconds; the cost of
+  a penalized endpoint always decays at the full ``EWMA_DECAY_S``. A new endpoint, a forgiven
+  one and a registration again (unless penalized) start the cost again at 0 (optimistic); an
+  answer that ends a penalty starts it at that answer.
 - ``changes_at`` is the first time at which the status (or the probe flag) may change by time
   passing alone; any change by an event (heartbeat, delivery, ejection) is announced by the
   caller instead.
@@ -36,6 +43,7 @@ __all__ = [
     "PROBE_BACKOFF_S",
     "SLOW_RECOVERY",
     "STRIKE_MEMORY_S",
+    "WARMUP_SAMPLES",
     "EndpointStats",
     "Health",
     "LivenessClock",
@@ -51,6 +59,7 @@ PROBE_BACKOFF_MAX_S = 5.0  # the backoff doubles with each strike, up to this
 STRIKE_MEMORY_S = 30.0  # a failure this long after the previous one starts a new count
 P95_WINDOW = 100  # deliveries kept for p95 and avg
 EWMA_DECAY_S = 10.0  # peak-EWMA time constant (Finagle/Linkerd use 10 s)
+WARMUP_SAMPLES = 20  # cost samples after which it decays at the full EWMA_DECAY_S
 INF = math.inf
 
 
@@ -95,6 +104,8 @@ class EndpointStats:
 
     __slots__ = (
         "_answered",
+        "_cost_n",
+        "_decay_s",
         "_ewma_at",
         "_failed_at",
         "_samples",
@@ -114,6 +125,8 @@ class EndpointStats:
         self._sum = 0.0  # of the answered samples (for avg)
         self.ewma_ms = 0.0  # optimistic prior: a new endpoint looks fast until it answers
         self._ewma_at = 0.0
+        self._cost_n = 0  # samples behind the cost since it last started again
+        self._decay_s = _warmup_decay_s(0)  # its time constant (EWMA_DECAY_S once warm)
         self.inflight = 0
         self.ejected_at: float | None = None
         self.slow = False  # slow after the last sample (the hysteresis' memory)
@@ -166,7 +179,9 @@ class EndpointStats:
 
     def fail(self, now: float) -> None:
         """A failed attempt (timeout, 5xx, connection error): penalized, one more strike, and
-        probe-eligible again after the strikes' backoff."""
+        probe-eligible again after the strikes' backoff. The cost decays at the full time
+        constant until an answer ends the penalty (a failing endpoint gets no warm-up)."""
+        self._fold(now)
         if now - self._failed_at > STRIKE_MEMORY_S:
             self.strikes = 0
         self.strikes += 1
@@ -185,8 +200,7 @@ class EndpointStats:
         self.ejected_at = None
         self.penalized = False
         self.probe_at = INF
-        self.ewma_ms = latency_ms
-        self._ewma_at = now
+        self._restart_cost(latency_ms, now, 1)
 
     def forgive(self) -> None:
         """A heartbeat ended its ejection: the failures' cost goes too (it starts again as a
@@ -194,26 +208,52 @@ class EndpointStats:
         self.ejected_at = None
         self.penalized = False
         self.probe_at = INF
-        self.ewma_ms = 0.0
+        self._restart_cost(0.0, self._ewma_at, 0)
+
+    def renew(self) -> None:
+        """The endpoint registered again (perhaps a new process): its cost starts again as a
+        new endpoint's does, unless it is penalized (a failing agent that registers again keeps
+        its penalty until it answers). Its samples (p95, slow) stay."""
+        if not self.penalized:
+            self._restart_cost(0.0, self._ewma_at, 0)
 
     def penalize(self, penalty_ms: float, now: float) -> None:
         """Raise the load-aware cost without a latency sample (nothing reached the agent)."""
         self._observe_cost(penalty_ms, now)
+
+    def _restart_cost(self, cost_ms: float, now: float, n: int) -> None:
+        self.ewma_ms = cost_ms
+        self._ewma_at = now
+        self._cost_n = n
+        self._decay_s = _warmup_decay_s(n)
+
+    def _fold(self, now: float) -> None:
+        """Take the decay up to ``now`` into the cost, so that a change of the time constant
+        does not change the past."""
+        if now > self._ewma_at:
+            self.ewma_ms = self.cost_ms(now)
+            self._ewma_at = now
 
     def _observe_cost(self, cost_ms: float, now: float) -> None:
         current = self.cost_ms(now)
         if cost_ms > current:
             self.ewma_ms = cost_ms
         else:
-            w = math.exp(-max(0.0, now - self._ewma_at) / EWMA_DECAY_S)
+            tau = EWMA_DECAY_S if self.penalized else self._decay_s
+            w = math.exp(-max(0.0, now - self._ewma_at) / tau)
             self.ewma_ms = current * w + cost_ms * (1 - w)
         self._ewma_at = now
+        if self._cost_n < WARMUP_SAMPLES:  # one more sample: it decays more slowly from now
+            self._cost_n += 1
+            self._decay_s = _warmup_decay_s(self._cost_n)
 
     def cost_ms(self, now: float) -> float:
-        """Peak-EWMA latency, decayed toward 0 while idle so that idle endpoints get tried again."""
+        """Peak-EWMA latency, decayed toward 0 while idle so that idle endpoints get tried again
+        (faster while few samples are behind it: the module docstring's warm-up)."""
         if self.ewma_ms == 0.0:
             return 0.0
-        return self.ewma_ms * math.exp(-max(0.0, now - self._ewma_at) / EWMA_DECAY_S)
+        tau = EWMA_DECAY_S if self.penalized else self._decay_s
+        return self.ewma_ms * math.exp(-max(0.0, now - self._ewma_at) / tau)
 
     def score(self, now: float) -> float:
         """Load-aware cost: lower is better (peak-EWMA latency x (in-flight + 1))."""
@@ -247,6 +287,11 @@ class EndpointStats:
     def p95_ms(self) -> float | None:
         """p95 latency of the answered deliveries kept (None with no history)."""
         return self.latency_stats()[1]
+
+
+def _warmup_decay_s(n: int) -> float:
+    """The cost's time constant with ``n`` samples behind it (at least one's worth)."""
+    return EWMA_DECAY_S * min(max(n, 1), WARMUP_SAMPLES) / WARMUP_SAMPLES
 
 
 def derive(last_seen: float, stats: EndpointStats | None, now: float, t: Thresholds) -> Health:

@@ -14,6 +14,7 @@ Invariants:
   returns an endpoint with a free slot, or waits for one in priority order
   (:mod:`agent_reach.gateway.slots`). Every event that can free a slot or make room (an attempt
   ending or cancelled, a member re-placed, a waiter leaving) offers it to the waiters; a waiter
+  woken with a slot it may take takes it without choosing again (one wake-up a wait). A waiter
   also looks again every ``RECHECK_S``, so that a slot freed by a path that offered nothing is
   not lost.
 """
@@ -207,7 +208,10 @@ class Router:
         """Insert or replace a record; counts as a heartbeat. ``owner`` is the registration's
         generation in token mode (``""`` in open mode): then the registry refuses the write
         (EndpointHeld) while another live registration holds the id, checked where it is
-        written (in Redis, against writes through other gateways too)."""
+        written (in Redis, against writes through other gateways too).
+
+        Registering an id again may mean a new process behind it (a restart): its load-aware
+        cost starts again as a new endpoint's does (:meth:`EndpointStats.renew`)."""
         record = EndpointRecord(
             endpoint_id=body.endpoint_id,
             capabilities=tuple(body.capabilities),
@@ -219,6 +223,9 @@ class Router:
         )
         held_within = self.thresholds.down_after if owner else None
         before = await self.registry.upsert(record, held_within_s=held_within)
+        stats = self.stats.get(record.endpoint_id) if before is not None else None
+        if stats is not None:
+            stats.renew()  # perhaps a new process: its cost starts again (reliability.md, F8)
         log(
             logging.INFO,
             "agent.registered",
@@ -440,6 +447,13 @@ class Router:
     ) -> str | None:
         """:meth:`choose` among the endpoints with a free slot (``bounded``) or among all;
         ``fresh``: with the statuses derived again even before any attempt."""
+        tiers = self.refresh(plan) if tried or fresh else plan.tiers
+        return self._choose_in(plan, tiers, tried, bounded=bounded)
+
+    def _choose_in(
+        self, plan: RoutePlan, tiers: Tiers | None, tried: Collection[str], *, bounded: bool
+    ) -> str | None:
+        """:meth:`_choose` in ``tiers`` (the plan's, or refreshed; None for a hinted plan)."""
         if plan.hint is not None:
             record = self.registry.get(plan.hint)
             if record is None or self.health(record).status is Status.DOWN:
@@ -447,7 +461,6 @@ class Router:
             if bounded and self.full(plan.hint):
                 return None
             return plan.hint
-        tiers = self.refresh(plan) if tried or fresh else plan.tiers
         assert tiers is not None
         now = self.now()
         reserved = self.slots.reserved
@@ -479,7 +492,9 @@ class Router:
         :meth:`choose` gave) when it has one, else the choice among those that have one, else,
         when every eligible candidate is at its bound, the first slot one of them frees, the
         waiting requests served ``high`` first, then ``normal``, then ``low``, in order of
-        arrival within one (:mod:`agent_reach.gateway.slots`).
+        arrival within one (:mod:`agent_reach.gateway.slots`): the waiter woken for a slot
+        takes it, unless its endpoint was tried already by this request or is gone (then it
+        chooses again, as it does when kicked or looking again on its recheck).
 
         None when no eligible candidate is left. Raises Overloaded (503, Retry-After) when the
         wait queue of the request's intent is full for its priority, and DeadlineExceeded when
@@ -487,17 +502,38 @@ class Router:
         starts there (:meth:`attempt_started`), or two turns of the event loop: start it at
         once (in this task, or in a task created now).
         """
-        target = prefer if prefer is not None and not self.full(prefer) else None
-        if target is None:
-            target = self._choose(plan, tried, bounded=True, fresh=prefer is not None)
-        if target is None:
-            if self._choose(plan, tried, bounded=False, fresh=True) is None:
-                return None
-            target = await self._wait_for_slot(plan, tried, priority, deadline)
+        if prefer is None or self.full(prefer):
+            fresh = prefer is not None or bool(tried)
+            tiers = self.refresh(plan) if fresh else plan.tiers
+            target = self._choose_in(plan, tiers, tried, bounded=True)
             if target is None:
-                return None
+                if not fresh:
+                    tiers = self.refresh(plan)
+                if not self._any_eligible(plan, tiers):
+                    return None
+                return await self._wait_for_slot(plan, tried, priority, deadline)
+        else:
+            target = prefer
         self.slots.claim(target)
         return target
+
+    def _any_eligible(self, plan: RoutePlan, tiers: Tiers | None) -> bool:
+        """Whether the unbounded choice in ``tiers`` would find an endpoint (one not down for a
+        hint; else any healthy or degraded one, tried or not): what a wait can end with."""
+        if plan.hint is not None:
+            record = self.registry.get(plan.hint)
+            return record is not None and self.health(record).status is not Status.DOWN
+        assert tiers is not None
+        return bool(tiers.healthy or tiers.degraded)
+
+    def _takes(self, plan: RoutePlan, tried: Collection[str], endpoint_id: str) -> bool:
+        """Whether a waiter of ``plan`` woken with a slot reserved at ``endpoint_id`` takes it
+        as it is: :meth:`Slots.offer` judged the endpoint routable (hintable for a hint's
+        queue) for the waiter's queue; it is still registered, and not tried already by this
+        request (a hinted endpoint is its only candidate, tried or not)."""
+        if plan.hint is None and endpoint_id in tried:
+            return False  # another candidate may have a slot: choose again
+        return self.registry.get(endpoint_id) is not None
 
     async def _wait_for_slot(
         self,
@@ -506,6 +542,12 @@ class Router:
         priority: str | None,
         deadline: Deadline | None,
     ) -> str | None:
+        """Wait in line for a slot (:mod:`agent_reach.gateway.slots`); returns the endpoint with
+        its slot claimed, or None when no eligible candidate is left.
+
+        Woken with a slot reserved at an endpoint it may take (:meth:`_takes`), a waiter takes
+        it: one wake-up, no choice made again. Kicked, out of time for a recheck, or woken for
+        an endpoint it may not take, it gives the reservation back and chooses again."""
         slots = self.slots
         if plan.hint is not None:
             waiter = slots.join(("hint", plan.hint), priority)
@@ -524,16 +566,23 @@ class Router:
                             f" {self.bound} attempts open (--max-inflight-per-endpoint)"
                         )
                 woken = await slots.wait(waiter, min(left, RECHECK_S))
+                offered = waiter.endpoint if woken else None
+                if offered is not None and self._takes(plan, tried, offered):
+                    return slots.hand_over(waiter)  # the reservation is its claim now
                 offered = slots.taken(waiter)
-                target = self._choose(plan, tried, bounded=True, fresh=True)
+                tiers = self.refresh(plan)
+                target = self._choose_in(plan, tiers, tried, bounded=True)
                 if target is not None and not woken and self._offer(target):
                     continue  # a slot nobody was offered: to the first in line (maybe this one)
                 if target is not None:
                     slots.leave(waiter, served=True)
                     if offered is not None and offered != target:
                         self._offer(offered)  # it chose better: that slot is free again
+                    slots.claim(target)
                     return target
-                if self._choose(plan, tried, bounded=False, fresh=True) is None:
+                if offered is not None:
+                    self._offer(offered)  # of no use to it: perhaps to the next in line
+                if not self._any_eligible(plan, tiers):
                     return None  # no eligible candidate left to wait for
                 slots.requeue(waiter)
         finally:

@@ -14,16 +14,22 @@ Invariants:
   (:attr:`Slots.reserved` counts toward the bound), so that a request arriving meanwhile does
   not take it from them; a request that finds a slot free does not wait (nobody waits while a
   slot is free that they could use).
-- A woken waiter gives its reservation back before it chooses (it may choose better); a waiter
-  that leaves (deadline, cancellation) with a reservation hands it back too, and the router
-  offers that slot again. A waiter that finds nothing after all goes back to its place.
-- A slot handed out (:meth:`Slots.claim`) stays reserved until an attempt starts at that
-  endpoint (:meth:`Slots.consume`, oldest claim first) or the event loop has turned twice: an
-  attempt begun in a task of its own (a hedge race) still finds it, and a claim whose attempt
-  never started (an error on the way) is given back and offered again.
+- One wake-up a wait: a waiter woken with a slot reserved at an endpoint that :meth:`Slots.offer`
+  judged it could use takes that slot (:meth:`Slots.hand_over`: the reservation becomes its
+  claim), with no second choice, unless the router finds the endpoint no longer eligible for
+  its request (tried already, or gone). Then, and when kicked (no slot) or looking again on
+  its timeout, it gives the reservation back (:meth:`Slots.taken`) and the router chooses
+  again; a waiter that leaves (deadline, cancellation) with a reservation hands it back too,
+  and the router offers that slot again. A waiter that finds nothing after all goes back to
+  its place.
+- A slot handed out (:meth:`Slots.claim`, :meth:`Slots.hand_over`) stays reserved until an
+  attempt starts at that endpoint (:meth:`Slots.consume`, oldest claim first) or the event loop
+  has turned twice: an attempt begun in a task of its own (a hedge race) still finds it, and a
+  claim whose attempt never started (an error on the way) is given back and offered again.
 - Bounded: a queue holds at most ``max_waiting`` requests, ``low`` refused past 70 % of it,
   ``normal`` past 90 % (:func:`agent_reach.core.routing.wait_admits`): then 503 ``overloaded``.
-- Waiting is bounded by the timeout the router passes in (what is left of the deadline); the
+- Waiting is bounded by the timeout the router passes in (what is left of the deadline, or
+  its recheck interval): one timer a wait, which ends it without cancelling the task; the
   injected ``monotonic`` only paces the log line of refusals.
 """
 
@@ -46,6 +52,11 @@ __all__ = ["MAX_WAITING", "Slots", "Waiter"]
 
 MAX_WAITING = 256  # requests one queue (intent) holds at most
 RETRY_AFTER_S = 1  # what a request refused at a full queue is told (Retry-After)
+
+
+def _time_up(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class Waiter:
@@ -102,6 +113,7 @@ class Slots:
         self.waiting = 0  # requests waiting now, over every queue
         self.refused = 0  # requests refused at a full queue (503 overloaded), ever
         self.served = 0  # requests that waited and got a slot, ever
+        self.wakeups = 0  # waiters woken (with a slot reserved, or kicked), ever
         self._queues: dict[Hashable, _Queue] = {}
         self._by_intent: dict[str, set[Hashable]] = {}
         self._seq = itertools.count()
@@ -151,23 +163,38 @@ class Slots:
         return waiter
 
     async def wait(self, waiter: Waiter, timeout_s: float) -> bool:
-        """Wait at most ``timeout_s`` to be woken; True when woken (with a reservation)."""
+        """Wait at most ``timeout_s`` to be woken; True when woken (with a reservation on
+        ``waiter.endpoint``, or kicked: ``endpoint`` None)."""
         if waiter.woken:
             return True
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
         waiter.future = future
+        # a plain timer that ends the wait (cheaper than asyncio.timeout, which cancels the
+        # task and turns the CancelledError into a TimeoutError)
+        timer = loop.call_later(max(0.0, timeout_s), _time_up, future)
         try:
-            async with asyncio.timeout(max(0.0, timeout_s)):
-                await future
-        except TimeoutError:
-            return waiter.woken  # woken as the time ran out: the reservation is still its
+            await future
         finally:
+            timer.cancel()
             waiter.future = None
-        return True
+        return waiter.woken  # woken as the time ran out: the reservation is still its
+
+    def hand_over(self, waiter: Waiter) -> str:
+        """A woken waiter takes the slot reserved for it: the reservation becomes the claim
+        :meth:`claim` would make (held until its attempt starts, or two turns of the loop),
+        and the waiter leaves, served. Returns the endpoint."""
+        endpoint = waiter.endpoint
+        assert waiter.woken and endpoint is not None and not waiter.gone
+        waiter.woken = False  # the reservation stays, as the claim's
+        waiter.endpoint = None
+        self.leave(waiter, served=True)
+        self._hold(endpoint)
+        return endpoint
 
     def taken(self, waiter: Waiter) -> str | None:
-        """A woken waiter gives its reservation back before choosing; returns the endpoint it
-        was woken for (None when it was not woken, or only kicked)."""
+        """A woken waiter gives its reservation back before choosing again; returns the
+        endpoint it was woken for (None when it was not woken, or only kicked)."""
         if not waiter.woken:
             return None
         endpoint = waiter.endpoint
@@ -205,9 +232,14 @@ class Slots:
 
     def claim(self, endpoint_id: str) -> None:
         """Hold a slot of ``endpoint_id`` for an attempt about to start (module docstring)."""
+        self.reserved[endpoint_id] = self.reserved.get(endpoint_id, 0) + 1
+        self._hold(endpoint_id)
+
+    def _hold(self, endpoint_id: str) -> None:
+        """Make one slot reserved at ``endpoint_id`` a claim: consumed by the next attempt
+        there, or given back two turns of the loop from now."""
         token = next(self._tokens)
         self._claims.setdefault(endpoint_id, deque()).append(token)
-        self.reserved[endpoint_id] = self.reserved.get(endpoint_id, 0) + 1
         loop = asyncio.get_running_loop()
         loop.call_soon(loop.call_soon, self._expire, endpoint_id, token)  # two turns
 
@@ -277,6 +309,7 @@ class Slots:
             if best.future is not None and not best.future.done():
                 best.future.set_result(None)
             woken += 1
+        self.wakeups += woken
         return woken
 
     def kick(self, intents: Iterable[str]) -> int:
@@ -293,6 +326,7 @@ class Slots:
                     if head.future is not None and not head.future.done():
                         head.future.set_result(None)
                     woken += 1
+        self.wakeups += woken
         return woken
 
     # --- inside -----------------------------------------------------------------------------
