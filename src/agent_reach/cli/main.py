@@ -433,6 +433,7 @@ async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None
             access_log=None,
             max_connections=settings.max_connections or default_max_connections(),
             keepalive_timeout=settings.idle_timeout,
+            fast=http,  # POST /v1/send and /v1/heartbeat read and answered on httptools
         ),
         handle_signals=False,
         shutdown_timeout=SHUTDOWN_S,

@@ -19,12 +19,13 @@ import asyncio
 import hashlib
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
 from typing import Any
 
 from aiohttp import web
 
+from agent_reach.edges.http.front import Headers
 from agent_reach.edges.http.openapi import openapi_document
 from agent_reach.errors import (
     AgentReachError,
@@ -204,25 +205,56 @@ class HttpEdge:
     def _caller(self, request: web.BaseRequest, received_at: float | None = None) -> Caller:
         """Who calls, as this request says (checked by the service); with ``received_at`` (a
         send), also the headers only a send reads."""
-        headers = request.headers
-        if received_at is None:
-            return Caller(
-                request.remote or "?",
-                headers.get("Authorization"),
-                headers.get("Host"),
-                headers.get("Origin"),
-            )
-        return Caller(
-            remote=request.remote or "?",
-            authorization=headers.get("Authorization"),
-            host=headers.get("Host"),
-            origin=headers.get("Origin"),
-            traceparent=headers.get("traceparent"),
-            received_at=received_at,
-            delivery="X-Reach-Attempt" in headers,
-            hops=headers.get("X-Reach-Hops"),
-            reach_origin=headers.get("X-Reach-Origin"),
+        return _caller_of(request.headers, request.remote or "?", received_at)
+
+    # --- the hot routes, as the front read them (edges/http/front.py) ----------------------
+
+    @property
+    def max_body_bytes(self) -> int:
+        """The largest request body taken (``--max-body-bytes``)."""
+        return self.settings.max_body_bytes
+
+    async def answer(
+        self, path: str, headers: Headers, remote: str, read_at: float, body: bytes
+    ) -> tuple[int, bytes, dict[str, str]]:
+        """``POST /v1/send`` or ``POST /v1/heartbeat`` read by the front: the answer's status,
+        JSON body and extra headers, what :meth:`handle` gives for the same request."""
+        try:
+            if path == "/v1/send":
+                now = self._monotonic()
+                result = await self._send(_caller_of(headers, remote, min(now, read_at)), body)
+            else:
+                result = await self.service.heartbeat(_caller_of(headers, remote), body)
+            return 200, encode(result), {}
+        except AgentReachError as exc:
+            return status_for(exc), encode(exc.to_body()), headers_for(exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log(logging.ERROR, "http.unhandled", path=path, exc_info=True)
+            fault = InternalError("unexpected error; see gateway log")
+            return status_for(fault), encode(fault.to_body()), {}
+
+    def too_large(self, path: str, headers: Headers) -> tuple[int, bytes, dict[str, str]]:
+        """The answer to a body over ``max_body_bytes`` (as :meth:`send` and :meth:`heartbeat`
+        give it)."""
+        exc: AgentReachError = PayloadTooLarge(
+            f"body over the {self.settings.max_body_bytes} byte limit"
         )
+        if path == "/v1/send":
+            exc = with_ids(delivery_refusal() if "X-Reach-Attempt" in headers else exc)
+        return status_for(exc), encode(exc.to_body()), headers_for(exc)
+
+    async def _send(self, caller: Caller, raw: bytes) -> Any:
+        try:
+            # the body first (bounded, cheap): a refusal then names the caller's own msg_id
+            # and trace_id, and so does its audit line
+            body = decode(raw, SendBody)
+        except AgentReachError as exc:
+            # a delivery's body (a gateway's own fields) need not decode as a send: the loop
+            # is what to say
+            raise with_ids(delivery_refusal() if caller.delivery else exc) from None
+        return await self.service.send(caller, body)
 
     # --- handlers: parse, call the service, render -----------------------------------------
 
@@ -286,14 +318,10 @@ class HttpEdge:
         read_at = getattr(request.protocol, "read_at", None)
         caller = self._caller(request, now if read_at is None else min(now, read_at))
         try:
-            # the body first (bounded, cheap): a refusal then names the caller's own msg_id
-            # and trace_id, and so does its audit line
-            body = decode(await self._body(request), SendBody)
+            raw = await self._body(request)
         except AgentReachError as exc:
-            # a delivery's body (a gateway's own fields) need not decode as a send: the loop
-            # is what to say
             raise with_ids(delivery_refusal() if caller.delivery else exc) from None
-        return _json(await self.service.send(caller, body))
+        return _json(await self._send(caller, raw))
 
     async def route(self, request: web.BaseRequest, _: str) -> web.Response:
         return _json(await self.service.explain(self._caller(request), dict(request.query)))
@@ -356,3 +384,26 @@ class HttpEdge:
         self.service.admit(self._caller(request))
         # generated off the event loop: a big scrape does not hold up requests
         return web.Response(body=await self.node.metrics.scrape(), headers=_METRICS_TYPE)
+
+
+def _caller_of(headers: Mapping[str, str], remote: str, received_at: float | None = None) -> Caller:
+    """The caller a request's headers name; with ``received_at`` (a send), also the headers
+    only a send reads. ``headers`` are read case-insensitively (aiohttp's, or the front's)."""
+    if received_at is None:
+        return Caller(
+            remote,
+            headers.get("Authorization"),
+            headers.get("Host"),
+            headers.get("Origin"),
+        )
+    return Caller(
+        remote=remote,
+        authorization=headers.get("Authorization"),
+        host=headers.get("Host"),
+        origin=headers.get("Origin"),
+        traceparent=headers.get("traceparent"),
+        received_at=received_at,
+        delivery="X-Reach-Attempt" in headers,
+        hops=headers.get("X-Reach-Hops"),
+        reach_origin=headers.get("X-Reach-Origin"),
+    )

@@ -31,6 +31,7 @@ test_connections.py fail if they stop being used).
 from __future__ import annotations
 
 import array
+import asyncio
 import fcntl
 import logging
 import termios
@@ -40,6 +41,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from agent_reach.edges.http.front import FastEdge, FrontProtocol
 from agent_reach.observability.logs import Throttle
 from agent_reach.wire.bodies import encode
 
@@ -148,6 +150,12 @@ def _closing(handler: RequestHandler) -> bool:
     return transport is None or transport.is_closing()
 
 
+def _idle(conn: RequestHandler | FrontProtocol) -> bool:
+    if isinstance(conn, FrontProtocol):
+        return conn.idle()
+    return conn._current_request is None
+
+
 class ReachServer(web.Server):
     """``web.Server`` whose connections answer malformed HTTP as the module says, and that
     holds at most ``max_connections`` open: past it, an idle connection (none of its requests
@@ -156,24 +164,61 @@ class ReachServer(web.Server):
 
     ``keepalive_timeout`` (aiohttp's, counted from the connection's start too) closes a
     connection that sends nothing for that long, before its first request or between two.
+
+    With ``fast`` (the HTTP edge), each connection is first read by a
+    :class:`~agent_reach.edges.http.front.FrontProtocol`, which serves the hot routes itself
+    and hands the connection to aiohttp's handler at the first request it does not serve
+    (:mod:`.front`); both kinds count toward ``max_connections`` and stop with the server.
     """
 
-    def __init__(self, handler: Any, *, max_connections: int, **kwargs: Any) -> None:
+    def __init__(
+        self, handler: Any, *, max_connections: int, fast: FastEdge | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(handler, **kwargs)
         self.max_connections = max_connections
         self._evictions = Throttle(1.0 / LOG_PER_S)
+        self._fast = fast
+        self._fronts: dict[FrontProtocol, None] = {}  # in order of arrival
+        self._idle_timeout = float(kwargs.get("keepalive_timeout", 75.0))
 
-    def __call__(self) -> RequestHandler:
+    def __call__(self) -> asyncio.Protocol:  # type: ignore[override]  # a front, or aiohttp's
+        if self._fast is not None:
+            return FrontProtocol(self, self._fast, self._idle_timeout, _unread)
+        return self.handler()
+
+    def handler(self) -> RequestHandler:
+        """A connection's aiohttp handler (a front's connection goes to one at hand-over)."""
         kwargs: dict[str, Any] = self._kwargs
         return _ReachRequestHandler(self, loop=self._loop, **kwargs)
 
-    def admit(self, new: RequestHandler) -> None:
+    def front_made(self, front: FrontProtocol) -> None:
+        self._fronts[front] = None
+        self.admit(front)
+
+    def front_lost(self, front: FrontProtocol) -> None:
+        self._fronts.pop(front, None)
+
+    def pre_shutdown(self) -> None:
+        super().pre_shutdown()
+        for front in list(self._fronts):
+            if front.idle():
+                front.force_close()
+
+    async def shutdown(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        fronts = [front.shutdown(timeout) for front in list(self._fronts)]
+        await asyncio.gather(super().shutdown(timeout), *fronts)
+        self._fronts.clear()
+
+    def admit(self, new: RequestHandler | FrontProtocol) -> None:
         """Keep the open connections within ``max_connections`` (the class docstring)."""
         # (one closed a moment ago stays listed until its connection is lost: not counted)
-        open_now = [h for h in self._connections if not _closing(h)]
+        open_now: list[RequestHandler | FrontProtocol] = [
+            h for h in self._connections if not _closing(h)
+        ]
+        open_now += [f for f in self._fronts if not f.closing]
         if len(open_now) <= self.max_connections:
             return
-        idle = [h for h in open_now if h is not new and h._current_request is None]
+        idle = [h for h in open_now if h is not new and _idle(h)]
         # one that never sent a byte goes first (what a flood of idle sockets is), then the
         # oldest idle one: a client's kept-alive connection between two requests goes last
         victim = next((h for h in idle if getattr(h, "read_at", 0.0) is None), None)

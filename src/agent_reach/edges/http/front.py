@@ -1,0 +1,395 @@
+"""The first reader of every connection: the hot routes served on httptools, the rest by aiohttp.
+
+``POST /v1/send`` and ``POST /v1/heartbeat`` are most of what a gateway is asked, and aiohttp's
+server spent about a quarter of the gateway's CPU on each beside the system calls (its request
+handler loop, request and response objects, the answer's head). :class:`FrontProtocol` reads
+a connection with llhttp (httptools), serves those two routes itself (the same
+:class:`~agent_reach.edges.http.app.HttpEdge` code, answers byte for byte in the contract's
+shape), and hands the connection to aiohttp's handler (:mod:`.server`) at the first request
+it does not serve: any other route or method, ``Expect``, an upgrade, or bytes its parser
+refuses (aiohttp then answers those as it always has, malformed HTTP included). The bytes
+already read go with it, from the start of that request; the connection stays aiohttp's.
+
+Invariants:
+- Answers go out in the order the requests came (pipelining): one request is served at a time,
+  the ones read meanwhile wait in line, and a hand-over waits until every answer before it is
+  written.
+- A body over ``max_body_bytes`` is refused (413) as soon as its length says so, and the
+  connection closed: the rest of it is read and dropped (for :data:`LINGER_S` at most, so
+  that a client still writing it reads the answer), never parsed.
+- The connection counts toward ``--max-connections`` like aiohttp's own, and ``--idle-timeout``
+  closes it after that long without a byte (before the first request or between two), unless
+  bytes wait unread in its socket (a stall of the loop: see :mod:`.server`).
+- A request's deadline counts from when its last bytes were read (``read_at``), as aiohttp's
+  handler has it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from http import HTTPStatus
+from typing import Any, Protocol, cast
+
+import httptools
+
+__all__ = ["FAST_ROUTES", "FastEdge", "FrontProtocol", "Headers"]
+
+FAST_ROUTES = frozenset({b"/v1/send", b"/v1/heartbeat"})
+LINGER_S = 5.0  # a refused body is read and dropped this long at most, then the connection closed
+_MAX_HEAD = 8190  # bytes of a request's head served here (aiohttp's line limit); past it: aiohttp
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+
+
+class Headers(dict[str, str]):
+    """A request's headers by lower-case name (the first of a repeated one, as aiohttp's
+    ``headers.get``), read case-insensitively."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return dict.get(self, key.lower(), default)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and dict.__contains__(self, key.lower())
+
+
+class FastEdge(Protocol):
+    """What the front calls to answer a hot route (``HttpEdge.answer``)."""
+
+    @property
+    def max_body_bytes(self) -> int: ...
+
+    def answer(
+        self, path: str, headers: Headers, remote: str, read_at: float, body: bytes
+    ) -> Awaitable[tuple[int, bytes, dict[str, str]]]: ...
+
+    def too_large(self, path: str, headers: Headers) -> tuple[int, bytes, dict[str, str]]: ...
+
+
+class Manager(Protocol):
+    """The server side of a front (``ReachServer``): counts it, makes aiohttp's handler."""
+
+    def front_made(self, front: FrontProtocol) -> None: ...
+
+    def front_lost(self, front: FrontProtocol) -> None: ...
+
+    def handler(self) -> asyncio.Protocol: ...
+
+
+class _HandOver(Exception):
+    """Raised from a parser callback: this request is aiohttp's."""
+
+
+class _Request:
+    __slots__ = ("body", "headers", "keep_alive", "path", "read_at", "size")
+
+    def __init__(self) -> None:
+        self.path = ""
+        self.headers = Headers()
+        self.body: list[bytes] = []
+        self.size = 0
+        self.keep_alive = True
+        self.read_at = 0.0
+
+
+class FrontProtocol(asyncio.Protocol):
+    """One connection, as the module says."""
+
+    def __init__(
+        self,
+        manager: Manager,
+        edge: FastEdge,
+        idle_timeout: float,
+        unread: Callable[[Any], bool],
+    ) -> None:
+        self.manager = manager
+        self.edge = edge
+        self.idle_timeout = idle_timeout
+        self._unread = unread
+        self.transport: asyncio.Transport | None = None
+        self.remote = "?"
+        self.read_at: float | None = None  # when bytes were last read (None: never)
+        self.busy = False  # a request in hand (being served, or waiting in line)
+        self.closing = False
+        self._parser = httptools.HttpRequestParser(self)
+        self._raw = bytearray()  # bytes read since the last message boundary
+        self._begun = 0  # messages begun in _raw
+        self._in_message = False
+        self._head = 0  # bytes of the current message's head so far
+        self._url = b""
+        self._req: _Request | None = None
+        self._line: deque[_Request] = deque()  # requests read, waiting to be served
+        self._handing: int | None = None  # index in _raw's messages of the one to hand over
+        self._refusal: tuple[int, bytes, dict[str, str]] | None = None  # a 413 to send last
+        self._eof = False
+        self._server_task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._last = 0.0
+
+    # --- asyncio.Protocol -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and peer:
+            self.remote = str(peer[0])
+        loop = asyncio.get_running_loop()
+        self._last = loop.time()
+        self._timer = loop.call_at(self._last + self.idle_timeout, self._idle_check)
+        self.manager.front_made(self)
+
+    def data_received(self, data: bytes) -> None:
+        now = time.monotonic()
+        self.read_at = now
+        self._last = asyncio.get_running_loop().time()
+        if self._refusal is not None:  # the rest of a refused body: not read
+            return
+        if self._handing is not None:  # waiting for the answers before a hand-over
+            self._raw += data
+            return
+        if not self._in_message:
+            self._raw = bytearray(data)
+            self._begun = 0
+        else:
+            self._raw += data
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            if isinstance(exc.__context__, _HandOver):
+                self._hand_over_later()
+            elif not isinstance(exc.__context__, _TooLarge):
+                raise
+        except httptools.HttpParserUpgrade:
+            self._hand_over_later()
+        except httptools.HttpParserError:
+            self._hand_over_later()  # aiohttp answers what it cannot read, as it always has
+        self._serve_next()
+
+    def eof_received(self) -> bool | None:
+        # the client is done sending: answer what is in hand, then close
+        self._eof = True
+        if self._refusal is not None and self.closing:  # lingering after a refusal: done
+            return None
+        return None if not self.busy and self._handing is None else True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.manager.front_lost(self)
+
+    # --- httptools callbacks ----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._in_message = True
+        self._begun += 1
+        self._head = 0
+        self._url = b""
+        self._req = _Request()
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._head += len(url)
+        if self._head > _MAX_HEAD:
+            raise _HandOver
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head += len(name) + len(value) + 4
+        if self._head > _MAX_HEAD:
+            raise _HandOver
+        req = self._req
+        assert req is not None
+        key = name.decode("latin-1").lower()
+        if key in ("expect", "upgrade"):
+            raise _HandOver
+        if key not in req.headers:
+            dict.__setitem__(req.headers, key, value.decode("latin-1"))
+
+    def on_headers_complete(self) -> None:
+        req = self._req
+        assert req is not None
+        parser = self._parser
+        path = self._url.split(b"?", 1)[0]
+        if parser.get_method() != b"POST" or path not in FAST_ROUTES:
+            raise _HandOver
+        req.path = path.decode("latin-1")
+        req.keep_alive = parser.should_keep_alive()
+        length = req.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.edge.max_body_bytes:
+            self._refuse_too_large()
+
+    def on_body(self, body: bytes) -> None:
+        req = self._req
+        assert req is not None
+        req.size += len(body)
+        if req.size > self.edge.max_body_bytes:
+            self._refuse_too_large()
+        req.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self._in_message = False
+        req = self._req
+        assert req is not None
+        self._req = None
+        req.read_at = self.read_at or time.monotonic()
+        self._line.append(req)
+        self.busy = True
+
+    # --- serving ----------------------------------------------------------------------------
+
+    def _serve_next(self) -> None:
+        if self._server_task is not None or self.closing:
+            return
+        if self._line:
+            self._server_task = asyncio.ensure_future(self._serve(self._line.popleft()))
+        elif self._refusal is not None:
+            # a lingering close: the answer, our side shut, the rest of the body read and
+            # dropped until the client is done (or LINGER_S), so that a client still writing
+            # its body reads the answer rather than a reset
+            status, body, extra = self._refusal
+            self._write(status, body, extra, close=True)
+            self.closing = True
+            transport = self.transport
+            if transport is not None and transport.can_write_eof():
+                transport.write_eof()
+            asyncio.get_running_loop().call_later(LINGER_S, self._close)
+        elif self._handing is not None:
+            self._hand_over()
+        elif self._eof:
+            self._close()
+
+    async def _serve(self, req: _Request) -> None:
+        body = req.body[0] if len(req.body) == 1 else b"".join(req.body)
+        status, answer, extra = await self.edge.answer(
+            req.path, req.headers, self.remote, req.read_at, body
+        )
+        self._write(status, answer, extra, close=not req.keep_alive)
+        self._server_task = None
+        if not req.keep_alive:
+            self._close()
+            return
+        self.busy = bool(self._line) or self._refusal is not None
+        self._serve_next()
+
+    def _write(self, status: int, body: bytes, extra: dict[str, str], *, close: bool) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        head = b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % (
+            status,
+            _REASONS.get(status, b"Unknown"),
+            len(body),
+        )
+        for name, value in extra.items():
+            head += f"{name}: {value}\r\n".encode("latin-1")
+        if close:
+            head += b"Connection: close\r\n"
+        transport.write(head + b"\r\n" + body)
+
+    def _refuse_too_large(self) -> None:
+        """Refuse the request being read (its body is over the limit) once those before it
+        are answered, then close (the rest of its body is never parsed)."""
+        req = self._req
+        assert req is not None
+        self._refusal = self.edge.too_large(req.path, req.headers)
+        self.busy = True
+        raise _TooLarge
+
+    # --- the hand-over to aiohttp -----------------------------------------------------------
+
+    def _hand_over_later(self) -> None:
+        """The message being read is aiohttp's: stop reading; hand over once the requests
+        before it are answered."""
+        if self._handing is None:
+            # the message being read, or (bytes no message could begin with) the next one
+            self._handing = self._begun - 1 if self._in_message else self._begun
+            if self.transport is not None:
+                self.transport.pause_reading()
+
+    def _hand_over(self) -> None:
+        transport = self.transport
+        index = self._handing or 0
+        if transport is None or transport.is_closing():
+            return
+        raw = bytes(self._raw)
+        if index > 0:  # pipelined behind requests served here: find where it starts
+            raw = raw[_start_of(raw, index) :]
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.closing = True
+        self.manager.front_lost(self)
+        handler = self.manager.handler()
+        transport.set_protocol(handler)
+        handler.connection_made(transport)
+        if raw:
+            handler.data_received(raw)
+        transport.resume_reading()
+
+    # --- idleness and closing ---------------------------------------------------------------
+
+    def _idle_check(self) -> None:
+        self._timer = None
+        if self.closing:
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        due = self._last + self.idle_timeout
+        if now < due:
+            self._timer = loop.call_at(due, self._idle_check)
+        elif self.busy or self._unread(self.transport):
+            self._timer = loop.call_at(now + self.idle_timeout, self._idle_check)
+        else:
+            self._close()
+
+    def idle(self) -> bool:
+        """Whether no request is in hand (it may be closed for a new connection)."""
+        return not self.busy and not self._in_message and self._handing is None
+
+    def _close(self) -> None:
+        self.closing = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def force_close(self) -> None:
+        """Close now (the connection cap, or the gateway stopping)."""
+        self._close()
+
+    async def shutdown(self, timeout: float | None) -> None:  # noqa: ASYNC109 (aiohttp's)
+        """Stop reading; let the request in hand finish (``timeout`` at most); close."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+        task = self._server_task
+        if task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(task), timeout)
+            except (TimeoutError, asyncio.CancelledError):
+                task.cancel()
+        self._close()
+
+
+class _TooLarge(Exception):
+    """Raised from a parser callback once a too-large body is refused: stop parsing."""
+
+
+def _start_of(raw: bytes, index: int) -> int:
+    """Where the ``index``-th request of ``raw`` (requests back to back) begins: found by
+    feeding a parser of its own one byte at a time (only pipelined requests come here)."""
+    done = 0
+
+    class _Count:
+        def on_message_complete(self) -> None:
+            nonlocal done
+            done += 1
+
+    parser = httptools.HttpRequestParser(_Count())
+    for offset in range(len(raw)):
+        if done >= index:
+            return offset
+        try:
+            parser.feed_data(raw[offset : offset + 1])
+        except httptools.HttpParserError:
+            return offset
+    return len(raw)

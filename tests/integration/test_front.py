@@ -1,0 +1,223 @@
+"""The front (edges/http/front.py): ``POST /v1/send`` and ``POST /v1/heartbeat`` read and answered
+on httptools, every other request handed with its connection to aiohttp's handler. A real
+gateway and raw sockets, so that what crosses the wire is what is checked: keep-alive across
+the hand-over, pipelined requests answered in order, a body over the limit refused without
+being read, chunked bodies, HTTP/1.0, ``Expect: 100-continue``, malformed bytes after a served
+request; and the same answer from both servers for the same request."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support import Proc, gateway, http
+
+ID = "agent://front-01"
+
+
+@pytest.fixture(scope="module")
+def gw() -> Iterator[Proc]:
+    with gateway("--matcher", "none", "--max-body-bytes", "4096") as proc:
+        code, body = http(
+            "POST",
+            f"{proc.url}/v1/register",
+            {
+                "endpoint_id": ID,
+                "capabilities": ["front.echo"],
+                "endpoint_url": "http://127.0.0.1:9/x",
+            },
+        )
+        assert code == 200, body
+        yield proc
+
+
+def connect(gw: Proc) -> socket.socket:
+    host, port = gw.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=5)
+
+
+def post(path: str, body: bytes, *extra: str, version: str = "1.1") -> bytes:
+    head = [f"POST {path} HTTP/{version}", "Host: 127.0.0.1", "Content-Type: application/json"]
+    head += [f"Content-Length: {len(body)}", *extra]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def get(path: str) -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
+
+
+def served_by_aiohttp(headers: dict[str, str]) -> bool:
+    """aiohttp names itself in a Server header; the front sends none."""
+    return "aiohttp" in headers.get("server", "")
+
+
+HEARTBEAT = post("/v1/heartbeat", json.dumps({"endpoint_id": ID}).encode())
+
+
+class Reader:
+    """Answers read one at a time off a socket (Content-Length or chunked bodies)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+
+    def _more(self) -> None:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise EOFError("closed by the gateway")
+        self.buf += chunk
+
+    def _line(self) -> bytes:
+        while b"\r\n" not in self.buf:
+            self._more()
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def _exactly(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self._more()
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def answer(self) -> tuple[int, dict[str, str], Any]:
+        status = int(self._line().split()[1])
+        headers: dict[str, str] = {}
+        while line := self._line():
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        if 100 <= status < 200:
+            return status, headers, None
+        if headers.get("transfer-encoding") == "chunked":
+            body = b""
+            while size := int(self._line(), 16):
+                body += self._exactly(size)
+                self._exactly(2)
+            self._line()
+        else:
+            body = self._exactly(int(headers.get("content-length", "0")))
+        return status, headers, json.loads(body) if body else None
+
+    def closed(self) -> bool:
+        try:
+            self._more()
+        except (EOFError, ConnectionResetError):
+            return True
+        return False
+
+
+def test_one_connection_across_the_hand_over(gw: Proc) -> None:
+    with connect(gw) as sock:
+        read = Reader(sock)
+        for request, want, by_aiohttp in [
+            (HEARTBEAT, "status", False),  # the front
+            (get("/healthz"), "registry", True),  # handed to aiohttp, with the connection
+            (HEARTBEAT, "status", True),  # aiohttp's from now on
+            (get("/v1/agents/front-01"), "endpoint_id", True),
+        ]:
+            sock.sendall(request)
+            status, headers, body = read.answer()
+            assert status == 200 and want in body, body
+            assert served_by_aiohttp(headers) == by_aiohttp
+
+
+def test_pipelined_requests_are_answered_in_order(gw: Proc) -> None:
+    send = post("/v1/send", b'{"intent": "nobody.serves", "payload": {}}')
+    with connect(gw) as sock:
+        sock.sendall(HEARTBEAT + send + HEARTBEAT + get("/healthz") + HEARTBEAT)
+        read = Reader(sock)
+        answers = [read.answer() for _ in range(5)]
+    assert [a[0] for a in answers] == [200, 404, 200, 200, 200]
+    assert answers[1][2]["error"] == "no_capable_agent"
+    assert "registry" in answers[3][2]  # /healthz
+
+
+@pytest.mark.parametrize("path", ["/v1/heartbeat", "/v1/send"])
+def test_a_body_over_the_limit_is_refused_and_the_connection_closed(gw: Proc, path: str) -> None:
+    with connect(gw) as sock:
+        # the length says it all: the body never needs to arrive
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 99999\r\n\r\n".encode()
+        )
+        read = Reader(sock)
+        status, headers, body = read.answer()
+        assert status == 413 and body["error"] == "payload_too_large", body
+        assert headers.get("connection") == "close"
+        assert ("msg_id" in body) == (path == "/v1/send")
+        assert read.closed()
+
+
+def test_a_chunked_body_is_read(gw: Proc) -> None:
+    payload = json.dumps({"endpoint_id": ID}).encode()
+    chunked = b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (5, payload[:5], len(payload) - 5, payload[5:])
+    head = b"POST /v1/heartbeat HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    with connect(gw) as sock:
+        sock.sendall(head + chunked)
+        status, _, body = Reader(sock).answer()
+    assert status == 200 and body["endpoint_id"] == ID
+
+
+def test_http_1_0_is_answered_then_closed(gw: Proc) -> None:
+    payload = json.dumps({"endpoint_id": ID}).encode()
+    with connect(gw) as sock:
+        sock.sendall(post("/v1/heartbeat", payload, version="1.0"))
+        read = Reader(sock)
+        status, _, body = read.answer()
+        assert status == 200 and body["endpoint_id"] == ID
+        assert read.closed()
+
+
+def test_a_request_with_expect_goes_to_aiohttp(gw: Proc) -> None:
+    payload = json.dumps({"endpoint_id": ID}).encode()
+    with connect(gw) as sock:  # the body at once, as clients do after waiting a moment
+        sock.sendall(post("/v1/heartbeat", payload, "Expect: 100-continue"))
+        read = Reader(sock)
+        status, _, body = read.answer()
+        while 100 <= status < 200:
+            status, _, body = read.answer()
+    assert status == 200 and body["endpoint_id"] == ID
+
+
+def test_malformed_bytes_after_a_served_request_get_the_contracts_400(gw: Proc) -> None:
+    with connect(gw) as sock:
+        sock.sendall(HEARTBEAT)
+        read = Reader(sock)
+        assert read.answer()[0] == 200
+        sock.sendall(
+            b"POST /v1/heartbeat HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\n"
+        )
+        status, headers, body = read.answer()
+    assert status == 400 and body["error"] == "invalid_request", body
+    assert headers["content-type"].startswith("application/json")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"intent": "nobody.serves", "payload": {}}',
+        b'{"intent": "Bad Tag!", "payload": {}}',
+        b"not json",
+        b'{"payload": {}}',
+    ],
+)
+def test_the_front_and_aiohttp_answer_a_send_alike(gw: Proc, body: bytes) -> None:
+    def answered(*extra: str) -> tuple[int, dict[str, Any]]:
+        with connect(gw) as sock:  # with Expect, through aiohttp
+            sock.sendall(post("/v1/send", body, *extra))
+            read = Reader(sock)
+            status, headers, answer = read.answer()
+            while 100 <= status < 200:
+                status, headers, answer = read.answer()
+        assert served_by_aiohttp(headers) == bool(extra)
+        return status, answer
+
+    front, aio = answered(), answered("Expect: 100-continue")
+    assert front[0] == aio[0]
+    ids = ("msg_id", "trace_id")
+    assert {k: v for k, v in front[1].items() if k not in ids} == {
+        k: v for k, v in aio[1].items() if k not in ids
+    }
+    assert all(k in front[1] for k in ids) == all(k in aio[1] for k in ids)
