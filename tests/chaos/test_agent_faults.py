@@ -197,11 +197,11 @@ def test_10_a_cold_agent_restarted() -> None:
         assert len(cold) >= 0.05 * 100 * first, len(cold)  # it does get traffic again
         assert p99_cold <= 1.5 * p99_base, (p99_cold, p99_base)
     else:
-        # smoke, 2.5 s on a shared machine: it is served again, and its p95 (of some tens of
-        # requests: the p99 is their slowest, one cold start's hiccup) within 3x + 20 ms still
-        # fails a cold agent that is slow. (Its share in those seconds is no measure: a first
-        # answer slower than the others' makes the load-aware choice pass it over until its
-        # cost decays, up to a few seconds: seen once locally, 1 request in 2.5 s.)
-        assert cold, "the restarted agent got no traffic"
+        # smoke, 2.5 s on a shared machine: it gets a share again (a fifth is fair; before
+        # its cost warmed up (F8), a first answer slower than the others' kept it near 0 for
+        # seconds: once 1 request in 2.5 s), and its p95 (of some tens of requests: the p99
+        # is their slowest, one cold start's hiccup) within 3x + 20 ms still fails a cold
+        # agent that is slow
+        assert len(cold) >= 0.05 * 100 * first, len(cold)
         p95_base, p95_cold = pct(latencies(baseline), 95), pct(latencies(cold), 95)
         assert p95_cold <= 3 * p95_base + 20, (p95_cold, p95_base)

@@ -213,3 +213,37 @@ async def test_a_name_that_resolves_only_into_a_denied_network_is_not_connected_
         assert accepted == []
         # the literal address is the transport's guard's to judge (HttpTransport), not this one
         assert (await c.post(url, b"{}", {}, 100)).status == 200
+
+
+async def test_past_the_deadline_a_timeout_and_the_connection_closed() -> None:
+    got_eof = asyncio.Event()
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        if await reader.read() == b"":
+            got_eof.set()
+
+    async with server(script) as (url, _), client() as c:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(TimeoutError):
+            await c.post(url, b"{}", {}, 100, deadline=started + 0.2)
+        assert 0.2 <= loop.time() - started < 2.0
+        await asyncio.wait_for(got_eof.wait(), 5)
+        assert c._open == 0
+
+
+async def test_the_deadline_bounds_the_wait_for_room_too() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await reader.read()  # never answers
+
+    async with server(script) as (url, _), client(limit_per_host=1) as c:
+        loop = asyncio.get_running_loop()
+        first = asyncio.create_task(c.post(url, b"{}", {}, 100, deadline=loop.time() + 5))
+        await asyncio.sleep(0)  # the first takes the only room
+        with pytest.raises(TimeoutError):
+            await c.post(url, b"{}", {}, 100, deadline=loop.time() + 0.2)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first

@@ -73,6 +73,11 @@ class TooLarge(Exception):
     """The answer is over the size cap."""
 
 
+def _expire(future: asyncio.Future[Answer]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
+
+
 class _Target(NamedTuple):
     key: tuple[str, str, int]  # scheme, host, port: one pool each
     prefix: bytes  # "POST path HTTP/1.1\r\nHost: ...\r\n"
@@ -318,11 +323,16 @@ class Client:
         limit: int,
         *,
         fresh: bool = False,
+        deadline: float | None = None,
     ) -> Answer:
         """POST ``body`` to ``url`` and read the whole answer (at most ``limit`` bytes of body:
         :class:`TooLarge` past it); ``fresh``: on a new connection, not one from the pool.
         Raises :class:`Failure` for the network, ValueError for a URL or header it cannot
-        send. A cancellation (the caller's timeout) closes the connection."""
+        send, TimeoutError past ``deadline`` (the loop's clock). A timeout or a cancellation
+        closes the connection.
+
+        The deadline is one timer on the answer's future (and ``asyncio.timeout`` only around
+        a connection being made): 1.5 µs a request against 4 for ``asyncio.timeout``."""
         target = self._targets.get(url)
         if target is None:
             target = _target(url)
@@ -336,10 +346,18 @@ class Client:
             parts.append(f"{name}: {value}\r\n".encode("latin-1"))
         parts.append(b"Content-Length: %d\r\n\r\n" % len(body))
         parts.append(body)
-        conn, reused = await self._take(target, fresh)
+        conn = None if fresh else self._idle(target)
+        reused = conn is not None
+        if conn is None:
+            if deadline is None:
+                conn = await self._take(target)
+            else:
+                async with asyncio.timeout_at(deadline):
+                    conn = await self._take(target)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Answer] = loop.create_future()
         conn.begin(future, limit)
+        timer = None if deadline is None else loop.call_at(deadline, _expire, future)
         done = False
         try:
             assert conn.transport is not None
@@ -350,6 +368,8 @@ class Client:
             exc.reused = reused
             raise
         finally:
+            if timer is not None:
+                timer.cancel()
             conn.future = None
             self._busy.discard(conn)
             if done and conn.reusable() and not self.closed:
@@ -388,20 +408,27 @@ class Client:
 
     # --- connections ------------------------------------------------------------------------
 
-    async def _take(self, target: _Target, fresh: bool) -> tuple[_Conn, bool]:
+    def _idle(self, target: _Target) -> _Conn | None:
+        """The most recently used idle connection to the target's host that is still fresh."""
+        pool = self._pools.get(target.key)
+        if pool is None:
+            return None
+        stale_before = self._monotonic() - self.keepalive_s
+        while pool.idle:
+            conn = pool.idle.pop()
+            if not conn.closed and conn.idle_since > stale_before:
+                self._busy.add(conn)
+                return conn
+            conn.close()
+            self._gone(conn)
+        return None
+
+    async def _take(self, target: _Target) -> _Conn:
+        """A new connection to the target's host, once there is room for one."""
         key = target.key
         pool = self._pools.get(key)
         if pool is None:
             pool = self._pools[key] = _Pool()
-        if not fresh:
-            stale_before = self._monotonic() - self.keepalive_s
-            while pool.idle:
-                conn = pool.idle.pop()
-                if not conn.closed and conn.idle_since > stale_before:
-                    self._busy.add(conn)
-                    return conn, True
-                conn.close()
-                self._gone(conn)
         while self._open >= self.limit or pool.open >= self.limit_per_host:
             holder = pool if pool.open >= self.limit_per_host else self._idlest()
             if holder is not None and holder.idle:  # room held by an idle connection: close it
@@ -428,7 +455,7 @@ class Client:
             self._wake()
             raise
         self._busy.add(conn)
-        return conn, False
+        return conn
 
     async def _connect(self, target: _Target) -> _Conn:
         scheme, host, port = target.key

@@ -178,17 +178,18 @@ class HttpTransport:
                 )
         resent = False
         limit = self.max_response_bytes
+        sent = {**_JSON, **headers}
+        deadline = asyncio.get_running_loop().time() + timeout_s  # the resend's too
         try:
-            async with asyncio.timeout(timeout_s):
-                try:
-                    answer = await client.post(url, body, {**_JSON, **headers}, limit)
-                except Failure as exc:
-                    # the keep-alive race (module docstring): once more, on a fresh connection
-                    if not exc.reused or exc.came_back or exc.kind == "protocol":
-                        raise
-                    log(logging.INFO, "transport.stale_connection", url=url, error=exc.detail)
-                    resent = True
-                    answer = await client.post(url, body, {**_JSON, **headers}, limit, fresh=True)
+            try:
+                answer = await client.post(url, body, sent, limit, deadline=deadline)
+            except Failure as exc:
+                # the keep-alive race (module docstring): once more, on a fresh connection
+                if not exc.reused or exc.came_back or exc.kind == "protocol":
+                    raise
+                log(logging.INFO, "transport.stale_connection", url=url, error=exc.detail)
+                resent = True
+                answer = await client.post(url, body, sent, limit, fresh=True, deadline=deadline)
         except TimeoutError:
             return Delivery(
                 Outcome.TIMEOUT,
