@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.support import Proc, gateway, http
+from tests.support import Proc, gateway, http, start_agent
 
 ID = "agent://front-01"
 
@@ -221,3 +222,26 @@ def test_the_front_and_aiohttp_answer_a_send_alike(gw: Proc, body: bytes) -> Non
         k: v for k, v in aio[1].items() if k not in ids
     }
     assert all(k in front[1] for k in ids) == all(k in aio[1] for k in ids)
+
+
+def test_a_connection_is_idle_from_its_last_answer_not_its_last_bytes() -> None:
+    """A send longer than --idle-timeout: the idle time counts from its answer, so a client
+    that sends its next request within the timeout of the answer is answered, not reset."""
+    with gateway("--matcher", "none", "--idle-timeout", "1") as gw:
+        agent = start_agent(
+            gw.url, "agent://front-slow-01", "slow", intents="front.slow", delay_ms=1500
+        )
+        try:
+            with connect(gw) as sock:
+                read = Reader(sock)
+                body = json.dumps({"intent": "front.slow", "payload": {}, "timeout_ms": 5000})
+                sock.sendall(post("/v1/send", body.encode()))
+                status, _, answer = read.answer()
+                assert status == 200, answer
+                # 0.6 s after the answer (2.1 s after the request's bytes): within the idle
+                # second counted from the answer, past the one counted from the bytes
+                time.sleep(0.6)
+                sock.sendall(get("/healthz"))
+                assert read.answer()[0] == 200
+        finally:
+            agent.stop()

@@ -27,6 +27,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -35,11 +36,14 @@ from typing import Any, Protocol, cast
 
 import httptools
 
+from agent_reach.observability.logs import Throttle, log
+
 __all__ = ["FAST_ROUTES", "FastEdge", "FrontProtocol", "Headers"]
 
 FAST_ROUTES = frozenset({b"/v1/send", b"/v1/heartbeat"})
 LINGER_S = 5.0  # a refused body is read and dropped this long at most, then the connection closed
 _MAX_HEAD = 8190  # bytes of a request's head served here (aiohttp's line limit); past it: aiohttp
+_FAULTS = Throttle(1.0)  # http.front_fault lines: one a second at most
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 
 
@@ -156,10 +160,13 @@ class FrontProtocol(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
-            if isinstance(exc.__context__, _HandOver):
+            if not isinstance(exc.__context__, _HandOver | _TooLarge):
+                # a fault of ours reading the request: aiohttp reads it again and answers
+                held = _FAULTS.take("http.front_fault")
+                if held is not None:
+                    log(logging.ERROR, "http.front_fault", exc_info=True, suppressed=held)
+            if not isinstance(exc.__context__, _TooLarge):
                 self._hand_over_later()
-            elif not isinstance(exc.__context__, _TooLarge):
-                raise
         except httptools.HttpParserUpgrade:
             self._hand_over_later()
         except httptools.HttpParserError:
@@ -266,6 +273,7 @@ class FrontProtocol(asyncio.Protocol):
             req.path, req.headers, self.remote, req.read_at, body
         )
         self._write(status, answer, extra, close=not req.keep_alive)
+        self._last = asyncio.get_running_loop().time()  # idle from the answer on
         self._server_task = None
         if not req.keep_alive:
             self._close()
