@@ -31,6 +31,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any, Protocol, cast
 
@@ -285,9 +286,10 @@ class FrontProtocol(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        head = b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % (
+        head = b"HTTP/1.1 %d %s\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n" % (
             status,
             _REASONS.get(status, b"Unknown"),
+            _date(),
             len(body),
         )
         for name, value in extra.items():
@@ -376,6 +378,18 @@ class FrontProtocol(asyncio.Protocol):
             except (TimeoutError, asyncio.CancelledError):
                 task.cancel()
         self._close()
+
+
+_DATE: list[Any] = [0, b""]  # the second, and its Date header line
+
+
+def _date() -> bytes:
+    """The ``Date`` header line (RFC 9110 asks an origin server with a clock for one), made
+    once a second."""
+    now = int(time.time())
+    if now != _DATE[0]:
+        _DATE[0], _DATE[1] = now, b"Date: %s\r\n" % formatdate(now, usegmt=True).encode()
+    return cast(bytes, _DATE[1])
 
 
 class _TooLarge(Exception):
