@@ -6,6 +6,8 @@ idle timeout, a cancelled request, what it refuses to send, the address guard on
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -247,3 +249,46 @@ async def test_the_deadline_bounds_the_wait_for_room_too() -> None:
         first.cancel()
         with pytest.raises(asyncio.CancelledError):
             await first
+
+
+async def test_a_connection_released_to_the_pool_goes_to_a_request_waiting_for_room() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            await asyncio.sleep(0.1)
+            writer.write(OK)
+
+    async with server(script) as (url, accepted), client(limit_per_host=1) as c:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        both = [c.post(url, b"{}", {}, 100, deadline=started + 2) for _ in range(2)]
+        answers = await asyncio.gather(*both)
+        assert [a.status for a in answers] == [200, 200]
+        assert loop.time() - started < 1.0 and len(accepted) == 1  # the second took the first's
+
+
+async def test_an_answer_cut_by_a_reset_is_not_taken_whole() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b'HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n{"result": "partial')
+        await writer.drain()
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+    async with server(script) as (url, _), client() as c:
+        with pytest.raises(Failure) as caught:
+            await c.post(url, b"{}", {}, 100)
+        assert caught.value.kind == "reset" and caught.value.came_back
+
+
+async def test_an_answer_head_over_its_cap_is_a_protocol_failure() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * (200 * 1024))
+        await writer.drain()
+        await reader.read()
+
+    async with server(script) as (url, _), client() as c:
+        with pytest.raises(Failure) as caught:
+            await c.post(url, b"{}", {}, 100)
+        assert caught.value.kind == "protocol"

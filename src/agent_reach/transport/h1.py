@@ -40,6 +40,7 @@ import httptools
 
 __all__ = ["Answer", "Client", "Failure", "TooLarge"]
 
+MAX_HEAD = 64 * 1024  # bytes of an answer's head read at most (the body has its own cap)
 _CACHE_MAX = 4096  # parsed URLs and resolved names kept at most (each cache cleared when full)
 _PATH_SAFE = "/%:@!$&'()*+,;=-._~?"  # kept as they are in a path or query; the rest quoted
 
@@ -123,6 +124,7 @@ class _Conn(asyncio.Protocol):
         "_body",
         "_chunked",
         "_encoding",
+        "_head",
         "_keep",
         "_length",
         "_limit",
@@ -162,6 +164,7 @@ class _Conn(asyncio.Protocol):
         self._length: int | None = None
         self._chunked = False
         self._keep = False
+        self._head = 0
 
     # --- asyncio.Protocol -------------------------------------------------------------------
 
@@ -177,6 +180,13 @@ class _Conn(asyncio.Protocol):
         if future is None or future.done():  # bytes nobody asked for: the connection is spoilt
             self.close()
             return
+        if not self._status:  # the head is not complete yet: bounded
+            self._head += len(data)
+            if self._head > MAX_HEAD:
+                self._fail(
+                    Failure("protocol", "bad HTTP answer: a head over 64 KiB", came_back=True)
+                )
+                return
         try:
             self._parser.feed_data(data)
         except TooLarge as exc:
@@ -197,8 +207,8 @@ class _Conn(asyncio.Protocol):
         future = self.future
         if future is None or future.done():
             return
-        if self._status and self._length is None and not self._chunked:
-            self._complete()  # an answer delimited by the close
+        if exc is None and self._status and self._length is None and not self._chunked:
+            self._complete()  # an answer delimited by the close (a clean one: not a reset)
             return
         if isinstance(exc, OSError) and exc.errno in (errno.ECONNRESET, errno.EPIPE):
             failure = Failure("reset", f"connection reset: {exc}", came_back=self.came_back)
@@ -350,10 +360,10 @@ class Client:
         reused = conn is not None
         if conn is None:
             if deadline is None:
-                conn = await self._take(target)
+                conn, reused = await self._take(target, fresh)
             else:
                 async with asyncio.timeout_at(deadline):
-                    conn = await self._take(target)
+                    conn, reused = await self._take(target, fresh)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Answer] = loop.create_future()
         conn.begin(future, limit)
@@ -372,10 +382,13 @@ class Client:
                 timer.cancel()
             conn.future = None
             self._busy.discard(conn)
-            if done and conn.reusable() and not self.closed:
+            pool = self._pools.get(target.key)
+            if done and conn.reusable() and not self.closed and pool is not None:
                 conn.idle_since = self._monotonic()
-                self._pools[target.key].idle.append(conn)
+                pool.idle.append(conn)
                 self._sweep_later()
+                if self._waiting:  # a request waiting for room may take it
+                    self._wake()
             else:
                 conn.close()
                 self._gone(conn)
@@ -423,12 +436,11 @@ class Client:
             self._gone(conn)
         return None
 
-    async def _take(self, target: _Target) -> _Conn:
-        """A new connection to the target's host, once there is room for one."""
+    async def _take(self, target: _Target, fresh: bool) -> tuple[_Conn, bool]:
+        """A new connection to the target's host once there is room for one, or (unless
+        ``fresh``) one released to the pool meanwhile; and whether it came from the pool."""
         key = target.key
-        pool = self._pools.get(key)
-        if pool is None:
-            pool = self._pools[key] = _Pool()
+        pool = self._pools.setdefault(key, _Pool())
         while self._open >= self.limit or pool.open >= self.limit_per_host:
             holder = pool if pool.open >= self.limit_per_host else self._idlest()
             if holder is not None and holder.idle:  # room held by an idle connection: close it
@@ -443,6 +455,9 @@ class Client:
             finally:
                 if not waiter.done():
                     waiter.cancel()
+            if not fresh and (conn := self._idle(target)) is not None:
+                return conn, True  # released while this request waited
+            pool = self._pools.setdefault(key, _Pool())  # (the sweeper may have dropped it)
         if self.closed:
             raise Failure("connect", "the client is closed")
         self._open += 1
@@ -455,7 +470,7 @@ class Client:
             self._wake()
             raise
         self._busy.add(conn)
-        return conn
+        return conn, False
 
     async def _connect(self, target: _Target) -> _Conn:
         scheme, host, port = target.key
@@ -512,12 +527,13 @@ class Client:
 
     def _gone(self, conn: _Conn) -> None:
         """``conn`` is closed: its room goes to the first request waiting for one."""
-        pool = self._pools.get(conn.key)
-        if pool is None or not conn.counted:
+        if not conn.counted:
             return
         conn.counted = False
         self._open -= 1
-        pool.open -= 1
+        pool = self._pools.get(conn.key)
+        if pool is not None:
+            pool.open -= 1
         self._wake()
 
     def _wake(self) -> None:
@@ -553,7 +569,8 @@ class Client:
                 conn.close()
                 self._gone(conn)
             left = left or bool(pool.idle)
-        for key in [k for k, p in self._pools.items() if not p.open and not p.idle]:
-            del self._pools[key]
+        if not self._waiting:  # (a request waiting for room holds on to its pool)
+            for key in [k for k, p in self._pools.items() if not p.open and not p.idle]:
+                del self._pools[key]
         if left:
             self._sweep_later()

@@ -19,11 +19,11 @@ import logging
 import socket
 from collections.abc import Mapping
 from typing import NamedTuple
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
-from yarl import URL
 
 from agent_reach.core.model import Outcome
 from agent_reach.core.netguard import AddressGuard, is_ip
@@ -141,8 +141,8 @@ class HttpTransport:
         if url in self._literal:
             return self._literal[url]
         assert self._guard is not None
-        try:
-            host = URL(url).raw_host or ""
+        try:  # parsed as the client that dials it parses it (transport/h1.py)
+            host = urlsplit(url).hostname or ""
         except (ValueError, TypeError):
             host = ""
         refusal = self._guard.refusal_for_address(host) if is_ip(host) else None
