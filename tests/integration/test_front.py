@@ -246,3 +246,24 @@ def test_a_connection_is_idle_from_its_last_answer_not_its_last_bytes() -> None:
                 assert read.answer()[0] == 200
         finally:
             agent.stop()
+
+
+def test_a_second_host_header_is_refused_as_aiohttp_refuses_it(gw: Proc) -> None:
+    payload = json.dumps({"endpoint_id": ID}).encode()
+    with connect(gw) as sock:
+        sock.sendall(post("/v1/heartbeat", payload, "Host: 127.0.0.1"))  # a second Host
+        status, _, body = Reader(sock).answer()
+    assert status == 400 and body["error"] == "invalid_request", body
+
+
+def test_connections_stuck_in_a_request_head_make_room_past_the_cap() -> None:
+    with gateway("--matcher", "none", "--max-connections", "2") as gw:
+        stuck = [connect(gw) for _ in range(2)]
+        try:
+            for sock in stuck:  # a head begun, never finished
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: ")
+            for _ in range(3):
+                assert http("GET", f"{gw.url}/healthz")[0] == 200
+        finally:
+            for sock in stuck:
+                sock.close()

@@ -180,13 +180,8 @@ class _Conn(asyncio.Protocol):
         if future is None or future.done():  # bytes nobody asked for: the connection is spoilt
             self.close()
             return
-        if not self._status:  # the head is not complete yet: bounded
+        if not self._status:
             self._head += len(data)
-            if self._head > MAX_HEAD:
-                self._fail(
-                    Failure("protocol", "bad HTTP answer: a head over 64 KiB", came_back=True)
-                )
-                return
         try:
             self._parser.feed_data(data)
         except TooLarge as exc:
@@ -199,6 +194,10 @@ class _Conn(asyncio.Protocol):
                 self._fail(Failure("protocol", f"bad HTTP answer: {exc}", came_back=True))
         except httptools.HttpParserUpgrade:
             self._fail(Failure("protocol", "bad HTTP answer: an upgrade", came_back=True))
+        else:
+            if not self._status and self._head > MAX_HEAD:  # the head still has no end
+                too_long = "bad HTTP answer: a head over 64 KiB"
+                self._fail(Failure("protocol", too_long, came_back=True))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

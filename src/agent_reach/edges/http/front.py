@@ -43,6 +43,15 @@ __all__ = ["FAST_ROUTES", "FastEdge", "FrontProtocol", "Headers"]
 
 FAST_ROUTES = frozenset({b"/v1/send", b"/v1/heartbeat"})
 LINGER_S = 5.0  # a refused body is read and dropped this long at most, then the connection closed
+MAX_QUEUED = 32  # pipelined requests read ahead at most, then reading pauses (aiohttp's too)
+_RAW_TRIM = 256 * 1024  # read-ahead bytes kept before they are cut to the request in progress
+# headers aiohttp refuses to see twice: such a request is handed to it (it answers 400)
+_SINGLE = frozenset(
+    {
+        *("content-length", "content-location", "content-range", "content-type", "etag"),
+        *("host", "max-forwards", "server", "transfer-encoding", "user-agent"),
+    }
+)
 _MAX_HEAD = 8190  # bytes of a request's head served here (aiohttp's line limit); past it: aiohttp
 _FAULTS = Throttle(1.0)  # http.front_fault lines: one a second at most
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
@@ -128,6 +137,10 @@ class FrontProtocol(asyncio.Protocol):
         self._handing: int | None = None  # index in _raw's messages of the one to hand over
         self._refusal: tuple[int, bytes, dict[str, str]] | None = None  # a 413 to send last
         self._eof = False
+        self._head_done = False  # the current message's head is read
+        self._head_seen = 0  # bytes read while the current message's head was open
+        self._paused = False  # reading paused: too many requests in line, or writes backed up
+        self._write_paused = False
         self._server_task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._last = 0.0
@@ -153,11 +166,9 @@ class FrontProtocol(asyncio.Protocol):
         if self._handing is not None:  # waiting for the answers before a hand-over
             self._raw += data
             return
-        if not self._in_message:
-            self._raw = bytearray(data)
-            self._begun = 0
-        else:
-            self._raw += data
+        self._raw += data
+        if self._in_message and not self._head_done:
+            self._head_seen += len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
@@ -172,6 +183,16 @@ class FrontProtocol(asyncio.Protocol):
             self._hand_over_later()
         except httptools.HttpParserError:
             self._hand_over_later()  # aiohttp answers what it cannot read, as it always has
+        if self._handing is None:
+            if self._in_message and not self._head_done and self._head_seen > _MAX_HEAD:
+                self._hand_over_later()  # a head past aiohttp's limit: it refuses it
+            elif not self._in_message:
+                self._raw = bytearray()  # all read so far is in whole messages: none kept
+                self._begun = 0
+            elif self._begun > 1 and len(self._raw) > _RAW_TRIM:
+                # pipelined requests read ahead of the one in progress: keep from its start
+                del self._raw[: _start_of(bytes(self._raw), self._begun - 1)]
+                self._begun = 1
         self._serve_next()
 
     def eof_received(self) -> bool | None:
@@ -186,12 +207,18 @@ class FrontProtocol(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self.manager.front_lost(self)
+        task = self._server_task
+        if task is not None and not task.done():  # counted until the request in hand ends,
+            task.add_done_callback(lambda _: self.manager.front_lost(self))  # for shutdown
+        else:
+            self.manager.front_lost(self)
 
     # --- httptools callbacks ----------------------------------------------------------------
 
     def on_message_begin(self) -> None:
         self._in_message = True
+        self._head_done = False
+        self._head_seen = 0
         self._begun += 1
         self._head = 0
         self._url = b""
@@ -210,12 +237,13 @@ class FrontProtocol(asyncio.Protocol):
         req = self._req
         assert req is not None
         key = name.decode("latin-1").lower()
-        if key in ("expect", "upgrade"):
-            raise _HandOver
+        if key in ("expect", "upgrade") or (key in _SINGLE and key in req.headers):
+            raise _HandOver  # aiohttp's: it refuses a second Host, Content-Type, ...
         if key not in req.headers:
             dict.__setitem__(req.headers, key, value.decode("latin-1"))
 
     def on_headers_complete(self) -> None:
+        self._head_done = True
         req = self._req
         assert req is not None
         parser = self._parser
@@ -244,12 +272,16 @@ class FrontProtocol(asyncio.Protocol):
         req.read_at = self.read_at or time.monotonic()
         self._line.append(req)
         self.busy = True
+        if len(self._line) >= MAX_QUEUED:  # a client pipelining without reading: wait
+            self._pause()
 
     # --- serving ----------------------------------------------------------------------------
 
     def _serve_next(self) -> None:
-        if self._server_task is not None or self.closing:
+        if self._server_task is not None or self.closing or self._write_paused:
             return
+        if self._paused and len(self._line) < MAX_QUEUED // 2 and self._handing is None:
+            self._resume()
         if self._line:
             self._server_task = asyncio.ensure_future(self._serve(self._line.popleft()))
         elif self._refusal is not None:
@@ -315,8 +347,26 @@ class FrontProtocol(asyncio.Protocol):
         if self._handing is None:
             # the message being read, or (bytes no message could begin with) the next one
             self._handing = self._begun - 1 if self._in_message else self._begun
-            if self.transport is not None:
-                self.transport.pause_reading()
+            self._pause()
+
+    def pause_writing(self) -> None:
+        # the client does not read its answers: serve no more until it does
+        self._write_paused = True
+        self._pause()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._serve_next()
+
+    def _pause(self) -> None:
+        if not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def _resume(self) -> None:
+        if self._paused and self.transport is not None and not self.transport.is_closing():
+            self._paused = False
+            self.transport.resume_reading()
 
     def _hand_over(self) -> None:
         transport = self.transport
@@ -334,9 +384,9 @@ class FrontProtocol(asyncio.Protocol):
         handler = self.manager.handler()
         transport.set_protocol(handler)
         handler.connection_made(transport)
+        transport.resume_reading()  # before: aiohttp may pause it again while reading ``raw``
         if raw:
             handler.data_received(raw)
-        transport.resume_reading()
 
     # --- idleness and closing ---------------------------------------------------------------
 
@@ -355,8 +405,16 @@ class FrontProtocol(asyncio.Protocol):
             self._close()
 
     def idle(self) -> bool:
-        """Whether no request is in hand (it may be closed for a new connection)."""
-        return not self.busy and not self._in_message and self._handing is None
+        """Whether no request is in hand (it may be closed for a new connection): none read
+        whole, and none past its head; or the connection only lingers after a refusal."""
+        if self._refusal is not None:
+            return self.closing
+        reading = self._in_message and self._head_done
+        return not self.busy and not reading and self._handing is None
+
+    def gone(self) -> bool:
+        """Whether its socket is closed or closing (it no longer counts toward the cap)."""
+        return self.transport is None or self.transport.is_closing()
 
     def _close(self) -> None:
         self.closing = True
@@ -368,15 +426,21 @@ class FrontProtocol(asyncio.Protocol):
         self._close()
 
     async def shutdown(self, timeout: float | None) -> None:  # noqa: ASYNC109 (aiohttp's)
-        """Stop reading; let the request in hand finish (``timeout`` at most); close."""
+        """Stop reading; let the request being served finish (``timeout`` at most), serve no
+        other; close."""
+        self.closing = True
+        self._line.clear()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.pause_reading()
         task = self._server_task
         if task is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(task), timeout)
-            except (TimeoutError, asyncio.CancelledError):
+            except TimeoutError:
                 task.cancel()
+            except asyncio.CancelledError:
+                task.cancel()
+                raise
         self._close()
 
 

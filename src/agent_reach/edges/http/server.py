@@ -215,7 +215,7 @@ class ReachServer(web.Server):
         open_now: list[RequestHandler | FrontProtocol] = [
             h for h in self._connections if not _closing(h)
         ]
-        open_now += [f for f in self._fronts if not f.closing]
+        open_now += [f for f in self._fronts if not f.gone()]  # lingering ones count
         if len(open_now) <= self.max_connections:
             return
         idle = [h for h in open_now if h is not new and _idle(h)]
