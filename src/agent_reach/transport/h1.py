@@ -6,7 +6,8 @@ Why not aiohttp's client (which the gateway used before, and still uses for :met
 client spends most of a delivery's cost on what this exchange never needs (request and response
 objects, multidicts, cookie and redirect handling, two writes per request). This client writes
 each request with one ``write`` (its head is a cached prefix plus a few headers) and parses the
-answer with llhttp (httptools) in ``data_received``. benchmarks/RESULTS.md has the measurement.
+answer with llhttp (httptools) in ``data_received`` (:mod:`.h1conn`, one connection).
+benchmarks/RESULTS.md has the measurement.
 
 Invariants:
 - A connection carries one request at a time; it goes back to its pool only when its answer
@@ -27,262 +28,25 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import errno
 import socket
 import ssl
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import NamedTuple, cast
-from urllib.parse import quote, urlsplit
 
-import httptools
+from agent_reach.transport.h1conn import (
+    Answer,
+    Conn,
+    Failure,
+    Target,
+    TooLarge,
+    expire,
+    target_of,
+)
 
 __all__ = ["Answer", "Client", "Failure", "TooLarge"]
 
-MAX_HEAD = 64 * 1024  # bytes of an answer's head read at most (the body has its own cap)
 _CACHE_MAX = 4096  # parsed URLs and resolved names kept at most (each cache cleared when full)
-_PATH_SAFE = "/%:@!$&'()*+,;=-._~?"  # kept as they are in a path or query; the rest quoted
-
-
-class Answer(NamedTuple):
-    """An answer read whole."""
-
-    status: int
-    body: bytes
-    encoding: str  # Content-Encoding, lower case ("identity" when absent)
-    timing: str | None  # Server-Timing
-
-
-class Failure(Exception):
-    """The request failed on the network: ``kind`` is ``connect`` (no connection was made),
-    ``closed`` (the agent closed the connection), ``reset``, ``io`` (another socket error) or
-    ``protocol`` (an answer that is not HTTP/1.1)."""
-
-    def __init__(
-        self, kind: str, detail: str, *, came_back: bool = False, reused: bool = False
-    ) -> None:
-        super().__init__(detail)
-        self.kind = kind
-        self.detail = detail
-        self.came_back = came_back
-        self.reused = reused
-        self.errno: int | None = None
-
-
-class TooLarge(Exception):
-    """The answer is over the size cap."""
-
-
-def _expire(future: asyncio.Future[Answer]) -> None:
-    if not future.done():
-        future.set_exception(TimeoutError())
-
-
-class _Target(NamedTuple):
-    key: tuple[str, str, int]  # scheme, host, port: one pool each
-    prefix: bytes  # "POST path HTTP/1.1\r\nHost: ...\r\n"
-    literal: bool  # host is an IP address (never resolved)
-
-
-def _is_ip(host: str) -> bool:
-    for family in (socket.AF_INET, socket.AF_INET6):
-        try:
-            socket.inet_pton(family, host)
-        except OSError:
-            continue
-        return True
-    return False
-
-
-def _target(url: str) -> _Target:
-    """What every request to ``url`` starts with (ValueError for a URL it cannot send to)."""
-    parts = urlsplit(url)  # drops tabs and line breaks (CPython's URL sanitising)
-    scheme = parts.scheme.lower()
-    if scheme not in ("http", "https"):
-        raise ValueError(f"not an http(s) URL: {url!r}")
-    host = parts.hostname
-    if not host:
-        raise ValueError(f"no host in {url!r}")
-    if not host.isascii():
-        host = host.encode("idna").decode("ascii")  # UnicodeError (a ValueError) when it can't
-    port = parts.port or (443 if scheme == "https" else 80)
-    path = quote(parts.path or "/", safe=_PATH_SAFE)
-    if parts.query:
-        path += "?" + quote(parts.query, safe=_PATH_SAFE)
-    netloc = f"[{host}]" if ":" in host else host
-    if parts.port is not None:
-        netloc += f":{parts.port}"
-    head = f"POST {path} HTTP/1.1\r\nHost: {netloc}\r\n"
-    return _Target((scheme, host, port), head.encode("ascii"), _is_ip(host))
-
-
-class _Conn(asyncio.Protocol):
-    """One connection: feeds what arrives to the parser, completes the request's future."""
-
-    __slots__ = (
-        "_body",
-        "_chunked",
-        "_encoding",
-        "_head",
-        "_keep",
-        "_length",
-        "_limit",
-        "_parser",
-        "_size",
-        "_status",
-        "_timing",
-        "came_back",
-        "closed",
-        "counted",
-        "future",
-        "idle_since",
-        "key",
-        "lost",
-        "transport",
-    )
-
-    def __init__(self, key: tuple[str, str, int]) -> None:
-        self.key = key
-        self.transport: asyncio.Transport | None = None
-        self._parser = httptools.HttpResponseParser(self)
-        self.future: asyncio.Future[Answer] | None = None
-        self.closed = False
-        self.counted = True  # counted among the client's open connections
-        self.came_back = False
-        self.idle_since = 0.0
-        self.lost: asyncio.Future[None] | None = None  # set when the transport is gone
-        self._limit = 0
-        self._reset()
-
-    def _reset(self) -> None:
-        self._body: list[bytes] = []
-        self._size = 0
-        self._status = 0
-        self._encoding = "identity"
-        self._timing: str | None = None
-        self._length: int | None = None
-        self._chunked = False
-        self._keep = False
-        self._head = 0
-
-    # --- asyncio.Protocol -------------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def data_received(self, data: bytes) -> None:
-        self.came_back = True
-        future = self.future
-        if future is None or future.done():  # bytes nobody asked for: the connection is spoilt
-            self.close()
-            return
-        if not self._status:
-            self._head += len(data)
-        try:
-            self._parser.feed_data(data)
-        except TooLarge as exc:
-            self._fail(exc)
-        except httptools.HttpParserError as exc:
-            cause = exc.__cause__ or exc.__context__
-            if isinstance(cause, TooLarge):
-                self._fail(cause)
-            else:
-                self._fail(Failure("protocol", f"bad HTTP answer: {exc}", came_back=True))
-        except httptools.HttpParserUpgrade:
-            self._fail(Failure("protocol", "bad HTTP answer: an upgrade", came_back=True))
-        else:
-            if not self._status and self._head > MAX_HEAD:  # the head still has no end
-                too_long = "bad HTTP answer: a head over 64 KiB"
-                self._fail(Failure("protocol", too_long, came_back=True))
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        if self.lost is not None and not self.lost.done():
-            self.lost.set_result(None)
-        future = self.future
-        if future is None or future.done():
-            return
-        if exc is None and self._status and self._length is None and not self._chunked:
-            self._complete()  # an answer delimited by the close (a clean one: not a reset)
-            return
-        if isinstance(exc, OSError) and exc.errno in (errno.ECONNRESET, errno.EPIPE):
-            failure = Failure("reset", f"connection reset: {exc}", came_back=self.came_back)
-            failure.errno = exc.errno
-        elif exc is not None:
-            failure = Failure("io", f"connection error: {exc}", came_back=self.came_back)
-            failure.errno = getattr(exc, "errno", None)
-        else:
-            failure = Failure("closed", "agent closed the connection", came_back=self.came_back)
-        future.set_exception(failure)
-
-    # --- httptools callbacks ----------------------------------------------------------------
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        lname = name.lower()
-        if lname == b"content-length":
-            try:
-                self._length = int(value)
-            except ValueError:
-                self._length = -1  # llhttp refuses it
-            if self._length > self._limit:
-                raise TooLarge
-        elif lname == b"transfer-encoding":
-            self._chunked = b"chunked" in value.lower()
-        elif lname == b"content-encoding":
-            self._encoding = value.decode("latin-1").strip().lower() or "identity"
-        elif lname == b"server-timing":
-            timing = value.decode("latin-1")
-            self._timing = timing if self._timing is None else f"{self._timing}, {timing}"
-
-    def on_headers_complete(self) -> None:
-        self._status = self._parser.get_status_code()
-        self._keep = self._parser.should_keep_alive()  # read here: llhttp resets it later
-
-    def on_body(self, body: bytes) -> None:
-        self._size += len(body)
-        if self._size > self._limit:
-            raise TooLarge
-        self._body.append(body)
-
-    def on_message_complete(self) -> None:
-        if 100 <= self._status < 200:  # an interim answer (100 Continue): the real one follows
-            self._reset()
-            return
-        self._complete()
-
-    # --- inside -----------------------------------------------------------------------------
-
-    def _complete(self) -> None:
-        future = self.future
-        if future is None or future.done():
-            return
-        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-        future.set_result(Answer(self._status, body, self._encoding, self._timing))
-
-    def _fail(self, exc: BaseException) -> None:
-        future = self.future
-        if future is not None and not future.done():
-            future.set_exception(exc)
-        self.close()
-
-    def begin(self, future: asyncio.Future[Answer], limit: int) -> None:
-        self.future = future
-        self._limit = limit
-        self.came_back = False
-        self._reset()
-
-    def reusable(self) -> bool:
-        return not self.closed and self._keep
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            if self.transport is not None:
-                self.transport.close()
 
 
 class _Pool:
@@ -291,7 +55,7 @@ class _Pool:
     __slots__ = ("idle", "open")
 
     def __init__(self) -> None:
-        self.idle: deque[_Conn] = deque()
+        self.idle: deque[Conn] = deque()
         self.open = 0
 
 
@@ -317,11 +81,11 @@ class Client:
         self._pools: dict[tuple[str, str, int], _Pool] = {}
         self._open = 0
         self._waiting: deque[asyncio.Future[None]] = deque()
-        self._targets: dict[str, _Target] = {}
+        self._targets: dict[str, Target] = {}
         self._names: dict[tuple[str, int], tuple[float, list[tuple[int, str]]]] = {}
         self._ssl: ssl.SSLContext | None = None
         self._sweeper: asyncio.TimerHandle | None = None
-        self._busy: set[_Conn] = set()
+        self._busy: set[Conn] = set()
         self.closed = False
 
     async def post(
@@ -344,7 +108,7 @@ class Client:
         a connection being made): 1.5 µs a request against 4 for ``asyncio.timeout``."""
         target = self._targets.get(url)
         if target is None:
-            target = _target(url)
+            target = target_of(url)
             if len(self._targets) >= _CACHE_MAX:
                 self._targets.clear()
             self._targets[url] = target
@@ -366,7 +130,7 @@ class Client:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Answer] = loop.create_future()
         conn.begin(future, limit)
-        timer = None if deadline is None else loop.call_at(deadline, _expire, future)
+        timer = None if deadline is None else loop.call_at(deadline, expire, future)
         done = False
         try:
             assert conn.transport is not None
@@ -420,7 +184,7 @@ class Client:
 
     # --- connections ------------------------------------------------------------------------
 
-    def _idle(self, target: _Target) -> _Conn | None:
+    def _idle(self, target: Target) -> Conn | None:
         """The most recently used idle connection to the target's host that is still fresh."""
         pool = self._pools.get(target.key)
         if pool is None:
@@ -435,7 +199,7 @@ class Client:
             self._gone(conn)
         return None
 
-    async def _take(self, target: _Target, fresh: bool) -> tuple[_Conn, bool]:
+    async def _take(self, target: Target, fresh: bool) -> tuple[Conn, bool]:
         """A new connection to the target's host once there is room for one, or (unless
         ``fresh``) one released to the pool meanwhile; and whether it came from the pool."""
         key = target.key
@@ -471,7 +235,7 @@ class Client:
         self._busy.add(conn)
         return conn, False
 
-    async def _connect(self, target: _Target) -> _Conn:
+    async def _connect(self, target: Target) -> Conn:
         scheme, host, port = target.key
         loop = asyncio.get_running_loop()
         addresses = [(0, host)] if target.literal else await self._resolve(host, port)
@@ -480,7 +244,7 @@ class Client:
         for family, address in addresses:
             try:
                 _, conn = await loop.create_connection(
-                    lambda: _Conn(target.key),
+                    lambda: Conn(target.key),
                     address,
                     port,
                     family=family,
@@ -524,7 +288,7 @@ class Client:
             self._ssl = ssl.create_default_context()
         return self._ssl
 
-    def _gone(self, conn: _Conn) -> None:
+    def _gone(self, conn: Conn) -> None:
         """``conn`` is closed: its room goes to the first request waiting for one."""
         if not conn.counted:
             return

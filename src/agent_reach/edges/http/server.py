@@ -179,7 +179,9 @@ class ReachServer(web.Server):
         self._evictions = Throttle(1.0 / LOG_PER_S)
         self._fast = fast
         self._fronts: dict[FrontProtocol, None] = {}  # in order of arrival
-        self._idle_timeout = float(kwargs.get("keepalive_timeout", 75.0))
+        if fast is not None and "keepalive_timeout" not in kwargs:
+            raise TypeError("ReachServer(fast=...) needs keepalive_timeout (--idle-timeout)")
+        self._idle_timeout = float(kwargs.get("keepalive_timeout", 0.0))
 
     def __call__(self) -> asyncio.Protocol:  # type: ignore[override]  # a front, or aiohttp's
         if self._fast is not None:
