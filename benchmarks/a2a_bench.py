@@ -29,15 +29,15 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
-import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from harness import (
+    AGENT_ID,
     HERE,
+    INTENT,
     PY,
     Child,
     Cores,
@@ -49,6 +49,7 @@ from harness import (
     fmt_ratio,
     fmt_signed,
     paired,
+    post,
     quiet_run,
     start_listening,
     wait_http,
@@ -56,8 +57,6 @@ from harness import (
 )
 from trivial_agent import BODY as AGENT_BODY
 
-INTENT = "bench.echo"
-AGENT_ID = "agent://bench-agent"
 CONNS = (1, 32)  # one caller first: latency before load, as run.py orders its benchmarks
 SAMPLES = 3  # answers of each kind parsed and checked before and after the rounds
 AGENT_ANSWER: dict[str, Any] = json.loads(AGENT_BODY)
@@ -104,17 +103,6 @@ class A2aStack:
         return {self.gateway.pid, self.agent.pid}
 
 
-def _post(url: str, body: str, headers: dict[str, str]) -> tuple[int, bytes]:
-    parts = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=10)
-    try:
-        conn.request("POST", parts.path, body=body.encode(), headers=headers)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
-
-
 def _v1_problem(status: int, raw: bytes) -> str | None:
     """Why a ``/v1/send`` answer is not the agent's answer routed by intent (None: it is)."""
     if status != 200:
@@ -159,7 +147,7 @@ def check_answers(st: A2aStack, when: str) -> dict[str, Any]:
     kept: dict[str, Any] = {"when": when}
     for kind, problem in checks.items():
         for _ in range(SAMPLES):
-            status, raw = _post(st.gateway.url + PATHS[kind], BODIES[kind], headers[kind])
+            status, raw = post(st.gateway.url + PATHS[kind], BODIES[kind], headers[kind])
             try:
                 why = problem(status, raw)
             except (ValueError, AttributeError, IndexError, TypeError) as exc:

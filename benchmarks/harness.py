@@ -336,6 +336,38 @@ def register_with_token(
         raise RuntimeError(f"register at {gateway} answered {answer}")
 
 
+# --- what the gateway benchmarks send ---------------------------------------------------------
+
+INTENT = "bench.echo"
+AGENT_ID = "agent://bench-agent"
+PAYLOAD = {"city": "Chengdu", "n": 1}
+SEND_BODY = json.dumps({"intent": INTENT, "payload": PAYLOAD})  # POST /v1/send
+DIRECT_BODY = json.dumps(  # what a gateway delivers to the agent
+    {
+        "msg_id": "msg_bench",
+        "trace_id": "trace_bench",
+        "sender": None,
+        "recipient_hint": None,
+        "intent": INTENT,
+        "payload": PAYLOAD,
+        "priority": "normal",
+        "timeout_ms": 8000,
+    }
+)
+
+
+def post(url: str, body: str, headers: dict[str, str]) -> tuple[int, bytes]:
+    """One POST (its own connection); the status and the raw answer."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=10)
+    try:
+        conn.request("POST", parts.path, body=body.encode(), headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
 # --- measuring --------------------------------------------------------------------------------
 
 

@@ -41,19 +41,21 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import subprocess
 import tempfile
-import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness import (
+    AGENT_ID,
+    DIRECT_BODY,
     HERE,
+    INTENT,
     PY,
+    SEND_BODY,
     Child,
     Cores,
     Rows,
@@ -68,6 +70,7 @@ from harness import (
     nginx_hop,
     nginx_path,
     paired,
+    post,
     register_with_token,
     start,
     token_mode,
@@ -76,22 +79,6 @@ from harness import (
 )
 from trivial_agent import BODY as AGENT_BODY
 
-INTENT = "bench.echo"
-AGENT_ID = "agent://bench-agent"
-PAYLOAD = {"city": "Chengdu", "n": 1}
-SEND_BODY = json.dumps({"intent": INTENT, "payload": PAYLOAD})  # as run.py's e2e posts
-DIRECT_BODY = json.dumps(  # what a gateway delivers to the agent
-    {
-        "msg_id": "msg_bench",
-        "trace_id": "trace_bench",
-        "sender": None,
-        "recipient_hint": None,
-        "intent": INTENT,
-        "payload": PAYLOAD,
-        "priority": "normal",
-        "timeout_ms": 8000,
-    }
-)
 HEARTBEAT_BODY = json.dumps({"endpoint_id": AGENT_ID})
 AGENT_ANSWER: dict[str, Any] = json.loads(AGENT_BODY)
 RUNGS = ("direct", "nginx", "lean", "agent_reach", "agent_reach_tokens", "seed")
@@ -156,17 +143,6 @@ class LadderStack:
         return None if rung == "direct" else self.servers[rung].pid
 
 
-def _post(url: str, body: str, headers: dict[str, str]) -> tuple[int, bytes]:
-    parts = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=10)
-    try:
-        conn.request("POST", parts.path, body=body.encode(), headers=headers)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
-
-
 def _problem(rung: str, status: int, raw: bytes, heartbeat: bool) -> str | None:
     """Why an answer is not the expected one (None: it is)."""
     if status != 200:
@@ -190,7 +166,7 @@ def check_answers(st: LadderStack, when: str) -> dict[str, Any]:
     checks = [(rung, False) for rung in RUNGS] + [(rung, True) for rung in BEATERS]
     for rung, beat in checks:
         headers = {"Content-Type": "application/json", **st.headers(rung)}
-        status, raw = _post(st.url(rung, beat), st.body(rung, beat), headers)
+        status, raw = post(st.url(rung, beat), st.body(rung, beat), headers)
         try:
             why = _problem(rung, status, raw, beat)
         except (ValueError, AttributeError) as exc:

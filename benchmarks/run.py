@@ -69,11 +69,15 @@ from pathlib import Path
 from typing import Any
 
 from harness import (
+    AGENT_ID,
+    DIRECT_BODY,
     HERE,
+    INTENT,
     NOISY_PCT,
     OUT,
     PY,
     QUIET,
+    SEND_BODY,
     Child,
     Cores,
     agent_reach_cli,
@@ -108,21 +112,6 @@ BENCHES = (
     "federation",
 )
 STEAL_PCT = 5.0  # steal time, in % of one core, above which a run is noted as noisy
-INTENT = "bench.echo"
-AGENT_ID = "agent://bench-agent"
-SEND_BODY = json.dumps({"intent": INTENT, "payload": {"city": "Chengdu", "n": 1}})
-DIRECT_BODY = json.dumps(  # what a gateway delivers to the agent
-    {
-        "msg_id": "msg_bench",
-        "trace_id": "trace_bench",
-        "sender": None,
-        "recipient_hint": None,
-        "intent": INTENT,
-        "payload": {"city": "Chengdu", "n": 1},
-        "priority": "normal",
-        "timeout_ms": 8000,
-    }
-)
 HEARTBEAT_BODY = json.dumps({"endpoint_id": AGENT_ID})
 TOKENS_CONNS = 32
 NEVER_LIMITED = 1e9  # --rate-limit of the "tokens + rate limit" gateway: the bucket never empties
