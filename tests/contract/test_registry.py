@@ -74,11 +74,11 @@ async def test_upsert_replaces_and_reindexes(registry: RegistryBackend) -> None:
 
 async def test_touch_updates_last_seen_only(registry: RegistryBackend) -> None:
     await registry.upsert(rec("a"))
-    after = await registry.touch("agent://a", 150.0, 1_700_000_150.0)
+    after = registry.touch("agent://a", 150.0, 1_700_000_150.0)
     assert after is not None
     assert (after.last_seen, after.last_seen_at) == (150.0, 1_700_000_150.0)
     assert after.capabilities == ("t.a",)
-    assert await registry.touch("agent://nobody", 1.0, 1.0) is None
+    assert registry.touch("agent://nobody", 1.0, 1.0) is None
 
 
 async def test_remove_is_immediate(registry: RegistryBackend) -> None:
@@ -108,7 +108,7 @@ async def test_listeners_see_every_change_after_the_view(registry: RegistryBacke
 
     registry.subscribe(listener)
     await registry.upsert(rec("a"))
-    await registry.touch("agent://a", 101.0, 101.0)
+    registry.touch("agent://a", 101.0, 101.0)
     await registry.remove("agent://a")
     assert seen == [
         ("agent://a", False, True, True),
@@ -121,7 +121,7 @@ async def test_the_owner_of_a_registration_is_kept_and_shared(registry: Registry
     """Token mode binds an id to its registration (``owner``): a heartbeat keeps it, a new
     registration replaces it, and another view of a shared registry sees the same."""
     await registry.upsert(rec("a")._replace(owner="gen-1"))
-    after = await registry.touch("agent://a", 150.0, 1_700_000_150.0)
+    after = registry.touch("agent://a", 150.0, 1_700_000_150.0)
     assert after is not None and after.owner == "gen-1"
     await registry.upsert(rec("a")._replace(owner="gen-2"))
     record = registry.get("agent://a")

@@ -86,7 +86,7 @@ async def test_a_heartbeat_through_one_is_seen_by_the_other_within_the_bound(
     await until(lambda: b.get("agent://x") is not None, 0.2)
     await asyncio.sleep(0.3)  # let the record age, so that the next heartbeat is visibly newer
     beat = time.monotonic()
-    await a.touch("agent://x", beat, time.time())
+    a.touch("agent://x", beat, time.time())
     waited = await until(
         lambda: b.get("agent://x").last_seen >= beat - 0.02,  # type: ignore[union-attr]
         STALENESS_BOUND_S + SLACK_S,
@@ -323,7 +323,7 @@ async def test_the_loops_sleep_on_the_injected_clock(pair: Callable[..., RedisRe
     a = pair(clock=clock, flush_s=0.011, sync_s=0.013)
     await a.start()
     await a.upsert(rec("x", time.monotonic()))
-    await a.touch("agent://x", time.monotonic(), time.time())  # wakes the flush loop
+    a.touch("agent://x", time.monotonic(), time.time())  # wakes the flush loop
     await until(lambda: {0.011, 0.013} <= set(clock.slept), 1.0)
 
 

@@ -126,7 +126,7 @@ async def test_heartbeats_keep_the_series() -> None:
     await registry.upsert(record("a", "beat.tag"))
     observe(metrics, "beat.tag")
     for n in range(5):
-        await registry.touch("agent://a", float(n), float(n))
+        registry.touch("agent://a", float(n), float(n))
     assert total(metrics.render().decode(), "beat.tag") == 1
 
 

@@ -162,7 +162,7 @@ async def test_the_issue_example_8s_deadline_p95_800_gives_2000ms_tries_and_2_re
     assert gw.per_try_ms("agent://a") == 2000
     assert gw.max_retries(8000, gw.per_try_ms("agent://a")) == 2
     transport.behaviours[url("a")] = [Behaviour(5.0)]  # now it hangs
-    await gw.heartbeat("agent://a")
+    gw.heartbeat("agent://a")
     result, elapsed = await reach(reacher, clock, timeout_ms=8000)
     assert isinstance(result, ReachError)
     attempts = result.fields["attempts"]
@@ -244,7 +244,7 @@ async def test_connection_refused_ejects_at_once_and_is_not_charged_to_the_budge
     record = reacher.router.registry.get("agent://dead")
     assert record is not None
     assert reacher.router.health(record).status.value == "suspect"
-    await reacher.router.heartbeat("agent://dead")  # its next heartbeat brings it back
+    reacher.router.heartbeat("agent://dead")  # its next heartbeat brings it back
     assert (
         reacher.router.health(record := reacher.router.registry.get("agent://dead")).status.value
         == "healthy"
@@ -310,7 +310,7 @@ async def test_tier_cache_sees_a_revived_endpoint_at_once() -> None:
     clock.advance(25)
     result, _ = await reach(reacher, clock)
     assert isinstance(result, NoAvailableAgent)
-    await reacher.router.heartbeat("agent://a")
+    reacher.router.heartbeat("agent://a")
     result, _ = await reach(reacher, clock)
     assert not isinstance(result, ReachError)
 

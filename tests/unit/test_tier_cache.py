@@ -114,7 +114,7 @@ async def test_cached_tiers_equal_fresh_tiers(steps: list[tuple[object, ...]]) -
             )
         elif kind == "heartbeat":
             if gw.registry.get(step[1]) is not None:  # type: ignore[arg-type]
-                await gw.heartbeat(step[1])  # type: ignore[arg-type]
+                gw.heartbeat(step[1])  # type: ignore[arg-type]
         elif kind == "deregister":
             if gw.registry.get(step[1]) is not None:  # type: ignore[arg-type]
                 await gw.deregister(step[1])  # type: ignore[arg-type]

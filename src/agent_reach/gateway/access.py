@@ -73,6 +73,7 @@ if TYPE_CHECKING:
 __all__ = ["Access"]
 
 _NO_POLICY = Policy.empty()
+_ANONYMOUS_KEPT = 4096  # open mode: principals kept by address (all dropped past it)
 
 
 class Access:
@@ -112,6 +113,7 @@ class Access:
             )
         self.endpoint_ttl_s = settings.endpoint_token_ttl
         self._browsers = BrowserGuard(is_loopback(settings.host)) if self.open else None
+        self._anonymous: dict[str, Principal] = {}  # open mode: one per address, kept
 
     # --- loading and reloading -------------------------------------------------------------
 
@@ -187,7 +189,12 @@ class Access:
         address = caller.remote or "?"
         if self.open:
             self.check_browser(caller.host, caller.origin, remote=address, action=action)
-            return Principal(None, address)
+            principal = self._anonymous.get(address)
+            if principal is None:
+                if len(self._anonymous) >= _ANONYMOUS_KEPT:
+                    self._anonymous.clear()
+                principal = self._anonymous[address] = Principal(None, address)
+            return principal
         assert self.tokens is not None
         authorization = caller.authorization
         if (

@@ -472,7 +472,7 @@ class CardKeeper:
         elif status == 200 and etag != card.etag:
             await self.keep(endpoint_id, msgspec.structs.replace(card, etag=etag))
         try:
-            await router.heartbeat(endpoint_id)
+            router.heartbeat(endpoint_id)
         except EndpointNotRegistered:
             await self.forget(endpoint_id)
 

@@ -236,10 +236,11 @@ class Router:
         )
         return record
 
-    async def heartbeat(self, endpoint_id: str) -> Health:
-        """Note a heartbeat; EndpointNotRegistered when the id is unknown."""
+    def heartbeat(self, endpoint_id: str) -> Health:
+        """Note a heartbeat (synchronous, as the registry's touch); EndpointNotRegistered when
+        the id is unknown."""
         now = self.now()
-        record = await self.registry.touch(endpoint_id, now, self.clock.wall())
+        record = self.registry.touch(endpoint_id, now, self.clock.wall())
         if record is None:
             raise EndpointNotRegistered(f"{endpoint_id} is not registered; register again")
         if endpoint_id not in self.stats:

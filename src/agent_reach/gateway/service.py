@@ -19,9 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn
+from collections.abc import Awaitable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 from agent_reach.auth.tokens import Kind
 from agent_reach.core.model import Status
@@ -50,6 +49,7 @@ from agent_reach.gateway.principal import (
     READERS,
     REGISTRANTS,
     SENDERS,
+    Principal,
 )
 from agent_reach.intents.dictionary import strict_refusal
 from agent_reach.observability.logs import TRACE_ID, log
@@ -82,9 +82,9 @@ MAX_TRACE_DOMAINS = 4  # other domains a trace read fetches events from
 TRACE_FETCH_S = 2.0  # how long it waits for each
 
 
-@dataclass(frozen=True, slots=True)
-class Caller:
-    """Who calls, from where, with which credentials: what an edge saw, not yet checked.
+class Caller(NamedTuple):
+    """Who calls, from where, with which credentials: what an edge saw, not yet checked (a
+    named tuple: made for every request, at less than half a frozen dataclass's cost).
 
     ``remote`` is the peer's address; ``authorization`` the credentials as presented
     (``Bearer TOKEN``). ``host`` and ``origin`` are
@@ -231,8 +231,17 @@ class Service:
         raise strict_refusal(dictionary, unknown, near)
 
     async def heartbeat(self, caller: Caller, body: EndpointIdBody | bytes) -> dict[str, Any]:
-        """Note a heartbeat. In token mode, an id the policy no longer lets claim its intents
-        is evicted here (a reload raced its registration) and the heartbeat refused."""
+        """Note a heartbeat (:meth:`heartbeat_now`, and the eviction it may ask for)."""
+        answer = self.heartbeat_now(caller, body)
+        return answer if isinstance(answer, dict) else await answer
+
+    def heartbeat_now(
+        self, caller: Caller, body: EndpointIdBody | bytes
+    ) -> dict[str, Any] | Awaitable[NoReturn]:
+        """Note a heartbeat without waiting for anything (the registry's touch is synchronous):
+        the answer, so that the edge serves it with no task. In token mode, an id the policy no
+        longer lets claim its intents (a reload raced its registration) gets instead the
+        eviction to await, which then refuses the heartbeat."""
         principal = self.access.authenticate(caller, ENDPOINTS, "heartbeat")
         if isinstance(body, bytes):
             body = decode(body, EndpointIdBody)
@@ -243,10 +252,9 @@ class Service:
             if current is not None:
                 allowed, why = self.access.claim_allowed(current)
                 if not allowed:
-                    await self.router.evict(lambda record: (False, why), endpoint_id)
-                    self.access.deny(principal, "heartbeat", endpoint_id, why)
+                    return self._evict_beating(principal, endpoint_id, why)
         try:
-            health = await self.router.heartbeat(endpoint_id)
+            health = self.router.heartbeat(endpoint_id)
         except EndpointNotRegistered:
             self.metrics.heartbeats_unknown.inc()
             raise
@@ -260,6 +268,10 @@ class Service:
         if renewed is not None:
             answer.update(renewed.fields())
         return answer
+
+    async def _evict_beating(self, principal: Principal, endpoint_id: str, why: str) -> NoReturn:
+        await self.router.evict(lambda record: (False, why), endpoint_id)
+        self.access.deny(principal, "heartbeat", endpoint_id, why)
 
     async def deregister(self, caller: Caller, body: EndpointIdBody | bytes) -> dict[str, Any]:
         """Remove an endpoint at once (its own endpoint token, or an operator's)."""

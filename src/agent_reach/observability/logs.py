@@ -21,8 +21,9 @@ logger = logging.getLogger("agent_reach")
 _encode = msgspec.json.Encoder().encode
 
 
-def log(level: int, event: str, *, exc_info: bool = False, **data: Any) -> None:
-    """Log ``event`` with ``data`` as keys; the bound trace id is added when there is one."""
+def log(level: int, event: str, *, exc_info: bool | BaseException = False, **data: Any) -> None:
+    """Log ``event`` with ``data`` as keys; the bound trace id is added when there is one.
+    ``exc_info``: True for the exception being handled, or an exception."""
     if logger.isEnabledFor(level):
         logger.log(level, event, exc_info=exc_info, extra={"data": data})
 

@@ -162,10 +162,13 @@ class RegistryBackend(Protocol):
         view while the store is away)."""
         ...
 
-    async def touch(
+    def touch(
         self, endpoint_id: str, last_seen: float, last_seen_at: float
     ) -> EndpointRecord | None:
-        """Record a heartbeat; return the updated record, or None when the id is unknown."""
+        """Record a heartbeat; return the updated record, or None when the id is unknown.
+
+        Synchronous: it changes the view at once (a shared backend writes heartbeats behind,
+        in batches), so that a heartbeat is answered without a task or an await."""
         ...
 
     async def remove(self, endpoint_id: str) -> EndpointRecord | None:

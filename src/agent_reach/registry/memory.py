@@ -162,7 +162,7 @@ class MemoryRegistry:
         self._announce(RegistryChange(record.endpoint_id, before, record))
         return before
 
-    async def touch(
+    def touch(
         self, endpoint_id: str, last_seen: float, last_seen_at: float
     ) -> EndpointRecord | None:
         before = self._records.get(endpoint_id)

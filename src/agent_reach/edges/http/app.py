@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agent_reach.edges.http.front import Headers
+from agent_reach.edges.http.front import Answer, Headers
 from agent_reach.edges.http.openapi import openapi_document
 from agent_reach.errors import (
     AgentReachError,
@@ -214,26 +214,38 @@ class HttpEdge:
         """The largest request body taken (``--max-body-bytes``)."""
         return self.settings.max_body_bytes
 
-    async def answer(
+    def answer(
         self, path: str, headers: Headers, remote: str, read_at: float, body: bytes
-    ) -> tuple[int, bytes, dict[str, str]]:
+    ) -> Answer | Awaitable[Answer]:
         """``POST /v1/send`` or ``POST /v1/heartbeat`` read by the front: the answer's status,
-        JSON body and extra headers, what :meth:`handle` gives for the same request."""
+        JSON body and extra headers, what :meth:`handle` gives for the same request. A
+        heartbeat is answered at once (nothing to wait for: no task, no coroutine); a send,
+        and a token-mode heartbeat that evicts, give what to await for their answer."""
+        if path == "/v1/send":
+            return self._answer_send(headers, remote, read_at, body)
         try:
-            if path == "/v1/send":
-                now = self._monotonic()
-                result = await self._send(_caller_of(headers, remote, min(now, read_at)), body)
-            else:
-                result = await self.service.heartbeat(_caller_of(headers, remote), body)
+            result = self.service.heartbeat_now(_caller_of(headers, remote), body)
+            if not isinstance(result, dict):
+                return self._answer_later(path, result)
             return 200, encode(result), {}
-        except AgentReachError as exc:
-            return status_for(exc), encode(exc.to_body()), headers_for(exc)
+        except Exception as exc:
+            return _fault(path, exc)
+
+    async def _answer_send(
+        self, headers: Headers, remote: str, read_at: float, body: bytes
+    ) -> Answer:
+        now = self._monotonic()
+        return await self._answer_later(
+            "/v1/send", self._send(_caller_of(headers, remote, min(now, read_at)), body)
+        )
+
+    async def _answer_later(self, path: str, work: Awaitable[Any]) -> Answer:
+        try:
+            return 200, encode(await work), {}
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log(logging.ERROR, "http.unhandled", path=path, exc_info=True)
-            fault = InternalError("unexpected error; see gateway log")
-            return status_for(fault), encode(fault.to_body()), {}
+        except Exception as exc:
+            return _fault(path, exc)
 
     def too_large(self, path: str, headers: Headers) -> tuple[int, bytes, dict[str, str]]:
         """The answer to a body over ``max_body_bytes`` (as :meth:`send` and :meth:`heartbeat`
@@ -242,7 +254,7 @@ class HttpEdge:
             f"body over the {self.settings.max_body_bytes} byte limit"
         )
         if path == "/v1/send":
-            exc = with_ids(delivery_refusal() if "X-Reach-Attempt" in headers else exc)
+            exc = with_ids(delivery_refusal() if "x-reach-attempt" in headers else exc)
         return status_for(exc), encode(exc.to_body()), headers_for(exc)
 
     async def _send(self, caller: Caller, raw: bytes) -> Any:
@@ -386,24 +398,31 @@ class HttpEdge:
         return web.Response(body=await self.node.metrics.scrape(), headers=_METRICS_TYPE)
 
 
+def _fault(path: str, exc: Exception) -> Answer:
+    """The answer to ``exc``, raised serving a hot route: the contract's error, or a 500 (and
+    an ERROR line) for anything unexpected."""
+    if isinstance(exc, AgentReachError):
+        return status_for(exc), encode(exc.to_body()), headers_for(exc)
+    log(logging.ERROR, "http.unhandled", path=path, exc_info=exc)
+    fault = InternalError("unexpected error; see gateway log")
+    return status_for(fault), encode(fault.to_body()), {}
+
+
 def _caller_of(headers: Mapping[str, str], remote: str, received_at: float | None = None) -> Caller:
     """The caller a request's headers name; with ``received_at`` (a send), also the headers
-    only a send reads. ``headers`` are read case-insensitively (aiohttp's, or the front's)."""
+        only a send reads. ``headers``: aiohttp's (case-insensitive), or the front's (lower-case
+    names)."""
+    get = headers.get  # by lower-case names: the front's are, aiohttp's take any case
     if received_at is None:
-        return Caller(
-            remote,
-            headers.get("Authorization"),
-            headers.get("Host"),
-            headers.get("Origin"),
-        )
+        return Caller(remote, get("authorization"), get("host"), get("origin"))
     return Caller(
-        remote=remote,
-        authorization=headers.get("Authorization"),
-        host=headers.get("Host"),
-        origin=headers.get("Origin"),
-        traceparent=headers.get("traceparent"),
-        received_at=received_at,
-        delivery="X-Reach-Attempt" in headers,
-        hops=headers.get("X-Reach-Hops"),
-        reach_origin=headers.get("X-Reach-Origin"),
+        remote,
+        get("authorization"),
+        get("host"),
+        get("origin"),
+        get("traceparent"),
+        received_at,
+        "x-reach-attempt" in headers,
+        get("x-reach-hops"),
+        get("x-reach-origin"),
     )

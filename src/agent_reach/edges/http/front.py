@@ -39,7 +39,7 @@ import httptools
 
 from agent_reach.observability.logs import Throttle, log
 
-__all__ = ["FAST_ROUTES", "FastEdge", "FrontProtocol", "Headers"]
+__all__ = ["FAST_ROUTES", "Answer", "FastEdge", "FrontProtocol", "Headers"]
 
 FAST_ROUTES = frozenset({b"/v1/send", b"/v1/heartbeat"})
 LINGER_S = 5.0  # a refused body is read and dropped this long at most, then the connection closed
@@ -56,16 +56,12 @@ _MAX_HEAD = 8190  # bytes of a request's head served here (aiohttp's line limit)
 _FAULTS = Throttle(1.0)  # http.front_fault lines: one a second at most
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 
+Answer = tuple[int, bytes, dict[str, str]]  # an answer's status, JSON body and extra headers
 
-class Headers(dict[str, str]):
-    """A request's headers by lower-case name (the first of a repeated one, as aiohttp's
-    ``headers.get``), read case-insensitively."""
 
-    def get(self, key: str, default: Any = None) -> Any:
-        return dict.get(self, key.lower(), default)
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and dict.__contains__(self, key.lower())
+# a request's headers by lower-case name (the first of a repeated one, as aiohttp's
+# ``headers.get``): read them by lower-case name, which aiohttp's headers also take
+Headers = dict[str, str]
 
 
 class FastEdge(Protocol):
@@ -76,9 +72,11 @@ class FastEdge(Protocol):
 
     def answer(
         self, path: str, headers: Headers, remote: str, read_at: float, body: bytes
-    ) -> Awaitable[tuple[int, bytes, dict[str, str]]]: ...
+    ) -> Answer | Awaitable[Answer]:
+        """The answer, or (when it must wait: a send) what to await for it."""
+        ...
 
-    def too_large(self, path: str, headers: Headers) -> tuple[int, bytes, dict[str, str]]: ...
+    def too_large(self, path: str, headers: Headers) -> Answer: ...
 
 
 class Manager(Protocol):
@@ -100,7 +98,7 @@ class _Request:
 
     def __init__(self) -> None:
         self.path = ""
-        self.headers = Headers()
+        self.headers: Headers = {}
         self.body: list[bytes] = []
         self.size = 0
         self.keep_alive = True
@@ -135,7 +133,7 @@ class FrontProtocol(asyncio.Protocol):
         self._req: _Request | None = None
         self._line: deque[_Request] = deque()  # requests read, waiting to be served
         self._handing: int | None = None  # index in _raw's messages of the one to hand over
-        self._refusal: tuple[int, bytes, dict[str, str]] | None = None  # a 413 to send last
+        self._refusal: Answer | None = None  # a 413 to send last
         self._eof = False
         self._head_done = False  # the current message's head is read
         self._head_seen = 0  # bytes read while the current message's head was open
@@ -144,6 +142,7 @@ class FrontProtocol(asyncio.Protocol):
         self._server_task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._last = 0.0
+        self._loop = asyncio.get_running_loop()
 
     # --- asyncio.Protocol -------------------------------------------------------------------
 
@@ -152,7 +151,7 @@ class FrontProtocol(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and peer:
             self.remote = str(peer[0])
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         self._last = loop.time()
         self._timer = loop.call_at(self._last + self.idle_timeout, self._idle_check)
         self.manager.front_made(self)
@@ -160,7 +159,7 @@ class FrontProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         now = time.monotonic()
         self.read_at = now
-        self._last = asyncio.get_running_loop().time()
+        self._last = self._loop.time()
         if self._refusal is not None:  # the rest of a refused body: not read
             return
         if self._handing is not None:  # waiting for the answers before a hand-over
@@ -240,7 +239,7 @@ class FrontProtocol(asyncio.Protocol):
         if key in ("expect", "upgrade") or (key in _SINGLE and key in req.headers):
             raise _HandOver  # aiohttp's: it refuses a second Host, Content-Type, ...
         if key not in req.headers:
-            dict.__setitem__(req.headers, key, value.decode("latin-1"))
+            req.headers[key] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         self._head_done = True
@@ -278,41 +277,51 @@ class FrontProtocol(asyncio.Protocol):
     # --- serving ----------------------------------------------------------------------------
 
     def _serve_next(self) -> None:
-        if self._server_task is not None or self.closing or self._write_paused:
+        while self._server_task is None and not self.closing and not self._write_paused:
+            if self._paused and len(self._line) < MAX_QUEUED // 2 and self._handing is None:
+                self._resume()
+            if self._line:
+                req = self._line.popleft()
+                body = req.body[0] if len(req.body) == 1 else b"".join(req.body)
+                answer = self.edge.answer(req.path, req.headers, self.remote, req.read_at, body)
+                if isinstance(answer, tuple):  # answered at once (a heartbeat): no task
+                    if self._answered(req, answer):
+                        continue
+                else:
+                    self._server_task = asyncio.ensure_future(self._serve(req, answer))
+            elif self._refusal is not None:
+                # a lingering close: the answer, our side shut, the rest of the body read and
+                # dropped until the client is done (or LINGER_S), so that a client still
+                # writing its body reads the answer rather than a reset
+                status, body, extra = self._refusal
+                self._write(status, body, extra, close=True)
+                self.closing = True
+                transport = self.transport
+                if transport is not None and transport.can_write_eof():
+                    transport.write_eof()
+                asyncio.get_running_loop().call_later(LINGER_S, self._close)
+            elif self._handing is not None:
+                self._hand_over()
+            elif self._eof:
+                self._close()
             return
-        if self._paused and len(self._line) < MAX_QUEUED // 2 and self._handing is None:
-            self._resume()
-        if self._line:
-            self._server_task = asyncio.ensure_future(self._serve(self._line.popleft()))
-        elif self._refusal is not None:
-            # a lingering close: the answer, our side shut, the rest of the body read and
-            # dropped until the client is done (or LINGER_S), so that a client still writing
-            # its body reads the answer rather than a reset
-            status, body, extra = self._refusal
-            self._write(status, body, extra, close=True)
-            self.closing = True
-            transport = self.transport
-            if transport is not None and transport.can_write_eof():
-                transport.write_eof()
-            asyncio.get_running_loop().call_later(LINGER_S, self._close)
-        elif self._handing is not None:
-            self._hand_over()
-        elif self._eof:
-            self._close()
 
-    async def _serve(self, req: _Request) -> None:
-        body = req.body[0] if len(req.body) == 1 else b"".join(req.body)
-        status, answer, extra = await self.edge.answer(
-            req.path, req.headers, self.remote, req.read_at, body
-        )
-        self._write(status, answer, extra, close=not req.keep_alive)
-        self._last = asyncio.get_running_loop().time()  # idle from the answer on
+    async def _serve(self, req: _Request, answer: Awaitable[Answer]) -> None:
+        done = await answer
         self._server_task = None
+        if self._answered(req, done):
+            self._serve_next()
+
+    def _answered(self, req: _Request, answer: Answer) -> bool:
+        """Write ``req``'s answer; whether the connection goes on (keep-alive)."""
+        status, body, extra = answer
+        self._write(status, body, extra, close=not req.keep_alive)
+        self._last = self._loop.time()  # idle from the answer on
         if not req.keep_alive:
             self._close()
-            return
+            return False
         self.busy = bool(self._line) or self._refusal is not None
-        self._serve_next()
+        return True
 
     def _write(self, status: int, body: bytes, extra: dict[str, str], *, close: bool) -> None:
         transport = self.transport

@@ -35,7 +35,6 @@ otherwise, where building on the loop stalled it 0.16-0.34 s. Then:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import importlib
 import logging
 from collections.abc import Mapping
@@ -97,7 +96,7 @@ class ServiceBackend:
 
     async def send(self, caller: Caller | None, body: SendBody) -> dict[str, Any]:
         # the deadline counts from the tool call
-        who = dataclasses.replace(self._who(caller), received_at=self._monotonic())
+        who = self._who(caller)._replace(received_at=self._monotonic())
         return _plain(await self.service.send(who, body))
 
 

@@ -256,10 +256,10 @@ class RedisRegistry:
             # an older notice applied while this write was on its way
             await self._view.upsert(record)
 
-    async def touch(
+    def touch(
         self, endpoint_id: str, last_seen: float, last_seen_at: float
     ) -> EndpointRecord | None:
-        after = await self._view.touch(endpoint_id, last_seen, last_seen_at)
+        after = self._view.touch(endpoint_id, last_seen, last_seen_at)
         if after is not None:
             self._buffer.beat(endpoint_id)
         return after

@@ -61,12 +61,12 @@ class ViewSync:
         self._versions.registered(endpoint_id, fetched.version)
         await self._view.upsert(fetched.record)
 
-    async def _touch(self, endpoint_id: str, ts: float) -> None:
+    def _touch(self, endpoint_id: str, ts: float) -> None:
         record = self._view.get(endpoint_id)
         assert self._store.offset is not None
         local = ts - self._store.offset
         if record is not None and local > record.last_seen + RESYNC_EPS_S:
-            await self._view.touch(endpoint_id, local, ts)
+            self._view.touch(endpoint_id, local, ts)
 
     async def _check_epoch(self, epoch: str | None) -> bool:
         """Whether Redis lost its data since the last look (then this view was re-published)."""
@@ -118,7 +118,7 @@ class ViewSync:
         unknown = []
         for endpoint_id, ts in beats.fresh:
             if self._view.get(endpoint_id) is not None:
-                await self._touch(endpoint_id, ts)
+                self._touch(endpoint_id, ts)
             elif not self._buffer.holds(endpoint_id):
                 unknown.append(endpoint_id)  # registered elsewhere, notification not yet seen
         for fetched in await self._store.fetch(unknown):
@@ -164,7 +164,7 @@ class ViewSync:
             if fetched is not None:
                 await self._apply(fetched)
         for endpoint_id, ts in snap.seen.items():
-            await self._touch(endpoint_id, ts)
+            self._touch(endpoint_id, ts)
         self._link.reconciled(self._store.now())
         self._link.healthy(self._store.now())
 
@@ -208,6 +208,6 @@ class ViewSync:
         if current is not None and current[:4] == record[:4] and current.owner == record.owner:
             # the same registration (this gateway's own write, seen back): only a newer time
             if record.last_seen > current.last_seen + RESYNC_EPS_S:
-                await self._view.touch(endpoint_id, record.last_seen, record.last_seen_at)
+                self._view.touch(endpoint_id, record.last_seen, record.last_seen_at)
             return
         await self._view.upsert(record)
