@@ -149,13 +149,18 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=300)
     parser.add_argument("--conns", type=int, default=8)
     parser.add_argument("--tokens", action="store_true", help="token mode")
+    parser.add_argument(
+        "--keep", metavar="DIR", help="keep callgrind's files here (for callgrind_annotate)"
+    )
     args = parser.parse_args()
     srcs = args.src or [str(HERE.parent / "src")]
     results: dict[tuple[str, str], float] = {}
     with tempfile.TemporaryDirectory(prefix="icount-") as tmp:
+        where = Path(args.keep) if args.keep else Path(tmp)
+        where.mkdir(parents=True, exist_ok=True)
         for route in args.routes:
             for src in srcs:
-                results[src, route] = measure(src, route, args, Path(tmp))
+                results[src, route] = measure(src, route, args, where)
                 print(f"{route:9} {src}: {results[src, route] / 1000:8.1f} k instructions/request",
                       flush=True)
     if len(srcs) > 1:

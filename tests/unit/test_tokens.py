@@ -69,6 +69,12 @@ def test_the_newest_active_key_signs_and_a_staged_one_waits(tmp_path: Path) -> N
     assert signing.kid != first and signing.sequence == 2
     assert keys.signing_key(now + 3600).active_from > now  # the staged one, once its time comes
     assert keys.jwks()["keys"][0]["kid"] == keys.signing_key().kid
+    # the choice is kept between calls, never past the time it holds for, nor a reload
+    assert keys.signing_key(now).kid == signing.kid  # the wall clock set back
+    staged = keys.signing_key(now + 3600)
+    Path(staged.path).unlink()
+    assert keys.load() is True
+    assert keys.signing_key(now + 3600).kid == signing.kid
 
 
 @pytest.mark.parametrize(
@@ -165,6 +171,18 @@ def test_assertions_are_standard_jwts(tmp_path: Path) -> None:
     claims = jwt.decode(assertion, key, algorithms=["EdDSA"], audience="agent://r")
     assert claims["sub"] == "" and claims["bh"] == body_hash(b'{"x":1}')
     assert claims["kind"] == "delivery" and claims["msg_id"] == "m1"
+
+
+def test_libsodium_signs_the_same_bytes_as_openssl(tmp_path: Path) -> None:
+    """The assertion's signature comes from libsodium (PyNaCl), the key from a PEM that
+    cryptography (OpenSSL) reads: Ed25519 is deterministic, so both give the same 64 bytes,
+    and the public key verifies it."""
+    key = ring(tmp_path).signing_key()
+    for message in (b"", b"x", os.urandom(400), b"header.claims" * 100):
+        signature = key.sign(message)
+        assert signature == key.private.sign(message)
+        key.public.verify(signature, message)  # raises when it does not verify
+    assert key.sign(b"a") != key.sign(b"b")
 
 
 # --- the SDK's verifier ------------------------------------------------------------------------

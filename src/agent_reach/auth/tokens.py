@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import itertools
 import os
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -136,6 +137,10 @@ class TokenService:
         self._cache: dict[str, Claims] = {}
         self._cache_version = keys.version
         self._headers: dict[str, bytes] = {}  # kid -> the encoded JWS header of assertions
+        # an assertion's jti: this service's random prefix and a count (unique without a
+        # system call for randomness on every delivery; a jti needs to be unique, not secret)
+        self._jti_prefix = os.urandom(8).hex()
+        self._jti_count = itertools.count()
 
     # --- issuing ---------------------------------------------------------------------------
 
@@ -195,7 +200,8 @@ class TokenService:
         ``b64(header).b64(claims).b64(signature)``) rather than by PyJWT, which costs about
         half as much again as the Ed25519 signature itself (benchmarks/RESULTS.md); PyJWT
         verifies these in the agent SDK and in the tests."""
-        key = self.keys.signing_key(self.wall())
+        now = self.wall()
+        key = self.keys.signing_key(now)
         header = self._headers.get(key.kid)
         if header is None:
             header = self._headers[key.kid] = b64url(
@@ -214,14 +220,14 @@ class TokenService:
                         "intent": intent,
                         "msg_id": msg_id,
                         "bh": body_hash(body),
-                        "iat": int(self.wall()),
+                        "iat": int(now),
                         "exp": expires_at,
-                        "jti": os.urandom(12).hex(),
+                        "jti": f"{self._jti_prefix}{next(self._jti_count):x}",
                     }
                 )
             )
         )
-        return (signing_input + b"." + b64url(key.private.sign(signing_input))).decode("ascii")
+        return (signing_input + b"." + b64url(key.sign(signing_input))).decode("ascii")
 
     def _sign(self, claims: dict[str, Any]) -> str:
         key = self.keys.signing_key(self.wall())
