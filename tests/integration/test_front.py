@@ -172,6 +172,18 @@ def test_http_1_0_is_answered_then_closed(gw: Proc) -> None:
         assert read.closed()
 
 
+def test_http_1_0_keep_alive_is_kept_and_said(gw: Proc) -> None:
+    """An HTTP/1.0 client keeps a connection only when the answer says so (ab -k does)."""
+    payload = json.dumps({"endpoint_id": ID}).encode()
+    with connect(gw) as sock:
+        read = Reader(sock)
+        for _ in range(2):
+            sock.sendall(post("/v1/heartbeat", payload, "Connection: keep-alive", version="1.0"))
+            status, headers, body = read.answer()
+            assert status == 200 and body["endpoint_id"] == ID
+            assert headers.get("connection") == "keep-alive", headers
+
+
 def test_a_request_with_expect_goes_to_aiohttp(gw: Proc) -> None:
     payload = json.dumps({"endpoint_id": ID}).encode()
     with connect(gw) as sock:  # the body at once, as clients do after waiting a moment

@@ -94,7 +94,7 @@ class _HandOver(Exception):
 
 
 class _Request:
-    __slots__ = ("body", "headers", "keep_alive", "path", "read_at", "size")
+    __slots__ = ("body", "headers", "keep_alive", "old", "path", "read_at", "size")
 
     def __init__(self) -> None:
         self.path = ""
@@ -102,6 +102,7 @@ class _Request:
         self.body: list[bytes] = []
         self.size = 0
         self.keep_alive = True
+        self.old = False  # HTTP/1.0: keep-alive only when asked, and then said in the answer
         self.read_at = 0.0
 
 
@@ -251,6 +252,7 @@ class FrontProtocol(asyncio.Protocol):
             raise _HandOver
         req.path = path.decode("latin-1")
         req.keep_alive = parser.should_keep_alive()
+        req.old = parser.get_http_version() == "1.0"
         length = req.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.edge.max_body_bytes:
             self._refuse_too_large()
@@ -315,6 +317,8 @@ class FrontProtocol(asyncio.Protocol):
     def _answered(self, req: _Request, answer: Answer) -> bool:
         """Write ``req``'s answer; whether the connection goes on (keep-alive)."""
         status, body, extra = answer
+        if req.old and req.keep_alive:  # an HTTP/1.0 client keeps it open only when told
+            extra = {**extra, "Connection": "keep-alive"}
         self._write(status, body, extra, close=not req.keep_alive)
         self._last = self._loop.time()  # idle from the answer on
         if not req.keep_alive:
@@ -393,6 +397,8 @@ class FrontProtocol(asyncio.Protocol):
         handler = self.manager.handler()
         transport.set_protocol(handler)
         handler.connection_made(transport)
+        # reading was paused since the request to hand over was seen, so a client's EOF is
+        # still unread: aiohttp reads it (and, as it always does, closes at once)
         transport.resume_reading()  # before: aiohttp may pause it again while reading ``raw``
         if raw:
             handler.data_received(raw)
