@@ -21,7 +21,7 @@ Invariants:
 
 from __future__ import annotations
 
-import base64
+import binascii
 import hashlib
 import json
 import math
@@ -49,9 +49,14 @@ _NAME = re.compile(r"ed25519-(\d{8}T\d{6}Z)(?:-(\d{1,6}))?\.pem\Z")
 _TIME_FORMAT = "%Y%m%dT%H%M%SZ"
 
 
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
+
+
 def b64url(data: bytes) -> bytes:
-    """Base64url without padding, as JOSE writes it (RFC 7515)."""
-    return base64.urlsafe_b64encode(data).rstrip(b"=")
+    """Base64url without padding, as JOSE writes it (RFC 7515). binascii directly (what
+    ``base64.urlsafe_b64encode`` calls through two Python functions): three per delivery in
+    token mode."""
+    return binascii.b2a_base64(data, newline=False).translate(_URLSAFE).rstrip(b"=")
 
 
 def public_jwk(public: Ed25519PublicKey) -> dict[str, str]:

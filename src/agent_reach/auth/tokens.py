@@ -235,6 +235,13 @@ class TokenService:
 
     # --- verifying -------------------------------------------------------------------------
 
+    def current(self, claims: Claims) -> bool:
+        """Whether ``claims``, verified before, still hold: no key change since, not expired."""
+        return (
+            self._cache_version == self.keys.version
+            and claims.expires_at + self.leeway_s >= self.wall()
+        )
+
     def known(self, token: str) -> bool:
         """Whether ``token`` was verified before and is still good (no signature check)."""
         claims = self._cache.get(token)

@@ -74,6 +74,7 @@ __all__ = ["Access"]
 
 _NO_POLICY = Policy.empty()
 _ANONYMOUS_KEPT = 4096  # open mode: principals kept by address (all dropped past it)
+_PRINCIPALS_KEPT = 4096  # token mode: verified principals kept (all dropped past it)
 
 
 class Access:
@@ -114,6 +115,8 @@ class Access:
         self.endpoint_ttl_s = settings.endpoint_token_ttl
         self._browsers = BrowserGuard(is_loopback(settings.host)) if self.open else None
         self._anonymous: dict[str, Principal] = {}  # open mode: one per address, kept
+        # token mode: by (Authorization header, address), verified (TokenService.current)
+        self._principals: dict[tuple[str | None, str], Principal] = {}
 
     # --- loading and reloading -------------------------------------------------------------
 
@@ -197,6 +200,28 @@ class Access:
             return principal
         assert self.tokens is not None
         authorization = caller.authorization
+        known = self._principals.get((authorization, address))
+        if known is not None and known.claims is not None and self.tokens.current(known.claims):
+            principal = known  # the same credentials from the same address, verified before
+        else:
+            principal = self._verified(authorization, address, action)
+        claims = principal.claims
+        assert claims is not None
+        if claims.kind not in kinds:
+            wanted = " or ".join(sorted(k.value for k in kinds))
+            self.deny(
+                principal,
+                action,
+                "",
+                f"{with_article(claims.kind)} token cannot {action}; "
+                f"it needs {with_article(wanted)} token",
+            )
+        return principal
+
+    def _verified(self, authorization: str | None, address: str, action: str) -> Principal:
+        """The principal of credentials not verified before (or no longer held): their
+        signature checked, failures counted per address."""
+        assert self.tokens is not None
         if (
             self.limiter is not None
             and not self.tokens.known((authorization or "").partition(" ")[2].strip())
@@ -220,15 +245,9 @@ class Access:
             self._limit_failures(address)
             raise
         principal = Principal(claims, address)
-        if claims.kind not in kinds:
-            wanted = " or ".join(sorted(k.value for k in kinds))
-            self.deny(
-                principal,
-                action,
-                "",
-                f"{with_article(claims.kind)} token cannot {action}; "
-                f"it needs {with_article(wanted)} token",
-            )
+        if len(self._principals) >= _PRINCIPALS_KEPT:
+            self._principals.clear()
+        self._principals[authorization, address] = principal
         return principal
 
     def _limit_failures(self, address: str) -> None:
