@@ -8,15 +8,18 @@ within a fraction of a per cent). It is not time: a cache miss or a system call 
 instructions only, and the kernel's share (the socket calls) is not counted at all. So it
 measures what Python code changes move, beside (never instead of) the wall-clock ladder.
 
-For each tree (``--src DIR``: a checkout's ``src``; default this one), for each route: the
-gateway runs under ``valgrind --tool=callgrind --instr-atstart=no`` (startup uninstrumented),
-with a trivial agent (not under valgrind) registered; ``--warmup`` requests are sent, then
-instrumentation is switched on (``callgrind_control -i on``), ``--requests`` requests are sent
-over ``--conns`` keep-alive connections, each waiting for its answer, and the counts are dumped.
-The figure is the dump's total instructions (Ir) over the requests. Token mode (``--tokens``)
-adds the client token to every send and signs every delivery, as the ladder's token rung.
+For each tree (``--src DIR``: a checkout's ``src``; default this one) and each baseline asked
+for (``--lean``: benchmarks/lean_forwarder.py; ``--seed``: the seed-style gateway), for each
+route: the server runs under ``valgrind --tool=callgrind --instr-atstart=no`` (its start
+uninstrumented), with a trivial agent (not under valgrind) registered; ``--warmup`` requests
+are sent, then instrumentation is switched on (``callgrind_control -i on``), ``--requests``
+requests are sent over ``--conns`` keep-alive connections, each waiting for its answer, and
+the counts are dumped. The figure is the dump's total instructions (Ir) over the requests.
+Token mode (``--tokens``) adds the client token to every send and signs every delivery, as
+the ladder's token rung.
 
     python benchmarks/icount.py --src /tmp/work/old/src --src src --routes send heartbeat
+    python benchmarks/icount.py --lean --seed --routes send heartbeat   # beside the baselines
 
 (needs valgrind; about a minute per tree and route at the defaults.)
 """
@@ -25,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -47,7 +52,7 @@ from harness import (
 )
 
 HERE = Path(__file__).resolve().parent
-HEARTBEAT_BODY = '{"endpoint_id": "%s"}' % AGENT_ID
+HEARTBEAT_BODY = json.dumps({"endpoint_id": AGENT_ID})
 ROUTES = {"send": ("/v1/send", SEND_BODY), "heartbeat": ("/v1/heartbeat", HEARTBEAT_BODY)}
 
 
@@ -95,8 +100,29 @@ def _total_ir(out: Path) -> int:
     return total
 
 
+def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 300) -> None:
+    """Until ``port`` accepts connections (bounded; fails at once if ``proc`` exits)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)  # polling interval, not a settle delay
+    raise RuntimeError(f"nothing listened on port {port} within {timeout} s")
+
+
+BASELINES = {
+    "lean": [PY, str(HERE / "lean_forwarder.py")],
+    "seed": [PY, str(HERE / "seed_gateway.py")],
+}
+
+
 def measure(src: str, route: str, args: argparse.Namespace, tmp: Path) -> float:
-    """Instructions per request of the gateway from ``src`` on ``route``."""
+    """Instructions per request of the gateway from ``src`` (or the baseline ``lean`` or
+    ``seed``) on ``route``."""
     path, body = ROUTES[route]
     port = free_port()
     out = tmp / f"cg.{abs(hash((src, route)))}.{time.monotonic_ns()}"
@@ -107,15 +133,22 @@ def measure(src: str, route: str, args: argparse.Namespace, tmp: Path) -> float:
         flags, token = tm.flags, tm.client
     env = {**os.environ, "PYTHONPATH": str(Path(src).resolve()), "PYTHONHASHSEED": "0"}
     cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
-    cmd += [PY, "-m", "agent_reach", "serve", "--port", str(port), "--log-level", "WARNING"]
-    cmd += ["--heartbeat-interval", "3600", *flags]
+    if src in BASELINES:
+        cmd += [*BASELINES[src], "--port", str(port), "--heartbeat-interval", "3600"]
+        env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
+    else:
+        cmd += [PY, "-m", "agent_reach", "serve", "--port", str(port), "--log-level", "WARNING"]
+        cmd += ["--heartbeat-interval", "3600", *flags]
     children: list[Child] = []
     try:
         gateway = subprocess.Popen(
             cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp
         )
         url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/healthz", timeout=300)
+        if src in BASELINES:
+            _wait_port(port, gateway)
+        else:
+            wait_http(url + "/healthz", timeout=300)
         agent_cmd = [PY, str(HERE / "trivial_agent.py"), "--id", AGENT_ID, "--intent", INTENT]
         if token is None:
             agent_cmd += ["--register", url]
@@ -149,11 +182,16 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=300)
     parser.add_argument("--conns", type=int, default=8)
     parser.add_argument("--tokens", action="store_true", help="token mode")
+    parser.add_argument("--lean", action="store_true", help="also the lean forwarder")
+    parser.add_argument("--seed", action="store_true", help="also the seed-style gateway")
     parser.add_argument(
         "--keep", metavar="DIR", help="keep callgrind's files here (for callgrind_annotate)"
     )
     args = parser.parse_args()
     srcs = args.src or [str(HERE.parent / "src")]
+    srcs += [name for name in BASELINES if getattr(args, name)]
+    if args.tokens and len(srcs) > len(args.src or [None]):
+        parser.error("--tokens is Agent-Reach's token mode: not with --lean or --seed")
     results: dict[tuple[str, str], float] = {}
     with tempfile.TemporaryDirectory(prefix="icount-") as tmp:
         where = Path(args.keep) if args.keep else Path(tmp)
@@ -161,8 +199,10 @@ def main() -> None:
         for route in args.routes:
             for src in srcs:
                 results[src, route] = measure(src, route, args, where)
-                print(f"{route:9} {src}: {results[src, route] / 1000:8.1f} k instructions/request",
-                      flush=True)
+                print(
+                    f"{route:9} {src}: {results[src, route] / 1000:8.1f} k instructions/request",
+                    flush=True,
+                )
     if len(srcs) > 1:
         for route in args.routes:
             base = results[srcs[0], route]
