@@ -113,7 +113,7 @@ class Reacher:
         self.hedger = Hedger(router, metrics, self._trace)  # intents whose entry hedges
 
     def _trace(self, trace_id: str, kind: str, **data: Any) -> None:
-        self.traces.add(trace_id, self._wall(), kind, **data)
+        self.traces.add(trace_id, self._wall(), kind, data)
 
     def open_trace(self, body: SendBody, msg_id: str, traceparent: str | None) -> OpenTrace:
         """The request's trace, opened before anything else runs (the service binds its id):
@@ -198,9 +198,8 @@ class Reacher:
                 endpoint_id, answer = await self.forwarder.forward(routed.forward, attempts)
             else:
                 assert routed.plan is not None
-                endpoint_id, answer = await self._deliver(
-                    body, routed.plan, match, deadline, opened, attempts, extra_headers
-                )
+                run = self._run(body, routed.plan, match, deadline, opened, extra_headers)
+                endpoint_id, answer = await self._attempts(run, attempts)
         except AgentReachError as exc:
             self._failed(body, opened, exc, attempts, intent_label, received_at)
             raise
@@ -233,17 +232,17 @@ class Reacher:
         )
         return Reply(msg_id, trace_id, tag, endpoint_id, answer, attempts, elapsed, match.info())
 
-    async def _deliver(
+    def _run(
         self,
         body: SendBody,
         plan: RoutePlan,
         match: Match,
         deadline: Deadline,
         opened: OpenTrace,
-        attempts: list[Attempt],
         extra_headers: Mapping[str, str] | None,
-    ) -> tuple[str, msgspec.Raw]:
-        """The attempts at this domain's endpoints of ``plan``."""
+    ) -> _Run:
+        """What the attempts at this domain's endpoints of ``plan`` deliver, and how (the
+        delivery body encoded once, the assertion's signer)."""
         assert body.msg_id is not None
         msg_id, trace_id, timeout_ms = body.msg_id, opened.trace_id, opened.timeout_ms
         payload = encode(
@@ -263,7 +262,7 @@ class Reacher:
         assertion = None
         if self.signer is not None:
             assertion = self._assertion(self.signer, body, plan.intent, msg_id, payload)
-        run = _Run(
+        return _Run(
             plan,
             deadline,
             timeout_ms,
@@ -276,7 +275,6 @@ class Reacher:
             extra_headers,
             priority=body.priority,
         )
-        return await self._attempts(run, attempts)
 
     async def _match_by_meaning(
         self,
@@ -465,15 +463,14 @@ class Reacher:
     def _route_event(self, run: _Run, target: str, per_try: float) -> None:
         """The trace's route event (and the span's) for the first target."""
         plan = run.plan
-        self._trace(
-            run.trace_id,
-            "route",
-            chosen=target,
-            match=plan.match.event(),
-            per_try_timeout_ms=per_try,
-            max_retries=run.retries_allowed,
-            **self._tier_summary(plan),
-        )
+        event = {
+            "chosen": target,
+            "match": plan.match.event(),
+            "per_try_timeout_ms": per_try,
+            "max_retries": run.retries_allowed,
+        }
+        self._tier_summary(plan, event)
+        self.traces.add(run.trace_id, self._wall(), "route", event)
         span = run.opened.span
         if span is not None:
             t = plan.tiers
@@ -647,18 +644,17 @@ class Reacher:
             log(logging.INFO, "route.failover", from_endpoint=previous, to_endpoint=target)
         return target, per_try, wait
 
-    def _tier_summary(self, plan: RoutePlan) -> dict[str, Any]:
+    def _tier_summary(self, plan: RoutePlan, out: dict[str, Any]) -> None:
+        """The route event's view of the candidates, added to ``out``."""
         if plan.tiers is None:
-            return {"recipient_hint": plan.hint}
+            out["recipient_hint"] = plan.hint
+            return
         t = plan.tiers
-        out: dict[str, Any] = {
-            "healthy": len(t.healthy),
-            "degraded": len(t.degraded),
-            "unavailable": t.unavailable,
-        }
+        out["healthy"] = len(t.healthy)
+        out["degraded"] = len(t.degraded)
+        out["unavailable"] = t.unavailable
         if len(t.healthy) + len(t.degraded) <= _TRACE_CANDIDATES:
             out["candidates"] = {"healthy": list(t.healthy), "degraded": list(t.degraded)}
-        return out
 
 
 def _json_or_none(body: bytes | None) -> msgspec.Raw | None:

@@ -64,8 +64,9 @@ class TraceStore:
         self._traces: OrderedDict[str, list[tuple[float, str, dict[str, Any]]]] = OrderedDict()
         self._recent: deque[RequestSummary] = deque(maxlen=recent_capacity)
 
-    def add(self, trace_id: str, ts: float, kind: str, **data: Any) -> None:
-        """Append one event (``ts`` is unix seconds)."""
+    def add(self, trace_id: str, ts: float, kind: str, data: dict[str, Any] | None = None) -> None:
+        """Append one event (``ts`` is unix seconds; ``data``, its fields, is kept as given:
+        the caller's own dict, a ``**kwargs`` of its, not copied again)."""
         events = self._traces.get(trace_id)
         if events is None:
             events = self._traces[trace_id] = []
@@ -74,7 +75,7 @@ class TraceStore:
         else:
             self._traces.move_to_end(trace_id)
         if len(events) < self.max_events:
-            events.append((ts, kind, data))
+            events.append((ts, kind, {} if data is None else data))
 
     def get(self, trace_id: str) -> list[dict[str, Any]] | None:
         """The events of ``trace_id`` in order (``ts`` to the microsecond, ``kind``, then the

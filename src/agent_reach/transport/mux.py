@@ -12,7 +12,8 @@ Invariants:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
+from typing import Any
 
 from agent_reach.core.model import Outcome
 from agent_reach.core.netguard import AddressGuard
@@ -99,22 +100,26 @@ class TransportMux:
         if errors:
             raise errors[0]
 
-    async def deliver(
+    def deliver(
         self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float
-    ) -> Delivery:
+    ) -> Coroutine[Any, Any, Delivery]:
         """Deliver through the transport of ``url``'s scheme; for a scheme none serves,
-        ``connect_error``, not reached, ejected."""
+        ``connect_error``, not reached, ejected. The transport's own coroutine is what the
+        caller awaits (no coroutine of the mux's in between: one frame less to resume)."""
         transport = self._by_scheme.get(scheme_of(url))
         if transport is None:
-            scheme = scheme_of(url) or "(none)"
-            served = ", ".join(sorted(self._by_scheme)) or "nothing"
-            return Delivery(
-                Outcome.CONNECT_ERROR,
-                detail=f"not delivered: no transport for URL scheme {scheme} (served: {served})",
-                reached=False,
-                eject=True,
-            )
-        return await transport.deliver(url, body, headers, timeout_s)
+            return self._unserved(url)
+        return transport.deliver(url, body, headers, timeout_s)
+
+    async def _unserved(self, url: str) -> Delivery:
+        scheme = scheme_of(url) or "(none)"
+        served = ", ".join(sorted(self._by_scheme)) or "nothing"
+        return Delivery(
+            Outcome.CONNECT_ERROR,
+            detail=f"not delivered: no transport for URL scheme {scheme} (served: {served})",
+            reached=False,
+            eject=True,
+        )
 
 
 def http_mux(

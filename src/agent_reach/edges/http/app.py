@@ -234,10 +234,15 @@ class HttpEdge:
     async def _answer_send(
         self, headers: Headers, remote: str, read_at: float, body: bytes
     ) -> Answer:
-        now = self._monotonic()
-        return await self._answer_later(
-            "/v1/send", self._send(_caller_of(headers, remote, min(now, read_at)), body)
-        )
+        # one coroutine from the front's task to the service (each level of await costs a
+        # frame's resumption on every wake-up of the request)
+        try:
+            caller = _caller_of(headers, remote, min(self._monotonic(), read_at))
+            return 200, encode(await self.service.send(caller, _send_body(caller, body))), {}
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return _fault("/v1/send", exc)
 
     async def _answer_later(self, path: str, work: Awaitable[Any]) -> Answer:
         try:
@@ -258,15 +263,7 @@ class HttpEdge:
         return status_for(exc), encode(exc.to_body()), headers_for(exc)
 
     async def _send(self, caller: Caller, raw: bytes) -> Any:
-        try:
-            # the body first (bounded, cheap): a refusal then names the caller's own msg_id
-            # and trace_id, and so does its audit line
-            body = decode(raw, SendBody)
-        except AgentReachError as exc:
-            # a delivery's body (a gateway's own fields) need not decode as a send: the loop
-            # is what to say
-            raise with_ids(delivery_refusal() if caller.delivery else exc) from None
-        return await self.service.send(caller, body)
+        return await self.service.send(caller, _send_body(caller, raw))
 
     # --- handlers: parse, call the service, render -----------------------------------------
 
@@ -396,6 +393,17 @@ class HttpEdge:
         self.service.admit(self._caller(request))
         # generated off the event loop: a big scrape does not hold up requests
         return web.Response(body=await self.node.metrics.scrape(), headers=_METRICS_TYPE)
+
+
+def _send_body(caller: Caller, raw: bytes) -> SendBody:
+    """A send's body, decoded first (bounded, cheap): a refusal then names the caller's own
+    msg_id and trace_id, and so does its audit line."""
+    try:
+        return decode(raw, SendBody)
+    except AgentReachError as exc:
+        # a delivery's body (a gateway's own fields) need not decode as a send: the loop is
+        # what to say
+        raise with_ids(delivery_refusal() if caller.delivery else exc) from None
 
 
 def _fault(path: str, exc: Exception) -> Answer:
