@@ -163,7 +163,7 @@ async def live(gw: Router, beat: Router, ids: list[str], intents: list[str]) -> 
         i = 0
         while not stop.is_set():
             for _ in range(per_tick):
-                await beat.heartbeat(ids[i % len(ids)])
+                beat.heartbeat(ids[i % len(ids)])
                 i += 1
             await asyncio.sleep(0.01)
 

@@ -172,7 +172,7 @@ async def live_registry(
         clock.advance(dt)
         while due[0][0] <= clock.now:  # the heartbeats that arrived in this slice
             _, i = heapq.heappop(due)
-            await gw.heartbeat(ids[i])
+            gw.heartbeat(ids[i])
             beats += 1
             heapq.heappush(due, (clock.now + LIVE_INTERVAL_S * rng.uniform(lo, hi), i))
         return time_calls(gw, [intent])[0]
