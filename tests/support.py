@@ -55,9 +55,11 @@ class Proc:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def log_lines(self) -> list[dict[str, Any]]:
-        """The JSON log lines written so far."""
+        """The JSON log lines written so far (whole lines only: the process may be in the
+        middle of writing the last one, which the next read gets)."""
         out = []
-        for line in self.log_path.read_text(errors="replace").splitlines():
+        text = self.log_path.read_text(errors="replace")
+        for line in text[: text.rfind("\n") + 1].splitlines():
             if line.startswith("{"):
                 out.append(json.loads(line))
         return out
