@@ -820,7 +820,7 @@ class DelayProxy:
         if self._open is None:
             self._open = asyncio.Event()
             self._open.set()
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", port)
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", port)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def _cut(self, refuse: bool) -> None:
@@ -843,10 +843,25 @@ class DelayProxy:
             self._server = None
 
     async def _abort_all(self) -> None:
-        tasks = list(self._conns)
-        for task in tasks:
+        conns = list(self._conns.items())
+        for task, _ in conns:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(task for task, _ in conns), return_exceptions=True)
+        for task, writers in conns:  # a task cancelled before it ran never reached its finally
+            self._conns.pop(task, None)
+            for w in writers:
+                w.transport.abort()
+
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A connection, tracked from the moment it is accepted: its relay's task is ours
+        (not asyncio's, whose 3.11 done-callback raises for a cancelled task), so that a stop
+        right after the accept still aborts its socket."""
+        if len(self._conns) >= self._max:
+            self.rejected += 1
+            writer.transport.abort()
+            return
+        task = asyncio.get_running_loop().create_task(self._handle(reader, writer))
+        self._conns[task] = [writer]
 
     async def _shutdown(self) -> None:
         await self._stop_listening()
@@ -855,12 +870,7 @@ class DelayProxy:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None and self._open is not None
-        if len(self._conns) >= self._max:
-            self.rejected += 1
-            writer.transport.abort()
-            return
-        writers = [writer]
-        self._conns[task] = writers
+        writers = self._conns[task]  # [writer], registered by _accept
         clean = False
         try:
             await self._open.wait()  # a cut holds new connections too
@@ -876,7 +886,7 @@ class DelayProxy:
         except* OSError:
             pass  # a reset on either side ends the relay; both sides are aborted below
         finally:
-            del self._conns[task]
+            self._conns.pop(task, None)
             for w in writers:
                 if not clean:
                     w.transport.abort()
