@@ -28,6 +28,8 @@ from agent_reach.errors import (
     ReachError,
 )
 from agent_reach.gateway.delivery import Reacher
+from agent_reach.gateway.explain import explain_route
+from agent_reach.gateway.matching import Match
 from agent_reach.gateway.metrics import GatewayMetrics
 from agent_reach.gateway.router import Router
 from agent_reach.gateway.traces import TraceStore
@@ -249,6 +251,26 @@ async def test_connection_refused_ejects_at_once_and_is_not_charged_to_the_budge
         reacher.router.health(record := reacher.router.registry.get("agent://dead")).status.value
         == "healthy"
     )  # type: ignore[arg-type]
+
+
+async def test_a_dry_run_shows_the_choice_of_the_sends_that_are_not_probes() -> None:
+    """An ejected endpoint whose probe is due gets 2 % of the sends (the probe share); the
+    route a dry run explains is the other 98 %'s, every time."""
+    reacher, _, clock = make(
+        {url("dead"): [Behaviour(0.0, Outcome.CONNECT_ERROR)], url("live"): [Behaviour(0.01)]},
+        seed=5,
+    )
+    await register(reacher, "dead", "live")
+    router = reacher.router
+    while not any(c[0] == url("dead") for c in reacher.transport.calls):  # type: ignore[attr-defined]
+        await reach(reacher, clock)
+    clock.advance(1.0)  # past the first backoff (0.5 s): its probe is due
+    plan = router.plan(Match("exact", "t.echo", 1.0), None)
+    sends = [router.choose(plan) for _ in range(2000)]
+    assert 0 < sends.count("agent://dead") < 100  # the probe share, 2 % of 2,000
+    for _ in range(200):
+        answer = explain_route(router, Match("exact", "t.echo", 1.0), None, None)
+        assert answer["chosen"] == "agent://live"
 
 
 async def test_retry_budget_caps_retries_across_requests() -> None:

@@ -32,7 +32,7 @@ from agent_reach.clock import Clock
 from agent_reach.core.health import EndpointStats, Health, LivenessClock, derive
 from agent_reach.core.model import EndpointRecord, Outcome, Status
 from agent_reach.core.retry import Deadline, RetryBudget, max_retries, per_try_timeout_ms
-from agent_reach.core.routing import Tiers, at_bound, build_tiers, pick
+from agent_reach.core.routing import PROBE_SHARE, Tiers, at_bound, build_tiers, pick
 from agent_reach.errors import (
     DeadlineExceeded,
     EndpointNotRegistered,
@@ -428,7 +428,12 @@ class Router:
         return self._intent_tiers(plan.intent, now)
 
     def choose(
-        self, plan: RoutePlan, tried: Collection[str] = (), *, free_only: bool = False
+        self,
+        plan: RoutePlan,
+        tried: Collection[str] = (),
+        *,
+        free_only: bool = False,
+        probes: bool = True,
     ) -> str | None:
         """The endpoint for the next attempt (None when no eligible one is left).
 
@@ -436,23 +441,36 @@ class Router:
         that is still eligible (a retry of an endpoint already tried). Endpoints at their
         bound of attempts (``--max-inflight-per-endpoint``) come after every other; with
         ``free_only`` they are not chosen at all (a hedge, which must not wait). Choosing
-        takes no slot: :meth:`acquire` does, right before an attempt.
+        takes no slot: :meth:`acquire` does, right before an attempt. ``probes=False``: without
+        the probe share (a dry run shows the choice of the other 98 % of sends).
         """
-        choice = self._choose(plan, tried, bounded=True)
+        choice = self._choose(plan, tried, bounded=True, probes=probes)
         if choice is None and not free_only:
-            choice = self._choose(plan, tried, bounded=False)
+            choice = self._choose(plan, tried, bounded=False, probes=probes)
         return choice
 
     def _choose(
-        self, plan: RoutePlan, tried: Collection[str], *, bounded: bool, fresh: bool = False
+        self,
+        plan: RoutePlan,
+        tried: Collection[str],
+        *,
+        bounded: bool,
+        fresh: bool = False,
+        probes: bool = True,
     ) -> str | None:
         """:meth:`choose` among the endpoints with a free slot (``bounded``) or among all;
         ``fresh``: with the statuses derived again even before any attempt."""
         tiers = self.refresh(plan) if tried or fresh else plan.tiers
-        return self._choose_in(plan, tiers, tried, bounded=bounded)
+        return self._choose_in(plan, tiers, tried, bounded=bounded, probes=probes)
 
     def _choose_in(
-        self, plan: RoutePlan, tiers: Tiers | None, tried: Collection[str], *, bounded: bool
+        self,
+        plan: RoutePlan,
+        tiers: Tiers | None,
+        tried: Collection[str],
+        *,
+        bounded: bool,
+        probes: bool = True,
     ) -> str | None:
         """:meth:`_choose` in ``tiers`` (the plan's, or refreshed; None for a hinted plan)."""
         if plan.hint is not None:
@@ -466,7 +484,8 @@ class Router:
         now = self.now()
         reserved = self.slots.reserved
         bound = self.bound if bounded else None
-        choice = pick(tiers, self.stats, now, self.rng, tried, bound=bound, reserved=reserved)
+        share = PROBE_SHARE if probes else 0.0
+        choice = pick(tiers, self.stats, now, self.rng, tried, share, bound, reserved)
         if choice is None and tried:  # every eligible one was tried: the latest still eligible
             for endpoint_id in reversed(list(tried)):
                 h = tiers.placed.get(endpoint_id)
