@@ -245,11 +245,7 @@ class TokenService:
     def known(self, token: str) -> bool:
         """Whether ``token`` was verified before and is still good (no signature check)."""
         claims = self._cache.get(token)
-        return (
-            claims is not None
-            and self._cache_version == self.keys.version
-            and claims.expires_at + self.leeway_s >= self.wall()
-        )
+        return claims is not None and self.current(claims)
 
     def verify(self, token: str, kinds: Collection[Kind]) -> Claims:
         """See :meth:`TokenVerifier.verify`."""
