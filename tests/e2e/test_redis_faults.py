@@ -349,7 +349,13 @@ def test_redis_stopped_and_restarted_empty_under_load(
                 for name in everyone:
                     wait_until(lambda: status_of(gw.url, name) == "healthy", 5.0)  # noqa: B023
                 assert agent_record(gw, "agent://redis-late") is not None
-                assert available_metric(gw) == 1.0
+                # the metric follows the link: one Redis call failing late (a CI run saw one)
+                # marks it lost until the next success, at most a few tenths of a second later
+                try:
+                    wait_until(lambda: available_metric(gw) == 1.0, 5.0)  # noqa: B023
+                except AssertionError:
+                    seen = [x for x in gw.log_lines() if x.get("event", "").startswith("registry.")]
+                    raise AssertionError(f"registry_available stays 0: {seen[-8:]}") from None
             wait_until(lambda: load.count() >= during + 30, 10.0)  # load went on throughout
 
         assert a.popen.poll() is None and b.popen.poll() is None  # no crash

@@ -166,12 +166,20 @@ async def test_without_a_small_bound_the_same_burst_lands_at_once() -> None:
 
 
 async def test_past_the_bound_a_request_goes_to_another_candidate_first(bounded: Proc) -> None:
-    made = Agent("bounds-x", hold_ms=300), Agent("bounds-y", hold_ms=300)
+    made = Agent("bounds-x"), Agent("bounds-y")
     async with agents(bounded, *made) as (x, y), client() as s:
-        results = await asyncio.gather(*(send(s, bounded, f"r{n}") for n in range(6)))
+        block = {"block": True}  # held at the agents until released: all six overlap for sure
+        sent = [asyncio.create_task(send(s, bounded, f"r{n}", payload=block)) for n in range(6)]
+        # 6 slots for 6: every request reaches an agent without waiting for a slot (one sent
+        # to a full endpoint would wait there, and the sum would stay below 6)
+        await until(lambda: x.holding + y.holding == 6, 10.0, "all six at the agents")
+        assert (x.holding, y.holding) == (3, 3)
+        for agent in made:
+            agent.release.set()
+        results = await asyncio.gather(*sent)
     assert [status for status, _, _ in results] == [200] * 6
     assert (x.most, y.most) == (3, 3)
-    assert max(took for _, _, took in results) < 2 * 0.3  # nobody waited: 6 slots for 6
+    assert all(len(answer["attempts"]) == 1 for _, answer, _ in results)  # no failover
 
 
 # --- waiting in priority order ---------------------------------------------------------------
