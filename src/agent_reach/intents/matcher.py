@@ -18,7 +18,8 @@ Invariants:
   it ~30 ms at once); a change meanwhile is taken by the next build.
 - The matcher's work runs at a lower CPU priority than the event loop (Linux, those threads
   only): lookups in a pool of ``max_running`` threads of the holder's own, :data:`LOOKUP_NICE`
-  nicer, each build in a daemon thread of its own, :data:`BUILD_NICE` nicer. A flood of new
+  nicer, each build in a daemon thread of its own, :data:`BUILD_NICE` nicer, and numpy's BLAS
+  works on those threads only (not on a pool of its own at the loop's priority). A flood of new
   sentences (each an embedding, ~15 ms of a core) or a big build (an embedding of each of
   50,000 new tags is minutes of a core) takes what the loop leaves, rather than the core its
   requests need, and a gateway stopping does not wait for a build. On a machine that other
@@ -144,11 +145,13 @@ class MatchIndexHolder:
         self._started_at = 0.0  # loop time the build in progress was started (or scheduled)
         self._ended_at = -math.inf  # loop time the last build ended
         running = max_running if max_running is not None else default_running()
+        if matcher is not None:
+            _one_blas_thread()  # here, in the thread that made the gateway: see the function
         self._running = asyncio.Semaphore(running)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             running,
             thread_name_prefix="agent-reach-match",
-            initializer=_lower_priority,
+            initializer=_below_the_loop,
             initargs=(LOOKUP_NICE,),
         )
         self._max_waiting = max_waiting
@@ -289,7 +292,38 @@ def default_running() -> int:
     return max(1, min(MAX_RUNNING, cores - 1))
 
 
-def _lower_priority(nicer: int = BUILD_NICE) -> None:
+def _below_the_loop(nicer: int) -> None:
+    """Set up a matcher thread: ``nicer`` than the loop, its numpy arithmetic on itself."""
+    _lower_priority(nicer)
+    _one_blas_thread()
+
+
+_blas_lock = threading.Lock()
+
+
+def _one_blas_thread() -> None:
+    """Keep numpy's BLAS (a matrix product of a lookup or a build) on the calling thread.
+
+    numpy's OpenBLAS runs a big product on a pool of threads of its own, one per core, made at
+    the loop's priority (they inherit the niceness of the thread that loaded numpy) and kept
+    spinning a while after each product: a 50,000-tag lookup in a thread 5 nicer took 6.4 ms
+    of that thread and as much again of an OpenBLAS thread at the loop's priority, on the
+    other core (12.7 ms of CPU for 6.6 ms of wall time). One thread: 12.0 ms, all of it nice.
+    threadpoolctl finds the BLAS numpy loaded (OpenBLAS, MKL, BLIS) and sets its thread
+    count. With the pthreads build numpy ships that is process-wide (the loop does no BLAS
+    work), and threadpoolctl lets only one live thread set it: the holder's maker, on the
+    loop's thread (a matcher thread's call is then a no-op). With an OpenMP build it is per
+    thread, hence the call in each matcher thread too. Without numpy or threadpoolctl (the
+    lexical matcher) there is nothing to limit."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return
+    with _blas_lock:  # the controller reads every loaded library (~5 ms): one at a time
+        ThreadpoolController().limit(limits=1, user_api="blas")
+
+
+def _lower_priority(nicer: int) -> None:
     """Make the calling thread ``nicer`` than it was (Linux, where a thread has a niceness of
     its own)."""
     if sys.platform == "linux":  # (elsewhere the call would renice the whole process)
@@ -316,7 +350,7 @@ def _in_background(fn: Callable[..., _T], *args: object) -> asyncio.Future[_T]:
             future.set_result(outcome)  # type: ignore[arg-type]
 
     def run() -> None:
-        _lower_priority()
+        _below_the_loop(BUILD_NICE)
         try:
             outcome, fault = fn(*args), None
         except BaseException as exc:  # handed to the awaiting task, which logs it

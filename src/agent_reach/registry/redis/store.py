@@ -362,7 +362,7 @@ class EventStream:
 
     async def __aexit__(self, *exc: object) -> None:
         with contextlib.suppress(RedisError, OSError):
-            await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+            await self._pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]
 
     async def next(self, wait_s: float) -> str | None:
         """The next message's data, or None when none came within ``wait_s`` seconds."""

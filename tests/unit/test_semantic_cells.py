@@ -1,0 +1,132 @@
+"""Cells of a big semantic index (intents/cells.py): a lookup reads the cells nearest the query,
+about as many rows at 24,000 tags as at 6,000, and decides as the lookup of every row does.
+
+The vectors are synthetic (an embedder of 384-dim unit vectors with the structure of real
+ones: 300 topics, tags near their topic, each text near its tag), so that registries of
+thousands of tags are built in seconds; the model's cost is not what is tested here."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import pytest
+
+np = pytest.importorskip("numpy")
+
+from agent_reach.intents.calibration import SEMANTIC_E5_SMALL  # noqa: E402
+from agent_reach.intents.cells import CELL_TAGS, PROBE_CELLS, needs_training  # noqa: E402
+from agent_reach.intents.semantic import SemanticIndex, SemanticMatcher  # noqa: E402
+
+DIM = 384
+TOPICS = 300
+TEXT = re.compile(r"^t(\d+) ([a-z])$")
+
+
+class Synthetic:
+    """Text ``t{i} {v}`` (``v`` in ``a``, ``b``, ``q``: the words of ``t{i}.q``) -> the unit
+    vector of tag ``i``'s text ``v``: a direction all share, its topic's, the tag's own and the
+    text's own (fixed by a seed)."""
+
+    name = "synthetic"
+    dim = DIM
+
+    def __init__(self, tags: int, seed: int = 1) -> None:
+        rng = np.random.default_rng(seed)
+        # a direction every text shares: unrelated texts at a cosine of ~0.73, as with e5
+        self.common = rng.standard_normal(DIM).astype(np.float32) * 2.0
+        self.topics = rng.standard_normal((TOPICS, DIM)).astype(np.float32)
+        self.own = rng.standard_normal((tags, DIM)).astype(np.float32) * 0.45
+        self.noise = rng.standard_normal((tags, 3, DIM)).astype(np.float32) * 0.25
+
+    def tag_vector(self, i: int) -> np.ndarray:
+        return self.common + self.topics[i % TOPICS] + self.own[i]
+
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        out = np.empty((len(texts), DIM), np.float32)
+        for n, text in enumerate(texts):
+            found = TEXT.match(text)
+            assert found is not None, text
+            i, v = int(found[1]), "abq".index(found[2])
+            out[n] = self.tag_vector(i) + self.noise[i, v]
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+    embed_passages = embed_queries
+
+    def query(self, i: int, rng: np.random.Generator) -> np.ndarray:
+        """A new text of tag ``i``: its vector with noise of its own."""
+        v = self.tag_vector(i) + rng.standard_normal(DIM).astype(np.float32) * 0.25
+        return (v / np.linalg.norm(v)).astype(np.float32)
+
+
+def texts(tag: str) -> list[str]:
+    i = tag[1:].split(".")[0]
+    return [f"t{i} a", f"t{i} b"]
+
+
+def build(embedder: Synthetic, tags: int, partition_min_tags: int) -> SemanticIndex:
+    matcher = SemanticMatcher(
+        embedder,  # type: ignore[arg-type]
+        SEMANTIC_E5_SMALL,
+        background=(),
+        partition_min_tags=partition_min_tags,
+    )
+    return matcher.build([f"t{i}.q" for i in range(tags)], texts)
+
+
+@pytest.fixture(scope="module")
+def big() -> tuple[Synthetic, SemanticIndex, SemanticIndex]:
+    embedder = Synthetic(6000)
+    return embedder, build(embedder, 6000, 1000), build(embedder, 6000, 10**9)
+
+
+def test_only_a_big_index_has_cells(big: tuple[Synthetic, SemanticIndex, SemanticIndex]) -> None:
+    _, cut, whole = big
+    assert whole.cells is None
+    assert cut.cells is not None
+    assert len(cut.cells.centres.vectors) == 6000 // CELL_TAGS + 1
+    assert sorted(cut.tags) == sorted(whole.tags)  # the same tags, ordered by cell
+    assert needs_training(None, 10) and not needs_training(cut.cells.centres, 6000)
+    assert needs_training(cut.cells.centres, 6000 * 3)
+
+
+def test_a_lookup_in_cells_decides_as_the_lookup_of_every_row(
+    big: tuple[Synthetic, SemanticIndex, SemanticIndex],
+) -> None:
+    embedder, cut, whole = big
+    rng = np.random.default_rng(5)
+    same_top = 0
+    share_ratios = []
+    asked = range(0, 6000, 20)
+    for i in asked:
+        q = embedder.query(i, rng)
+        a, b = cut.candidates(q, 3), whole.candidates(q, 3)
+        if a[0].tag == b[0].tag:
+            same_top += 1
+            assert a[0].score == pytest.approx(b[0].score, abs=1e-5)
+            assert a[0].margin == pytest.approx(b[0].margin, abs=1e-5)
+            share_ratios.append(a[0].share / b[0].share)
+    assert same_top >= 0.98 * len(asked), same_top
+    # the share's estimate of the unprobed rows: close to the whole sum
+    assert np.median(share_ratios) == pytest.approx(1.0, abs=0.02)
+    assert min(share_ratios) > 0.8 and max(share_ratios) < 1.25, (
+        min(share_ratios),
+        max(share_ratios),
+    )
+
+
+def test_a_lookup_reads_about_as_many_rows_at_four_times_the_tags() -> None:
+    embedder = Synthetic(24000, seed=2)
+    rng = np.random.default_rng(3)
+    read = {}
+    for tags in (6000, 24000):
+        index = build(embedder, tags, 1000)
+        assert index.cells is not None
+        rows = []
+        for i in range(0, tags, tags // 50):
+            _, spans = index.probe(index.cells, embedder.query(i, rng))
+            rows.append(sum(int(index._ends[t1 - 1] - index.starts[t0]) for t0, t1 in spans))
+        read[tags] = float(np.median(rows))
+    # PROBE_CELLS cells of ~CELL_TAGS tags of 2 rows each, whatever the registry's size
+    assert read[24000] < 1.5 * read[6000], read
+    assert read[24000] < 2.5 * PROBE_CELLS * CELL_TAGS * 2, read
