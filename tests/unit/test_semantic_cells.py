@@ -33,8 +33,9 @@ class Synthetic:
 
     def __init__(self, tags: int, seed: int = 1) -> None:
         rng = np.random.default_rng(seed)
-        # a direction every text shares: unrelated texts at a cosine of ~0.73, as with e5
-        self.common = rng.standard_normal(DIM).astype(np.float32) * 2.0
+        # a direction every text shares: unrelated texts at a cosine of ~0.86 (e5: ~0.75-0.8),
+        # so that the rows outside the probed cells weigh in every share
+        self.common = rng.standard_normal(DIM).astype(np.float32) * 3.0
         self.topics = rng.standard_normal((TOPICS, DIM)).astype(np.float32)
         self.own = rng.standard_normal((tags, DIM)).astype(np.float32) * 0.45
         self.noise = rng.standard_normal((tags, 3, DIM)).astype(np.float32) * 0.25
@@ -107,9 +108,9 @@ def test_a_lookup_in_cells_decides_as_the_lookup_of_every_row(
             assert a[0].margin == pytest.approx(b[0].margin, abs=1e-5)
             share_ratios.append(a[0].share / b[0].share)
     assert same_top >= 0.98 * len(asked), same_top
-    # the share's estimate of the unprobed rows: close to the whole sum
-    assert np.median(share_ratios) == pytest.approx(1.0, abs=0.02)
-    assert min(share_ratios) > 0.8 and max(share_ratios) < 1.25, (
+    # the share's estimate of the unprobed rows: within 1 % of the whole sum (the probed rows
+    # alone would make them 1.27-1.70x too big here)
+    assert min(share_ratios) > 0.99 and max(share_ratios) < 1.01, (
         min(share_ratios),
         max(share_ratios),
     )

@@ -31,7 +31,8 @@ Invariants:
   nothing else (not on the query, not on how many tags it resembles); the background adds a
   fixed few hundred rows. Past that the index has cells (:mod:`~agent_reach.intents.cells`):
   a lookup reads the nearest cells' rows and a fixed sample of the others, a cost that stays
-  flat as the registry grows (0.1 ms of a core at 1,000 tags, 6.3 ms at 50,000 before cells).
+  flat as the registry grows (about 1 ms of a core from 5,000 tags to 200,000, where reading
+  every row took 20 and 80 ms; 0.14 ms at 1,000 tags: docs/matching.md).
 - The background is embedded once per matcher (at its first build), never per build. A build
   embeds only the texts the previous build of the same matcher had not seen (the rest are
   reused, with the background rows each one shadows), so a registration embeds its own
@@ -267,8 +268,8 @@ class SemanticIndex:
         tag_ids, s, row_sims = np.concatenate(ids), np.concatenate(scores), np.concatenate(sims)
         m = len(tag_ids)
         want = min(m, k + 1)
-        part_ = np.argpartition(-s, want - 1)[:want] if want < m else np.arange(m)
-        order = part_[np.argsort(-s[part_], kind="stable")]
+        best_ones = np.argpartition(-s, want - 1)[:want] if want < m else np.arange(m)
+        order = best_ones[np.argsort(-s[best_ones], kind="stable")]
         ground_rows = self.background @ vector
         ground = float(np.max(ground_rows)) if len(ground_rows) else -1.0
         ground = max(ground, self.calibration.floor)
@@ -458,17 +459,18 @@ class SemanticMatcher:
         if len(tags) > self.partition_min_tags:
             centroids = _unit(np.add.reduceat(rows, starts, axis=0))
             del rows  # made again in the cells' order below: one big matrix at a time
-            if self._centres is None or needs_training(self._centres, len(tags)):
-                self._centres = train_centres(centroids)
-            tag_cells = assign(centroids, self._centres)
+            centres = self._centres
+            if centres is None or needs_training(centres, len(tags)):
+                centres = self._centres = train_centres(centroids)
+            tag_cells = assign(centroids, centres)
             del centroids
-            order, cell_starts = order_by_cell(tag_cells, len(self._centres.vectors))
+            order, cell_starts = order_by_cell(tag_cells, len(centres.vectors))
             tags = [tags[i] for i in order]
             groups = [groups[i] for i in order]
             rows, starts = self._rows(groups, vectors)
             row_cells = np.repeat(tag_cells[order], [len(g) for g in groups])
             sample, sample_cells = sample_rows(rows, row_cells)
-            cells = Cells(self._centres, cell_starts, sample, sample_cells)
+            cells = Cells(centres, cell_starts, sample, sample_cells)
         return SemanticIndex(
             tags,
             rows,
