@@ -16,6 +16,7 @@ import pytest
 
 from agent_reach.errors import Overloaded
 from agent_reach.intents.matcher import (
+    BIG_BUILD_TAGS,
     BUILD_GAP_S,
     BUILD_NICE,
     EMPTY_INDEX,
@@ -248,6 +249,28 @@ async def test_the_matchers_work_runs_in_threads_of_its_own_below_the_loop() -> 
         assert nice == min(_niceness() + BUILD_NICE, 19), nice
         assert lookup_nice == min(_niceness() + LOOKUP_NICE, 19), lookup_nice
     holder.close()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="SCHED_IDLE is Linux's")
+async def test_a_build_of_many_new_tags_runs_on_idle_cpu_only() -> None:
+    policies: list[tuple[int, int]] = []  # (tags, scheduling policy of the building thread)
+
+    class Noting(Words):
+        def build(self, known: Collection[str], texts: TagTexts) -> WordIndex:
+            policies.append((len(known), os.sched_getscheduler(threading.get_native_id())))
+            return super().build(known, texts)
+
+    tags = {f"t{n}.query" for n in range(BIG_BUILD_TAGS)}
+    holder = MatchIndexHolder(Noting(), lambda: tags, lambda tag: [])
+    await holder.wait()  # the first: BIG_BUILD_TAGS new tags
+    tags.update(f"more{n}.query" for n in range(BIG_BUILD_TAGS - 1))
+    holder.changed()
+    await holder.wait()  # one fewer new: at its niceness
+    holder.close()
+    assert policies == [
+        (BIG_BUILD_TAGS, os.SCHED_IDLE),
+        (2 * BIG_BUILD_TAGS - 1, os.SCHED_OTHER),
+    ]
 
 
 async def test_numpys_blas_works_on_the_matchers_threads_only() -> None:

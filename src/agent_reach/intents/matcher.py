@@ -18,7 +18,8 @@ Invariants:
   it ~30 ms at once); a change meanwhile is taken by the next build.
 - The matcher's work runs at a lower CPU priority than the event loop (Linux, those threads
   only): lookups in a pool of ``max_running`` threads of the holder's own, :data:`LOOKUP_NICE`
-  nicer, each build in a daemon thread of its own, :data:`BUILD_NICE` nicer, and numpy's BLAS
+  nicer, each build in a daemon thread of its own, :data:`BUILD_NICE` nicer (a build of
+  :data:`BIG_BUILD_TAGS` new tags or more: on idle CPU only, SCHED_IDLE), and numpy's BLAS
   works on those threads only (not on a pool of its own at the loop's priority). A flood of new
   sentences (each an embedding, ~15 ms of a core) or a big build (an embedding of each of
   50,000 new tags is minutes of a core) takes what the loop leaves, rather than the core its
@@ -55,6 +56,7 @@ from agent_reach.errors import Overloaded
 from agent_reach.observability.logs import log
 
 __all__ = [
+    "BIG_BUILD_TAGS",
     "EMPTY_INDEX",
     "MAX_RUNNING",
     "FallbackMatcher",
@@ -78,6 +80,11 @@ SNAPSHOT_CHUNK = 2000  # tags whose texts a build reads on the loop before letti
 # gets about a tenth of a core others want; a lookup, which a request waits for, a quarter
 BUILD_NICE = 10
 LOOKUP_NICE = 5
+# a build of at least this many tags more than the index in force (a bulk registration: minutes
+# of embedding with the semantic matcher) runs only on otherwise idle CPU (Linux's SCHED_IDLE):
+# at nice 10 the loop's wake-ups still waited a scheduler slice behind it (docs/reliability.md,
+# F10); smaller builds (a registration, the dictionary) stay at nice 10 and end in moments
+BIG_BUILD_TAGS = 1000
 
 _T = TypeVar("_T")
 
@@ -141,6 +148,7 @@ class MatchIndexHolder:
         self._on_swap = on_swap
         self._version = 0  # bumped by every change
         self._built = -1 if matcher is not None else 0  # the version of the index in force
+        self._built_tags = 0  # how many tags the index in force was built from
         self._task: asyncio.Task[None] | None = None
         self._started_at = 0.0  # loop time the build in progress was started (or scheduled)
         self._ended_at = -math.inf  # loop time the last build ended
@@ -208,8 +216,9 @@ class MatchIndexHolder:
                 texts.update(
                     (tag, tuple(self._texts(tag))) for tag in known[start : start + SNAPSHOT_CHUNK]
                 )
+            idle = len(known) - self._built_tags >= BIG_BUILD_TAGS
             try:
-                index = await _in_background(matcher.build, known, _lookup(texts))
+                index = await _in_background(matcher.build, known, _lookup(texts), idle=idle)
             except asyncio.CancelledError:
                 raise
             except Exception:  # the old index stays; the next change tries again
@@ -217,7 +226,7 @@ class MatchIndexHolder:
                 return
             self._ended_at = loop.time()
             if version >= self._built:
-                self.index, self._built = index, version
+                self.index, self._built, self._built_tags = index, version, len(known)
                 self._cache.clear()
                 self._on_swap()
                 log(logging.DEBUG, "intents.index_built", matcher=matcher.name, tags=len(known))
@@ -301,6 +310,14 @@ def _below_the_loop(nicer: int) -> None:
 _blas_lock = threading.Lock()
 
 
+def _idle_only() -> None:
+    """Run the calling thread only on CPU nothing else wants (Linux's SCHED_IDLE: any other
+    thread that wakes up takes the core at once). On a machine kept busy, what it builds waits."""
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError):  # not permitted here: it stays at its niceness
+            os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+
+
 def _one_blas_thread() -> None:
     """Keep numpy's BLAS (a matrix product of a lookup or a build) on the calling thread.
 
@@ -335,9 +352,10 @@ def _lower_priority(nicer: int) -> None:
             )
 
 
-def _in_background(fn: Callable[..., _T], *args: object) -> asyncio.Future[_T]:
-    """``fn(*args)`` in a daemon thread of its own at :data:`BUILD_NICE`; its outcome in the
-    returned future (a cancelled future: the outcome is dropped, the thread runs to its end)."""
+def _in_background(fn: Callable[..., _T], *args: object, idle: bool = False) -> asyncio.Future[_T]:
+    """``fn(*args)`` in a daemon thread of its own at :data:`BUILD_NICE` (``idle``: on idle CPU
+    only); its outcome in the returned future (a cancelled future: the outcome is dropped, the
+    thread runs to its end)."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[_T] = loop.create_future()
 
@@ -351,6 +369,8 @@ def _in_background(fn: Callable[..., _T], *args: object) -> asyncio.Future[_T]:
 
     def run() -> None:
         _below_the_loop(BUILD_NICE)
+        if idle:
+            _idle_only()
         try:
             outcome, fault = fn(*args), None
         except BaseException as exc:  # handed to the awaiting task, which logs it
