@@ -7,9 +7,12 @@
   query vector, plus a cached query), lexical (the inverted index), p50/p99 over the same queries.
 
 The semantic indexes of 1,000 to 200,000 tags are built as the gateway builds them (cells past
-5,000 tags), from random unit vectors (embedding 50,000 texts would take minutes, and the
-lookup's cost does not depend on what the rows hold);
-the lexical one from generated tags of three words each over a 5,000-word vocabulary.
+5,000 tags), from random unit vectors (embedding 50,000 texts would take minutes). A lookup
+that reads every row costs the same whatever the rows hold; one with cells reads the tags of
+its 16 cells, as many as the cells hold: random vectors spread evenly over them, real
+embeddings less so (a cell past 8 times its share of 128 tags has the centres trained again,
+intents/cells.py), so these figures are a lookup's cost with even cells. The lexical index is
+built from generated tags of three words each over a 5,000-word vocabulary.
 
     python eval/matcher_bench.py [--out eval/out/bench.md]
 """

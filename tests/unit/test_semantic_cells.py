@@ -15,7 +15,12 @@ import pytest
 np = pytest.importorskip("numpy")
 
 from agent_reach.intents.calibration import SEMANTIC_E5_SMALL  # noqa: E402
-from agent_reach.intents.cells import CELL_TAGS, PROBE_CELLS, needs_training  # noqa: E402
+from agent_reach.intents.cells import (  # noqa: E402
+    CELL_TAGS,
+    LOPSIDED,
+    PROBE_CELLS,
+    needs_training,
+)
 from agent_reach.intents.semantic import SemanticIndex, SemanticMatcher  # noqa: E402
 
 DIM = 384
@@ -31,8 +36,11 @@ class Synthetic:
     name = "synthetic"
     dim = DIM
 
-    def __init__(self, tags: int, seed: int = 1) -> None:
+    def __init__(self, tags: int, seed: int = 1, crowded_from: int | None = None) -> None:
         rng = np.random.default_rng(seed)
+        self.topic_of = np.arange(tags) % TOPICS
+        if crowded_from is not None:  # the tags from there on all of one topic
+            self.topic_of[crowded_from:] = 7
         # a direction every text shares: unrelated texts at a cosine of ~0.86 (e5: ~0.75-0.8),
         # so that the rows outside the probed cells weigh in every share
         self.common = rng.standard_normal(DIM).astype(np.float32) * 3.0
@@ -41,7 +49,7 @@ class Synthetic:
         self.noise = rng.standard_normal((tags, 3, DIM)).astype(np.float32) * 0.25
 
     def tag_vector(self, i: int) -> np.ndarray:
-        return self.common + self.topics[i % TOPICS] + self.own[i]
+        return self.common + self.topics[self.topic_of[i]] + self.own[i]
 
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
         out = np.empty((len(texts), DIM), np.float32)
@@ -65,14 +73,22 @@ def texts(tag: str) -> list[str]:
     return [f"t{i} a", f"t{i} b"]
 
 
-def build(embedder: Synthetic, tags: int, partition_min_tags: int) -> SemanticIndex:
-    matcher = SemanticMatcher(
+def matcher(embedder: Synthetic, partition_min_tags: int) -> SemanticMatcher:
+    return SemanticMatcher(
         embedder,  # type: ignore[arg-type]
         SEMANTIC_E5_SMALL,
         background=(),
         partition_min_tags=partition_min_tags,
     )
-    return matcher.build([f"t{i}.q" for i in range(tags)], texts)
+
+
+def build(embedder: Synthetic, tags: int, partition_min_tags: int) -> SemanticIndex:
+    return matcher(embedder, partition_min_tags).build([f"t{i}.q" for i in range(tags)], texts)
+
+
+def cell_sizes(index: SemanticIndex) -> np.ndarray:
+    assert index.cells is not None
+    return np.diff(np.append(index.cells.starts, len(index.tags)))
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +147,34 @@ def test_a_lookup_reads_about_as_many_rows_at_four_times_the_tags() -> None:
     # PROBE_CELLS cells of ~CELL_TAGS tags of 2 rows each, whatever the registry's size
     assert read[24000] < 1.5 * read[6000], read
     assert read[24000] < 2.5 * PROBE_CELLS * CELL_TAGS * 2, read
+
+
+def test_the_same_tags_in_another_order_make_the_same_index() -> None:
+    """The known tags come as a set, in an order of the process's string hashing."""
+    embedder = Synthetic(3000)
+    names = [f"t{i}.q" for i in range(3000)]
+    a = matcher(embedder, 1000).build(names, texts)
+    b = matcher(embedder, 1000).build(names[::-1], texts)
+    assert a.cells is not None and b.cells is not None
+    assert a.tags == b.tags
+    assert np.array_equal(a.cells.starts, b.cells.starts)
+    assert np.array_equal(a.cells.centres.vectors, b.cells.centres.vectors)
+    assert np.array_equal(a.cells.sample, b.cells.sample)
+
+
+def test_a_registry_that_moved_gets_cells_of_its_own() -> None:
+    """As many tags as before, but all of one topic: the old centres would put them in a few
+    cells (and leave the rest empty); the centres are trained again, and no cell is empty."""
+    embedder = Synthetic(6000, crowded_from=3000)
+    m = matcher(embedder, 1000)
+    first = m.build([f"t{i}.q" for i in range(3000)], texts)
+    assert first.cells is not None
+    before = first.cells.centres.vectors
+    moved = m.build([f"t{i}.q" for i in range(3000, 6000)], texts)
+    assert moved.cells is not None
+    assert not np.array_equal(moved.cells.centres.vectors, before)  # trained again
+    sizes = cell_sizes(moved)
+    assert sizes.min() > 0 and sizes.max() <= LOPSIDED * CELL_TAGS, (sizes.min(), sizes.max())
+    same_again = m.build([f"t{i}.q" for i in range(3000, 6000)], texts)
+    assert same_again.cells is not None  # the same registry: the centres kept
+    assert np.array_equal(same_again.cells.centres.vectors, moved.cells.centres.vectors)

@@ -6,7 +6,9 @@ A lookup over every row costs ``rows x dim`` multiply-adds: 0.14 ms of a core at
 cells, it reads the centres, the :data:`PROBE_CELLS` nearest cells (about ``PROBE_CELLS x
 CELL_TAGS`` tags, however many there are in all) and a fixed sample of rows: its cost stays
 flat as the registry grows, but for the product with the centres (one per :data:`CELL_TAGS`
-tags, 1/128th of the rows').
+tags, 1/128th of the rows'), as long as the cells spread the tags (random vectors spread
+evenly; real embeddings less so: a cell past :data:`LOPSIDED` times its share has the centres
+trained again).
 
 Invariants:
 - Only indexes of more than :data:`PARTITION_MIN_TAGS` tags have cells; a smaller one is read
@@ -16,9 +18,11 @@ Invariants:
   a probed cell is one slice of the rows matrix and of the centroids, never a gather.
 - The centres are spherical k-means centres of the tags' centroids less their mean (the
   direction all sentence embeddings share), trained on at most :data:`TRAIN_SAMPLE` of them
-  per centre with a fixed seed (the same tags give the same cells), and kept
-  by the matcher across rebuilds until the number of tags has doubled or halved since: a
-  rebuild under churn assigns cells (one product) but does not train.
+  per centre with a fixed seed over the tags in sorted order (the same tags train the same
+  centres in every process), and kept by the matcher across rebuilds until the number of tags
+  has doubled or halved since, or a cell holds :data:`LOPSIDED` times its share (the
+  registry moved): a rebuild under churn assigns cells (one product) but does not train.
+- A lookup reads non-empty cells only (an index keeps no empty cell).
 - What the probed cells miss of a candidate's share (the softmax over every row) is
   estimated from a fixed uniform sample of :data:`SAMPLE_ROWS` rows: the unprobed rows' weight
   as the sample's unprobed rows' weight, scaled up to their number (a ratio estimate: its
@@ -43,6 +47,8 @@ __all__ = [
     "Centres",
     "assign",
     "cell_count",
+    "compact",
+    "lopsided",
     "needs_training",
     "order_by_cell",
     "sample_rows",
@@ -57,7 +63,8 @@ PROBE_CELLS = 16  # cells a lookup reads: ~2,000 tags' rows
 SAMPLE_ROWS = 4096  # rows whose weights stand for the unprobed rows' in a share
 TRAIN_SAMPLE = 64  # centroids per centre, at most, that k-means trains on
 TRAIN_ROUNDS = 8  # k-means iterations
-CHUNK = 8192  # centroids assigned per product (bounds the temporary matrix)
+CHUNK = 8192  # centroids assigned per product (bounds the temporary matrices)
+LOPSIDED = 8  # a cell holding this many times CELL_TAGS tags: the centres are trained again
 
 
 class Centres(NamedTuple):
@@ -68,6 +75,7 @@ class Centres(NamedTuple):
 
     mean: npt.NDArray[np.float32]
     vectors: Vectors
+    tags: int  # how many tags they were trained for
 
     def near(self, vector: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """Each centre's similarity to ``vector`` (a query, or a tag's centroid)."""
@@ -93,11 +101,18 @@ def cell_count(tags: int) -> int:
 
 def needs_training(centres: Centres | None, tags: int) -> bool:
     """Whether centres trained before serve ``tags`` tags (none yet, or a registry that has
-    doubled or halved since: its cells would hold twice or half the tags they were made for)."""
+    doubled or halved since: its cells would hold twice or half the tags they were made for).
+    A registry that moved elsewhere at the same size is caught by :func:`lopsided`."""
     if centres is None:
         return True
-    trained_for = len(centres.vectors) * CELL_TAGS
-    return not (trained_for / 2 <= tags <= trained_for * 2)
+    return not (centres.tags / 2 <= tags <= centres.tags * 2)
+
+
+def lopsided(counts: npt.NDArray[np.intp]) -> bool:
+    """Whether cells of these sizes no longer spread the tags: one holds :data:`LOPSIDED`
+    times what a cell is made for (the registry moved away from where the centres were
+    trained; a lookup reading that cell would read much of the registry)."""
+    return bool(len(counts)) and int(counts.max()) > LOPSIDED * CELL_TAGS
 
 
 def _normalized(m: Vectors) -> Vectors:
@@ -115,7 +130,11 @@ def _nearest(points: Vectors, centres: Vectors) -> npt.NDArray[np.intp]:
 
 def assign(centroids: Vectors, centres: Centres) -> npt.NDArray[np.intp]:
     """Each centroid's cell: its nearest centre once the mean is taken away."""
-    return _nearest(centroids - centres.mean, centres.vectors)
+    out = np.empty(len(centroids), dtype=np.intp)
+    for start in range(0, len(centroids), CHUNK):
+        part = centroids[start : start + CHUNK] - centres.mean
+        out[start : start + len(part)] = np.argmax(part @ centres.vectors.T, axis=1)
+    return out
 
 
 def train_centres(centroids: Vectors, seed: int = 0) -> Centres:
@@ -137,7 +156,17 @@ def train_centres(centroids: Vectors, seed: int = 0) -> Centres:
         if empty.any():
             sums[empty] = points[rng.choice(len(points), int(empty.sum()), replace=False)]
         centres = _normalized(sums)
-    return Centres(mean, centres)
+    return Centres(mean, centres, len(centroids))
+
+
+def compact(centres: Centres, cells: npt.NDArray[np.intp]) -> tuple[Centres, npt.NDArray[np.intp]]:
+    """The centres of the non-empty cells only, and each tag's cell numbered among them: a
+    lookup then never spends a probe on an empty cell."""
+    counts = np.bincount(cells, minlength=len(centres.vectors))
+    used = counts > 0
+    renumber = np.cumsum(used) - 1
+    kept = Centres(centres.mean, np.ascontiguousarray(centres.vectors[used]), centres.tags)
+    return kept, renumber[cells].astype(np.intp)
 
 
 def order_by_cell(

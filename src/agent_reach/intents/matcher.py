@@ -80,10 +80,12 @@ SNAPSHOT_CHUNK = 2000  # tags whose texts a build reads on the loop before letti
 # gets about a tenth of a core others want; a lookup, which a request waits for, a quarter
 BUILD_NICE = 10
 LOOKUP_NICE = 5
-# a build of at least this many tags more than the index in force (a bulk registration: minutes
-# of embedding with the semantic matcher) runs only on otherwise idle CPU (Linux's SCHED_IDLE):
-# at nice 10 the loop's wake-ups still waited a scheduler slice behind it (docs/reliability.md,
-# F10); smaller builds (a registration, the dictionary) stay at nice 10 and end in moments
+# a build of at least this many tags the index in force does not have (a bulk registration:
+# minutes of embedding with the semantic matcher) runs only on otherwise idle CPU (Linux's
+# SCHED_IDLE): at nice 10 the loop's wake-ups still waited a scheduler slice behind it
+# (docs/reliability.md, F10). Smaller builds (a registration) and a gateway's first index (its
+# dictionary and registry, whatever their size: no fallback at all until it is built) stay at
+# nice 10
 BIG_BUILD_TAGS = 1000
 
 _T = TypeVar("_T")
@@ -148,7 +150,7 @@ class MatchIndexHolder:
         self._on_swap = on_swap
         self._version = 0  # bumped by every change
         self._built = -1 if matcher is not None else 0  # the version of the index in force
-        self._built_tags = 0  # how many tags the index in force was built from
+        self._built_tags: frozenset[str] | None = None  # the tags of the index in force
         self._task: asyncio.Task[None] | None = None
         self._started_at = 0.0  # loop time the build in progress was started (or scheduled)
         self._ended_at = -math.inf  # loop time the last build ended
@@ -216,9 +218,10 @@ class MatchIndexHolder:
                 texts.update(
                     (tag, tuple(self._texts(tag))) for tag in known[start : start + SNAPSHOT_CHUNK]
                 )
-            idle = len(known) - self._built_tags >= BIG_BUILD_TAGS
             try:
-                index = await _in_background(matcher.build, known, _lookup(texts), idle=idle)
+                index, built = await _in_background(
+                    _build, matcher, known, _lookup(texts), self._built_tags
+                )
             except asyncio.CancelledError:
                 raise
             except Exception:  # the old index stays; the next change tries again
@@ -226,7 +229,7 @@ class MatchIndexHolder:
                 return
             self._ended_at = loop.time()
             if version >= self._built:
-                self.index, self._built, self._built_tags = index, version, len(known)
+                self.index, self._built, self._built_tags = index, version, built
                 self._cache.clear()
                 self._on_swap()
                 log(logging.DEBUG, "intents.index_built", matcher=matcher.name, tags=len(known))
@@ -352,10 +355,24 @@ def _lower_priority(nicer: int) -> None:
             )
 
 
-def _in_background(fn: Callable[..., _T], *args: object, idle: bool = False) -> asyncio.Future[_T]:
-    """``fn(*args)`` in a daemon thread of its own at :data:`BUILD_NICE` (``idle``: on idle CPU
-    only); its outcome in the returned future (a cancelled future: the outcome is dropped, the
-    thread runs to its end)."""
+def _build(
+    matcher: FallbackMatcher,
+    known: tuple[str, ...],
+    texts: TagTexts,
+    before: frozenset[str] | None,
+) -> tuple[MatchIndex, frozenset[str]]:
+    """A build, in its thread: on idle CPU only when it takes :data:`BIG_BUILD_TAGS` tags or
+    more that the index in force (``before``) does not have, never for a gateway's first index
+    (until then no fallback matches at all); the index and its tags."""
+    tags = frozenset(known)
+    if before is not None and len(tags - before) >= BIG_BUILD_TAGS:
+        _idle_only()
+    return matcher.build(known, texts), tags
+
+
+def _in_background(fn: Callable[..., _T], *args: object) -> asyncio.Future[_T]:
+    """``fn(*args)`` in a daemon thread of its own at :data:`BUILD_NICE`; its outcome in the
+    returned future (a cancelled future: the outcome is dropped, the thread runs to its end)."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[_T] = loop.create_future()
 
@@ -369,8 +386,6 @@ def _in_background(fn: Callable[..., _T], *args: object, idle: bool = False) -> 
 
     def run() -> None:
         _below_the_loop(BUILD_NICE)
-        if idle:
-            _idle_only()
         try:
             outcome, fault = fn(*args), None
         except BaseException as exc:  # handed to the awaiting task, which logs it

@@ -60,6 +60,8 @@ from agent_reach.intents.cells import (
     Cells,
     Centres,
     assign,
+    compact,
+    lopsided,
     needs_training,
     order_by_cell,
     sample_rows,
@@ -453,24 +455,36 @@ class SemanticMatcher:
     ) -> SemanticIndex:
         """The index (called under the build lock). Past :data:`PARTITION_MIN_TAGS` tags it has
         cells: its tags ordered by the cell of their centroid, the centres trained again only
-        when the registry has doubled or halved since (intents/cells.py)."""
-        rows, starts = self._rows(groups, vectors)
-        cells = None
-        if len(tags) > self.partition_min_tags:
+        when the registry has doubled or halved since, or moved (a lopsided cell; see
+        intents/cells.py)."""
+        if len(tags) <= self.partition_min_tags:
+            rows, starts = self._rows(groups, vectors)
+            cells = None
+        else:
+            # sorted first: the same tags give the same cells and sample in every process
+            # (the known tags come as a set, in an order of the process's string hashing)
+            by_name = sorted(range(len(tags)), key=tags.__getitem__)
+            tags, groups = [tags[i] for i in by_name], [groups[i] for i in by_name]
+            rows, starts = self._rows(groups, vectors)
             centroids = _unit(np.add.reduceat(rows, starts, axis=0))
             del rows  # made again in the cells' order below: one big matrix at a time
-            centres = self._centres
+            centres, trained = self._centres, False
             if centres is None or needs_training(centres, len(tags)):
-                centres = self._centres = train_centres(centroids)
+                centres, trained = train_centres(centroids), True
             tag_cells = assign(centroids, centres)
+            if not trained and lopsided(np.bincount(tag_cells)):  # the registry moved
+                centres = train_centres(centroids)
+                tag_cells = assign(centroids, centres)
+            self._centres = centres
             del centroids
-            order, cell_starts = order_by_cell(tag_cells, len(centres.vectors))
+            used, tag_cells = compact(centres, tag_cells)
+            order, cell_starts = order_by_cell(tag_cells, len(used.vectors))
             tags = [tags[i] for i in order]
             groups = [groups[i] for i in order]
             rows, starts = self._rows(groups, vectors)
             row_cells = np.repeat(tag_cells[order], [len(g) for g in groups])
             sample, sample_cells = sample_rows(rows, row_cells)
-            cells = Cells(centres, cell_starts, sample, sample_cells)
+            cells = Cells(used, cell_starts, sample, sample_cells)
         return SemanticIndex(
             tags,
             rows,
