@@ -16,7 +16,6 @@ import pytest
 
 from agent_reach.errors import Overloaded
 from agent_reach.intents.matcher import (
-    BIG_BUILD_TAGS,
     BUILD_GAP_S,
     BUILD_NICE,
     EMPTY_INDEX,
@@ -249,34 +248,6 @@ async def test_the_matchers_work_runs_in_threads_of_its_own_below_the_loop() -> 
         assert nice == min(_niceness() + BUILD_NICE, 19), nice
         assert lookup_nice == min(_niceness() + LOOKUP_NICE, 19), lookup_nice
     holder.close()
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="SCHED_IDLE is Linux's")
-async def test_a_build_of_many_new_tags_runs_on_idle_cpu_only() -> None:
-    policies: list[int] = []  # the scheduling policy of each build's thread
-
-    class Noting(Words):
-        def build(self, known: Collection[str], texts: TagTexts) -> WordIndex:
-            policies.append(os.sched_getscheduler(threading.get_native_id()))
-            return super().build(known, texts)
-
-    big = {f"t{n}.query" for n in range(BIG_BUILD_TAGS)}
-    tags = set(big)  # the first index: at its niceness, however big (no fallback until it is)
-    holder = MatchIndexHolder(Noting(), lambda: tags, lambda tag: [])
-
-    async def after(change: Callable[[], None]) -> None:
-        change()
-        holder.changed()
-        await holder.wait()
-
-    await holder.wait()
-    await after(lambda: tags.update(f"a{n}.query" for n in range(BIG_BUILD_TAGS - 1)))
-    # as many tags as before, every one new: counted by what the index in force lacks
-    await after(lambda: (tags.clear(), tags.update(f"b{n}.query" for n in range(len(big)))))
-    await after(lambda: tags.update(f"c{n}.query" for n in range(BIG_BUILD_TAGS)))
-    holder.close()
-    other, idle = os.SCHED_OTHER, os.SCHED_IDLE
-    assert policies == [other, other, idle, idle]
 
 
 async def test_numpys_blas_works_on_the_matchers_threads_only() -> None:

@@ -18,8 +18,7 @@ Invariants:
   it ~30 ms at once); a change meanwhile is taken by the next build.
 - The matcher's work runs at a lower CPU priority than the event loop (Linux, those threads
   only): lookups in a pool of ``max_running`` threads of the holder's own, :data:`LOOKUP_NICE`
-  nicer, each build in a daemon thread of its own, :data:`BUILD_NICE` nicer (a build of
-  :data:`BIG_BUILD_TAGS` new tags or more: on idle CPU only, SCHED_IDLE), and numpy's BLAS
+  nicer, each build in a daemon thread of its own, :data:`BUILD_NICE` nicer, and numpy's BLAS
   works on those threads only (not on a pool of its own at the loop's priority). A flood of new
   sentences (each an embedding, ~15 ms of a core) or a big build (an embedding of each of
   50,000 new tags is minutes of a core) takes what the loop leaves, rather than the core its
@@ -56,7 +55,6 @@ from agent_reach.errors import Overloaded
 from agent_reach.observability.logs import log
 
 __all__ = [
-    "BIG_BUILD_TAGS",
     "EMPTY_INDEX",
     "MAX_RUNNING",
     "FallbackMatcher",
@@ -80,13 +78,6 @@ SNAPSHOT_CHUNK = 2000  # tags whose texts a build reads on the loop before letti
 # gets about a tenth of a core others want; a lookup, which a request waits for, a quarter
 BUILD_NICE = 10
 LOOKUP_NICE = 5
-# a build of at least this many tags the index in force does not have (a bulk registration:
-# minutes of embedding with the semantic matcher) runs only on otherwise idle CPU (Linux's
-# SCHED_IDLE): at nice 10 the loop's wake-ups still waited a scheduler slice behind it
-# (docs/reliability.md, F10). Smaller builds (a registration) and a gateway's first index (its
-# dictionary and registry, whatever their size: no fallback at all until it is built) stay at
-# nice 10
-BIG_BUILD_TAGS = 1000
 
 _T = TypeVar("_T")
 
@@ -150,7 +141,6 @@ class MatchIndexHolder:
         self._on_swap = on_swap
         self._version = 0  # bumped by every change
         self._built = -1 if matcher is not None else 0  # the version of the index in force
-        self._built_tags: frozenset[str] | None = None  # the tags of the index in force
         self._task: asyncio.Task[None] | None = None
         self._started_at = 0.0  # loop time the build in progress was started (or scheduled)
         self._ended_at = -math.inf  # loop time the last build ended
@@ -219,9 +209,7 @@ class MatchIndexHolder:
                     (tag, tuple(self._texts(tag))) for tag in known[start : start + SNAPSHOT_CHUNK]
                 )
             try:
-                index, built = await _in_background(
-                    _build, matcher, known, _lookup(texts), self._built_tags
-                )
+                index = await _in_background(matcher.build, known, _lookup(texts))
             except asyncio.CancelledError:
                 raise
             except Exception:  # the old index stays; the next change tries again
@@ -229,7 +217,7 @@ class MatchIndexHolder:
                 return
             self._ended_at = loop.time()
             if version >= self._built:
-                self.index, self._built, self._built_tags = index, version, built
+                self.index, self._built = index, version
                 self._cache.clear()
                 self._on_swap()
                 log(logging.DEBUG, "intents.index_built", matcher=matcher.name, tags=len(known))
@@ -313,14 +301,6 @@ def _below_the_loop(nicer: int) -> None:
 _blas_lock = threading.Lock()
 
 
-def _idle_only() -> None:
-    """Run the calling thread only on CPU nothing else wants (Linux's SCHED_IDLE: any other
-    thread that wakes up takes the core at once). On a machine kept busy, what it builds waits."""
-    if sys.platform == "linux":
-        with contextlib.suppress(OSError):  # not permitted here: it stays at its niceness
-            os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
-
-
 def _one_blas_thread() -> None:
     """Keep numpy's BLAS (a matrix product of a lookup or a build) on the calling thread.
 
@@ -353,21 +333,6 @@ def _lower_priority(nicer: int) -> None:
             os.setpriority(
                 os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + nicer)
             )
-
-
-def _build(
-    matcher: FallbackMatcher,
-    known: tuple[str, ...],
-    texts: TagTexts,
-    before: frozenset[str] | None,
-) -> tuple[MatchIndex, frozenset[str]]:
-    """A build, in its thread: on idle CPU only when it takes :data:`BIG_BUILD_TAGS` tags or
-    more that the index in force (``before``) does not have, never for a gateway's first index
-    (until then no fallback matches at all); the index and its tags."""
-    tags = frozenset(known)
-    if before is not None and len(tags - before) >= BIG_BUILD_TAGS:
-        _idle_only()
-    return matcher.build(known, texts), tags
 
 
 def _in_background(fn: Callable[..., _T], *args: object) -> asyncio.Future[_T]:
