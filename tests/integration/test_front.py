@@ -279,3 +279,32 @@ def test_connections_stuck_in_a_request_head_make_room_past_the_cap() -> None:
         finally:
             for sock in stuck:
                 sock.close()
+
+
+def gc_counts(gw: Proc) -> tuple[float, float]:
+    """The gateway's cyclic collector so far: (gen-0 runs, objects it found in cycles)."""
+    _, text = http("GET", f"{gw.url}/metrics")
+    runs = found = 0.0
+    for line in str(text).splitlines():
+        if line.startswith('python_gc_collections_total{generation="0"}'):
+            runs = float(line.split()[-1])
+        elif line.startswith("python_gc_objects_collected_total{"):
+            found += float(line.split()[-1])
+    return runs, found
+
+
+def test_a_closed_connection_leaves_no_garbage_cycles(gw: Proc) -> None:
+    """Each connection closed (served here, or handed over to aiohttp) left ~16 objects in
+    reference cycles (the parser held the protocol's bound methods), which only the collector
+    frees: under a churn of short connections its runs paused the loop 40-80 ms (F11)."""
+    runs_before, found_before = gc_counts(gw)
+    n = 5000
+    for i in range(n):
+        with connect(gw) as s:
+            request = HEARTBEAT if i % 2 else get("/healthz")
+            s.sendall(request.replace(b"Host: 127.0.0.1", b"Host: 127.0.0.1\r\nConnection: close"))
+            while s.recv(65536):
+                pass
+    runs_after, found_after = gc_counts(gw)
+    # ~80,000 objects in cycles before (16 a connection): gen 0 (at 50,000) ran and found them
+    assert found_after - found_before < n // 5, (runs_before, runs_after, found_before, found_after)

@@ -6,6 +6,7 @@ idle timeout, a cancelled request, what it refuses to send, the address guard on
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -14,6 +15,7 @@ from contextlib import asynccontextmanager
 import pytest
 
 from agent_reach.transport.h1 import Client, Failure
+from agent_reach.transport.h1conn import Conn
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
@@ -292,3 +294,27 @@ async def test_an_answer_head_over_its_cap_is_a_protocol_failure() -> None:
         with pytest.raises(Failure) as caught:
             await c.post(url, b"{}", {}, 100)
         assert caught.value.kind == "protocol"
+
+
+async def test_a_closed_connection_leaves_no_garbage_cycles() -> None:
+    """Its parser held the connection's bound methods, and its transport the connection: each
+    closed connection (a new endpoint's, under churn) was garbage only the collector found."""
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+        await writer.drain()
+
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what the collector finds is kept in gc.garbage, to count
+    try:
+        async with server(script) as (url, accepted), client() as c:
+            for _ in range(20):
+                assert (await c.post(url, b"{}", {}, 100)).status == 200
+            assert len(accepted) == 20
+        gc.collect()
+        spent = [o for o in gc.garbage if isinstance(o, Conn)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert spent == []

@@ -27,7 +27,14 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeHistogramMetricFamily,
@@ -233,6 +240,9 @@ class GatewayMetrics:
         registry_state: Callable[[], RegistryState] | None = None,
     ) -> None:
         r = self.registry = CollectorRegistry(auto_describe=False)
+        # python_gc_*: the cyclic collector's runs and what they found; garbage in cycles made
+        # per request pauses the loop (docs/reliability.md, F11), and this is where it shows
+        GCCollector(registry=r)
         self.requests = Counter(
             "agent_reach_requests",
             "Reach requests answered, by intent and outcome",

@@ -133,8 +133,10 @@ class Client:
         timer = None if deadline is None else loop.call_at(deadline, expire, future)
         done = False
         try:
-            assert conn.transport is not None
-            conn.transport.write(b"".join(parts))
+            transport = conn.transport
+            if transport is None:  # lost before its first request (between loop turns)
+                raise Failure("closed", "agent closed the connection", came_back=False)
+            transport.write(b"".join(parts))
             answer = await future
             done = True
         except Failure as exc:

@@ -89,6 +89,10 @@ def target_of(url: str) -> Target:
     return Target((scheme, host, port), head.encode("ascii"), is_ip(host))
 
 
+# the parser of a connection that is gone: it refers to no protocol (Conn.connection_lost)
+_SPENT = httptools.HttpResponseParser(object())
+
+
 class Conn(asyncio.Protocol):
     """One connection: feeds what arrives to the parser, completes the request's future."""
 
@@ -172,6 +176,16 @@ class Conn(asyncio.Protocol):
                 self._fail(Failure("protocol", too_long, came_back=True))
 
     def connection_lost(self, exc: Exception | None) -> None:
+        try:
+            self._lost(exc)
+        finally:
+            # the parser holds this protocol's bound methods, the transport holds the
+            # protocol: cycles that only the cyclic collector would free (a new endpoint's
+            # connection each, under churn; docs/reliability.md, F11)
+            self._parser = _SPENT
+            self.transport = None
+
+    def _lost(self, exc: Exception | None) -> None:
         self.closed = True
         if self.lost is not None and not self.lost.done():
             self.lost.set_result(None)
