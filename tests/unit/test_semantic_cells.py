@@ -103,7 +103,7 @@ def test_only_a_big_index_has_cells(big: tuple[Synthetic, SemanticIndex, Semanti
     assert cut.cells is not None
     assert len(cut.cells.centres.vectors) == 6000 // CELL_TAGS + 1
     assert sorted(cut.tags) == sorted(whole.tags)  # the same tags, ordered by cell
-    assert needs_training(None, 10) and not needs_training(cut.cells.centres, 6000)
+    assert not needs_training(cut.cells.centres, 6000)
     assert needs_training(cut.cells.centres, 6000 * 3)
 
 
@@ -142,7 +142,7 @@ def test_a_lookup_reads_about_as_many_rows_at_four_times_the_tags() -> None:
         rows = []
         for i in range(0, tags, tags // 50):
             _, spans = index.probe(index.cells, embedder.query(i, rng))
-            rows.append(sum(int(index._ends[t1 - 1] - index.starts[t0]) for t0, t1 in spans))
+            rows.append(sum(int(index.ends[t1 - 1] - index.starts[t0]) for t0, t1 in spans))
         read[tags] = float(np.median(rows))
     # PROBE_CELLS cells of ~CELL_TAGS tags of 2 rows each, whatever the registry's size
     assert read[24000] < 1.5 * read[6000], read

@@ -53,6 +53,7 @@ __all__ = [
     "order_by_cell",
     "sample_rows",
     "train_centres",
+    "unit_rows",
 ]
 
 Vectors = npt.NDArray[np.float32]
@@ -99,12 +100,10 @@ def cell_count(tags: int) -> int:
     return max(PROBE_CELLS, math.ceil(tags / CELL_TAGS))
 
 
-def needs_training(centres: Centres | None, tags: int) -> bool:
-    """Whether centres trained before serve ``tags`` tags (none yet, or a registry that has
+def needs_training(centres: Centres, tags: int) -> bool:
+    """Whether centres trained before no longer serve ``tags`` tags (a registry that has
     doubled or halved since: its cells would hold twice or half the tags they were made for).
     A registry that moved elsewhere at the same size is caught by :func:`lopsided`."""
-    if centres is None:
-        return True
     return not (centres.tags / 2 <= tags <= centres.tags * 2)
 
 
@@ -115,26 +114,29 @@ def lopsided(counts: npt.NDArray[np.intp]) -> bool:
     return bool(len(counts)) and int(counts.max()) > LOPSIDED * CELL_TAGS
 
 
-def _normalized(m: Vectors) -> Vectors:
+def unit_rows(m: Vectors) -> Vectors:
+    """``m``'s rows scaled to unit length (a zero row stays zero)."""
     norms = np.linalg.norm(m, axis=1, keepdims=True)
     return np.asarray(m / np.maximum(norms, 1e-12), dtype=np.float32)
 
 
-def _nearest(points: Vectors, centres: Vectors) -> npt.NDArray[np.intp]:
+def _nearest(
+    points: Vectors, centres: Vectors, mean: npt.NDArray[np.float32] | None = None
+) -> npt.NDArray[np.intp]:
+    """Each point's nearest centre (highest dot product), ``mean`` taken from the points
+    first; :data:`CHUNK` points at a time, so that no temporary matrix is the size of all."""
     out = np.empty(len(points), dtype=np.intp)
     for start in range(0, len(points), CHUNK):
-        part = points[start : start + CHUNK] @ centres.T
-        out[start : start + len(part)] = np.argmax(part, axis=1)
+        part = points[start : start + CHUNK]
+        if mean is not None:
+            part = part - mean
+        out[start : start + len(part)] = np.argmax(part @ centres.T, axis=1)
     return out
 
 
 def assign(centroids: Vectors, centres: Centres) -> npt.NDArray[np.intp]:
     """Each centroid's cell: its nearest centre once the mean is taken away."""
-    out = np.empty(len(centroids), dtype=np.intp)
-    for start in range(0, len(centroids), CHUNK):
-        part = centroids[start : start + CHUNK] - centres.mean
-        out[start : start + len(part)] = np.argmax(part @ centres.vectors.T, axis=1)
-    return out
+    return _nearest(centroids, centres.vectors, centres.mean)
 
 
 def train_centres(centroids: Vectors, seed: int = 0) -> Centres:
@@ -145,7 +147,7 @@ def train_centres(centroids: Vectors, seed: int = 0) -> Centres:
     mean = np.asarray(centroids.mean(axis=0), dtype=np.float32)
     k = min(cell_count(len(centroids)), len(centroids))
     take = min(len(centroids), k * TRAIN_SAMPLE)
-    points = _normalized(centroids[np.sort(rng.choice(len(centroids), take, replace=False))] - mean)
+    points = unit_rows(centroids[np.sort(rng.choice(len(centroids), take, replace=False))] - mean)
     centres = points[rng.choice(len(points), k, replace=False)].copy()
     for _ in range(TRAIN_ROUNDS):
         nearest = _nearest(points, centres)
@@ -155,7 +157,7 @@ def train_centres(centroids: Vectors, seed: int = 0) -> Centres:
         empty = counts == 0
         if empty.any():
             sums[empty] = points[rng.choice(len(points), int(empty.sum()), replace=False)]
-        centres = _normalized(sums)
+        centres = unit_rows(sums)
     return Centres(mean, centres, len(centroids))
 
 

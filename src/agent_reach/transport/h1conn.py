@@ -176,16 +176,11 @@ class Conn(asyncio.Protocol):
                 self._fail(Failure("protocol", too_long, came_back=True))
 
     def connection_lost(self, exc: Exception | None) -> None:
-        try:
-            self._lost(exc)
-        finally:
-            # the parser holds this protocol's bound methods, the transport holds the
-            # protocol: cycles that only the cyclic collector would free (a new endpoint's
-            # connection each, under churn; docs/reliability.md, F11)
-            self._parser = _SPENT
-            self.transport = None
-
-    def _lost(self, exc: Exception | None) -> None:
+        # the parser holds this protocol's bound methods, the transport holds the protocol:
+        # cycles that only the cyclic collector would free (a new endpoint's connection each,
+        # under churn; docs/reliability.md, F11). Nothing below needs either.
+        self._parser = _SPENT
+        self.transport = None
         self.closed = True
         if self.lost is not None and not self.lost.done():
             self.lost.set_result(None)
