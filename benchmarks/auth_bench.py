@@ -8,7 +8,8 @@ the median per call and the min-max over repeats):
   ``check_send``, cached token, 20-rule policy), ``Policy.may_reach`` (memoized: the steady
   state), ``Policy.allowed_endpoints`` (not memoized: runs on every send without a hint),
   ``RateLimiter.take`` (with the monotonic clock read, as the gateway does), and
-  ``TokenService.sign_delivery`` (once per delivery attempt);
+  ``TokenService.sign_delivery`` (once per delivery attempt: an HS256 JWT with the recipient's
+  delivery key);
 - gateway, now and then: ``TokenService.verify`` of a token never seen (a caller's first request,
   or every request after a key change), ``Policy.may_reach`` on a memo miss (the matching rule is
   the 20th), ``AddressGuard.refusal_for_address`` (registration, and DNS answers of endpoint
@@ -16,8 +17,9 @@ the median per call and the min-max over repeats):
 - agent, per delivery: the SDK's ``DeliveryVerifier.check`` of a fresh assertion (keys already
   fetched through an async fetch function returning a JWKS dict);
 - baselines in the same process: a dict lookup, ``msgspec`` encoding and decoding of the send
-  body, SHA-256 of the delivered body (the ``bh`` claim), and raw Ed25519 sign and verify
-  (``cryptography``) of a message of an assertion's size: the floor under PyJWT's EdDSA.
+  body, SHA-256 of the delivered body (the ``bh`` claim), raw Ed25519 sign and verify
+  (``cryptography``) of a message of an assertion's size (the floor under PyJWT's EdDSA, what
+  a bearer token's first sight costs), and HMAC-SHA256 of the same (a delivery assertion's).
 
 Calls that consume their input (a token's first sight, an assertion's single use) run over
 ``--fresh`` inputs made before timing, per repeat; the rest are calibrated to about
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import hmac
 import importlib.metadata
 import json
 import platform
@@ -58,6 +61,7 @@ from agent_reach.wire.bodies import SendBody, decode
 
 SENDER = "agent://bench-caller"
 RECIPIENT = "agent://bench-agent"
+OWNER = "5e" * 12  # the recipient's registration (an endpoint token's gen)
 INTENT = "bench.echo"
 SEND_BODY = json.dumps({"intent": INTENT, "payload": {"city": "Chengdu", "n": 1}}).encode()
 DELIVERY = json.dumps(  # what the gateway delivers (and signs the SHA-256 of)
@@ -204,6 +208,12 @@ def bench(args: argparse.Namespace, keydir: Path) -> list[Item]:
         "Ed25519 verify, raw (cryptography, 380 B)",
         lambda: key.public.verify(signature, message),
     )
+    secret = key.delivery_key(RECIPIENT, OWNER)
+    calls(
+        "baseline",
+        "HMAC-SHA256, raw (hashlib, 380 B)",
+        lambda: hmac.digest(secret, message, "sha256"),
+    )
 
     # --- gateway, per send ----------------------------------------------------------------
     token, _ = tokens.issue(Kind.CLIENT, SENDER, 3600)
@@ -260,6 +270,7 @@ def bench(args: argparse.Namespace, keydir: Path) -> list[Item]:
         lambda: tokens.sign_delivery(
             sender=SENDER,
             recipient=RECIPIENT,
+            owner=OWNER,
             intent=INTENT,
             msg_id=MSG_ID,
             body=DELIVERY,
@@ -296,7 +307,7 @@ def bench(args: argparse.Namespace, keydir: Path) -> list[Item]:
     )
 
     # --- agent, per delivery --------------------------------------------------------------
-    jwks = ring.jwks()
+    jwks = ring.jwks(recipient=(RECIPIENT, OWNER))  # what the recipient's endpoint token gets
 
     async def fetch_keys() -> Mapping[str, Any]:
         return jwks
@@ -307,6 +318,7 @@ def bench(args: argparse.Namespace, keydir: Path) -> list[Item]:
             tokens.sign_delivery(
                 sender=SENDER,
                 recipient=RECIPIENT,
+                owner=OWNER,
                 intent=INTENT,
                 msg_id=MSG_ID,
                 body=DELIVERY,

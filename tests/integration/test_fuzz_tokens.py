@@ -273,6 +273,7 @@ def _forgeries(world: World, keys: Path, stranger_keys: Path) -> dict[str, str |
     delivery = ours.sign_delivery(
         sender=CALLER,
         recipient=POPULATION[0],
+        owner="fuzz",
         intent="fuzz.base",
         msg_id="m1",
         body=b"{}",

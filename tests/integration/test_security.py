@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jwt
 import pytest
 
 from agent_reach.auth.keys import KeyRing, generate_key
@@ -140,6 +141,34 @@ def test_health_metrics_and_keys_need_no_token(net: Net) -> None:
     ring.load()
     assert [k["kid"] for k in jwks["keys"]] == list(ring.keys)
     assert all(k["kty"] == "OKP" and k["crv"] == "Ed25519" and "d" not in k for k in jwks["keys"])
+
+
+def test_an_endpoint_token_gets_its_own_delivery_keys_and_no_one_elses(net: Net) -> None:
+    """``GET /v1/keys`` with an endpoint token adds that registration's delivery keys (one per
+    gateway key, HS256); a client token, or none, gets the public keys only; a bad token is
+    refused, not answered as if it were none."""
+    status, answer = _register(
+        net.gw, net.enroll("agent://weather-*", "weather.*"), "agent://weather-k", ["weather.query"]
+    )
+    assert status == 200, answer
+    token = answer["token"]
+    try:
+        status, jwks = http("GET", f"{net.gw}/v1/keys", token=token)
+        assert status == 200, jwks
+        secret = [k for k in jwks["keys"] if k["kty"] == "oct"]
+        ring = KeyRing(net.keys)
+        ring.load()
+        owner = jwt.decode(token, options={"verify_signature": False})["gen"]
+        expected = [ring.signing_key().delivery_jwk("agent://weather-k", owner)]
+        assert secret == expected
+        public = http("GET", f"{net.gw}/v1/keys")[1]
+        assert http("GET", f"{net.gw}/v1/keys", token=net.client("agent://caller-1"))[1] == public
+        assert all(k["kty"] == "OKP" for k in public["keys"])
+        status, refused = http("GET", f"{net.gw}/v1/keys", token=token[:-4] + "AAAA")
+        assert status == 401 and refused["error"] == "unauthorized", refused
+    finally:  # the other tests' weather.query must not find it
+        body = {"endpoint_id": "agent://weather-k"}
+        assert http("POST", f"{net.gw}/v1/deregister", body, token=token)[0] == 200
 
 
 @pytest.mark.parametrize(
@@ -578,10 +607,14 @@ async def test_agents_refuse_unsigned_replayed_and_misaddressed_deliveries(
             generate_key(tmp_path / "stranger")
             stranger = _service(tmp_path / "stranger")
 
+            # the registration the gateway derives the agent's delivery key from
+            owner = jwt.decode(agent.endpoint_token, options={"verify_signature": False})["gen"]
+
             def signed(service: TokenService, **changes: Any) -> dict[str, str]:
                 claims: dict[str, Any] = {
                     "sender": "agent://caller-1",
                     "recipient": "agent://weather-v",
+                    "owner": owner,
                     "intent": "weather.query",
                     "msg_id": msg_id,
                     "body": body,

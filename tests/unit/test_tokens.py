@@ -34,11 +34,20 @@ def ring(path: Path, **key: Any) -> KeyRing:
     return keys
 
 
+OWNER = "gen-r"  # agent://r's registration
+
+
+def recipient_keys(keys: KeyRing) -> dict[str, Any]:
+    """The JWKS agent://r's endpoint token gets from ``GET /v1/keys``."""
+    return keys.jwks(recipient=("agent://r", OWNER))
+
+
 def sign(tokens: TokenService, **changes: Any) -> str:
     """An assertion of a delivery to agent://r (``changes`` override its claims)."""
     claims: dict[str, Any] = {
         "sender": None,
         "recipient": "agent://r",
+        "owner": OWNER,
         "intent": "a.b",
         "msg_id": "m",
         "body": b"{}",
@@ -161,28 +170,47 @@ def test_a_delivery_assertion_is_never_a_bearer_token(tmp_path: Path) -> None:
 
 
 def test_assertions_are_standard_jwts(tmp_path: Path) -> None:
-    """Signed without PyJWT (for speed): PyJWT must read them as any JOSE library would."""
+    """Made without PyJWT (for speed): PyJWT must read them as any JOSE library would, with
+    the recipient's delivery key from its JWKS."""
     keys = ring(tmp_path)
     tokens = TokenService(keys)
     assertion = sign(tokens, msg_id="m1", body=b'{"x":1}', expires_at=time.time() + 30)
     header = jwt.get_unverified_header(assertion)
-    assert header == {"alg": "EdDSA", "kid": keys.signing_key().kid, "typ": "JWT"}
-    key = keys.public_key(header["kid"])
-    claims = jwt.decode(assertion, key, algorithms=["EdDSA"], audience="agent://r")
+    signing = keys.signing_key()
+    assert header == {"alg": "HS256", "kid": signing.delivery_kid(OWNER), "typ": "JWT"}
+    (jwk,) = (k for k in recipient_keys(keys)["keys"] if k["kid"] == header["kid"])
+    assert jwk["kty"] == "oct" and jwk["alg"] == "HS256"
+    claims = jwt.decode(assertion, jwt.PyJWK(jwk).key, algorithms=["HS256"], audience="agent://r")
     assert claims["sub"] == "" and claims["bh"] == body_hash(b'{"x":1}')
     assert claims["kind"] == "delivery" and claims["msg_id"] == "m1"
 
 
-def test_libsodium_signs_the_same_bytes_as_openssl(tmp_path: Path) -> None:
-    """The assertion's signature comes from libsodium (PyNaCl), the key from a PEM that
-    cryptography (OpenSSL) reads: Ed25519 is deterministic, so both give the same 64 bytes,
-    and the public key verifies it."""
-    key = ring(tmp_path).signing_key()
-    for message in (b"", b"x", os.urandom(400), b"header.claims" * 100):
-        signature = key.sign(message)
-        assert signature == key.private.sign(message)
-        key.public.verify(signature, message)  # raises when it does not verify
-    assert key.sign(b"a") != key.sign(b"b")
+def test_delivery_keys_are_per_registration_and_the_same_on_every_gateway(
+    tmp_path: Path,
+) -> None:
+    """Two gateways loading the same key file derive the same delivery keys; another
+    endpoint, another registration of the same id or another key file gets another key, and
+    the public JWKS (no endpoint token) carries none."""
+    keys = ring(tmp_path / "k")
+    twin = KeyRing(tmp_path / "k")
+    twin.load()
+    key, same = keys.signing_key(), twin.signing_key()
+    assert key.delivery_key("agent://r", OWNER) == same.delivery_key("agent://r", OWNER)
+    derived = {
+        key.delivery_key("agent://r", OWNER),
+        key.delivery_key("agent://s", OWNER),
+        key.delivery_key("agent://r", "gen-other"),
+        ring(tmp_path / "other").signing_key().delivery_key("agent://r", OWNER),
+    }
+    assert len(derived) == 4 and all(len(k) == 32 for k in derived)
+    assert key.delivery_kid(OWNER) != key.delivery_kid("gen-other")
+    assert all(k["kty"] == "OKP" for k in keys.jwks()["keys"])
+    # an assertion made for one endpoint does not verify with another's key
+    tokens = TokenService(keys)
+    made = sign(tokens)
+    other = jwt.PyJWK(keys.signing_key().delivery_jwk("agent://s", OWNER)).key
+    with pytest.raises(jwt.InvalidSignatureError):
+        jwt.decode(made, other, algorithms=["HS256"], audience="agent://r")
 
 
 # --- the SDK's verifier ------------------------------------------------------------------------
@@ -195,7 +223,7 @@ async def test_the_verifier_refuses_what_the_gateway_did_not_sign_for_it(tmp_pat
 
     async def fetch() -> dict[str, Any]:
         fetched.append(1)
-        return keys.jwks()
+        return recipient_keys(keys)
 
     wall = Wall(time.time())
     verifier = DeliveryVerifier("agent://r", fetch, wall=wall)
@@ -205,6 +233,7 @@ async def test_the_verifier_refuses_what_the_gateway_did_not_sign_for_it(tmp_pat
         claims: dict[str, Any] = {
             "sender": "agent://c",
             "recipient": "agent://r",
+            "owner": OWNER,
             "intent": "a.b",
             "msg_id": "m1",
             "body": body,
@@ -288,7 +317,7 @@ def test_a_bad_new_key_file_does_not_keep_a_deleted_key(tmp_path: Path) -> None:
 async def test_the_verifier_drops_keys_the_gateway_no_longer_publishes(tmp_path: Path) -> None:
     keys = ring(tmp_path)
     tokens = TokenService(keys)
-    published = keys.jwks()
+    published = recipient_keys(keys)
     clock = [0.0]
 
     async def fetch() -> dict[str, Any]:
@@ -327,3 +356,100 @@ def test_retiring_every_key_leaves_nothing_that_signs_or_verifies(tmp_path: Path
         tokens.verify(leaked, {Kind.CLIENT})
     with pytest.raises(KeyDirectoryError, match="no usable key"):
         tokens.issue(Kind.CLIENT, "agent://c", 600)
+
+
+async def test_a_new_registration_is_not_refused_while_its_keys_are_fetched(
+    tmp_path: Path,
+) -> None:
+    """An agent registered anew (its endpoint token expired: a new registration, so new
+    delivery keys) within a second of its last fetch gets a retryable 503 for the new key's
+    first delivery, not a refusal; the next one, once fetching is allowed, is accepted. A kid
+    of no gateway key is refused as before."""
+    keys = ring(tmp_path / "k")
+    tokens = TokenService(keys)
+    registration = [OWNER]
+    clock = [0.0]
+
+    async def fetch() -> dict[str, Any]:
+        return keys.jwks(recipient=("agent://r", registration[0]))
+
+    verifier = DeliveryVerifier("agent://r", fetch, monotonic=lambda: clock[0])
+
+    async def check(assertion: str) -> tuple[int, str] | None:
+        return await verifier.check(
+            b"{}", {"x-reach-assertion": assertion}, intent="a.b", msg_id="m", sender=None
+        )
+
+    assert await check(sign(tokens)) is None  # fetched at 0.0
+    registration[0] = "gen-2"
+    clock[0] = 0.5
+    refusal = await check(sign(tokens, owner="gen-2"))
+    assert refusal is not None and refusal[0] == 503 and "new registration" in refusal[1]
+    stranger = TokenService(ring(tmp_path / "stranger"))
+    refusal = await check(sign(stranger))
+    assert refusal is not None and refusal[0] == 401 and "does not publish" in refusal[1]
+    clock[0] = 1.6
+    assert await check(sign(tokens, owner="gen-2")) is None
+    old = sign(tokens)  # the old registration's key: no longer given to this agent
+    refusal = await check(old)  # within a second of the fetch: could be newer, so 503
+    assert refusal is not None and refusal[0] == 503
+    clock[0] = 2.7  # fetched again, and still not there: refused
+    refusal = await check(old)
+    assert refusal is not None and refusal[0] == 401 and "does not publish" in refusal[1]
+
+
+def test_the_assertions_hmac_is_rfc_2104() -> None:
+    """The MAC with its key blocks hashed once gives what the standard library gives."""
+    import hmac
+
+    from agent_reach.auth.tokens import _Mac
+
+    for key in (b"", b"k", os.urandom(32), os.urandom(64)):
+        mac = _Mac(key)
+        for message in (b"", b"x", os.urandom(380), os.urandom(5000)):
+            assert mac(message) == hmac.digest(key, message, "sha256")
+            assert mac(message) == hmac.digest(key, message, "sha256")  # the states unchanged
+
+
+def test_assertions_read_whole_whatever_the_lengths_of_their_parts(tmp_path: Path) -> None:
+    """The claims that do not change are encoded once, padded to join the rest's base64:
+    every length of recipient, sender and intent (each remainder mod 3) must still give one
+    JSON object with every claim, verified with the recipient's key."""
+    keys = ring(tmp_path)
+    tokens = TokenService(keys)
+    for n in range(6):
+        recipient, sender, intent = (
+            f"agent://r{'x' * n}",
+            f"agent://s{'y' * (n // 2)}",
+            "a.b" + "c" * n,
+        )
+        for who in (sender, None):
+            made = tokens.sign_delivery(
+                sender=who,
+                recipient=recipient,
+                owner=OWNER,
+                intent=intent,
+                msg_id=f"m{n}",
+                body=b"{}" * n,
+                expires_at=time.time() + 30,
+            )
+            secret = jwt.PyJWK(keys.signing_key().delivery_jwk(recipient, OWNER)).key
+            claims = jwt.decode(made, secret, algorithms=["HS256"], audience=recipient)
+            assert (claims["sub"], claims["intent"], claims["msg_id"]) == (
+                who or "",
+                intent,
+                f"m{n}",
+            )
+            assert claims["bh"] == body_hash(b"{}" * n) and claims["kind"] == "delivery"
+            assert set(claims) == {
+                "iss",
+                "aud",
+                "sub",
+                "kind",
+                "intent",
+                "msg_id",
+                "bh",
+                "iat",
+                "exp",
+                "jti",
+            }

@@ -1,4 +1,5 @@
-"""The gateway's signing keys: Ed25519 key files in one directory, published as a JWKS.
+"""The gateway's signing keys: Ed25519 key files in one directory, published as a JWKS, and
+the delivery keys derived from them.
 
 Layout of the key directory (``--keys DIR``)::
 
@@ -17,12 +18,19 @@ Invariants:
 - Removing a file retires its key: what it signed stops verifying at the next reload.
 - The key id (``kid``) is the RFC 7638 thumbprint of the public key, so the same key has the
   same id on every gateway whatever its file is called.
+- Each key also gives every registration its own **delivery key**: HMAC-SHA256 of the
+  endpoint id and the registration (``owner``, the endpoint token's ``gen``) under the private
+  key's seed. Deliveries carry an HS256 assertion made with it (one HMAC, not a signature, per
+  delivery); the agent fetches it from ``GET /v1/keys`` with its endpoint token. Every gateway
+  holding the same key files derives the same delivery keys, and no one without the private
+  key (or that registration's endpoint token) can; a key retired retires its delivery keys.
 """
 
 from __future__ import annotations
 
 import binascii
 import hashlib
+import hmac
 import json
 import math
 import os
@@ -34,7 +42,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import nacl.bindings
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
@@ -43,20 +50,31 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 
 from agent_reach.errors import KeyDirectoryError
 
-__all__ = ["KeyDirectoryError", "KeyRing", "SigningKey", "b64url", "generate_key", "public_jwk"]
+__all__ = [
+    "DELIVERY_ALG",
+    "URLSAFE",
+    "KeyDirectoryError",
+    "KeyRing",
+    "SigningKey",
+    "b64url",
+    "generate_key",
+    "public_jwk",
+]
 
 _NAME = re.compile(r"ed25519-(\d{8}T\d{6}Z)(?:-(\d{1,6}))?\.pem\Z")
 _TIME_FORMAT = "%Y%m%dT%H%M%SZ"
+DELIVERY_ALG = "HS256"  # delivery assertions: HMAC-SHA256 with the recipient's delivery key
+_DELIVERY_LABEL = b"agent-reach delivery key v1\x00"
 
 
-_URLSAFE = bytes.maketrans(b"+/", b"-_")
+URLSAFE = bytes.maketrans(b"+/", b"-_")  # base64's alphabet to base64url's
 
 
 def b64url(data: bytes) -> bytes:
     """Base64url without padding, as JOSE writes it (RFC 7515). binascii directly (what
     ``base64.urlsafe_b64encode`` calls through two Python functions): three per delivery in
     token mode."""
-    return binascii.b2a_base64(data, newline=False).translate(_URLSAFE).rstrip(b"=")
+    return binascii.b2a_base64(data, newline=False).translate(URLSAFE).rstrip(b"=")
 
 
 def public_jwk(public: Ed25519PublicKey) -> dict[str, str]:
@@ -79,19 +97,36 @@ class SigningKey:
     active_from: float  # unix seconds
     path: str
     sequence: int = 0  # orders keys of the same second (``-N`` after the time in the name)
+    seed: bytes = b""  # the private key's 32 raw bytes: what delivery keys are derived from
 
-    secret: bytes = b""  # libsodium's form of the private key (seed and public key, 64 bytes)
+    def delivery_kid(self, owner: str) -> str:
+        """The ``kid`` of this key's delivery key for the registration ``owner``: this key's
+        id and a tag of the registration, so that an agent registered anew (a new delivery
+        key) sees a kid it has not fetched, and fetches it."""
+        tag = b64url(hashlib.sha256(owner.encode()).digest()[:6]).decode("ascii")
+        return f"{self.kid}.{tag}"
 
     def jwk(self) -> dict[str, str]:
         """The public half as a JWK."""
         return public_jwk(self.public)
 
-    def sign(self, message: bytes) -> bytes:
-        """The Ed25519 signature of ``message`` (RFC 8032: the same bytes whichever library
-        makes it), by libsodium (PyNaCl): 0.59x the instructions of OpenSSL 3.0's, which
-        ``cryptography`` uses (278k against 470k per signature under callgrind; a token-mode
-        gateway makes one per delivery attempt: benchmarks/RESULTS.md)."""
-        return nacl.bindings.crypto_sign(message, self.secret)[:64]
+    def delivery_key(self, endpoint_id: str, owner: str) -> bytes:
+        """The delivery key of the registration ``owner`` of ``endpoint_id``: 32 bytes,
+        HMAC-SHA256 under this key's seed (deterministic: every gateway with this key file
+        derives the same; the agent learns it from ``GET /v1/keys`` with its endpoint token)."""
+        message = _DELIVERY_LABEL + endpoint_id.encode() + b"\x00" + owner.encode()
+        return hmac.digest(self.seed, message, "sha256")
+
+    def delivery_jwk(self, endpoint_id: str, owner: str) -> dict[str, str]:
+        """:meth:`delivery_key` as a JWK (``kty`` ``oct``, ``alg`` HS256): secret, for that
+        registration's agent only."""
+        return {
+            "kty": "oct",
+            "k": b64url(self.delivery_key(endpoint_id, owner)).decode("ascii"),
+            "kid": self.delivery_kid(owner),
+            "alg": DELIVERY_ALG,
+            "use": "sig",
+        }
 
 
 def _activation(path: Path) -> tuple[float, int]:
@@ -114,9 +149,8 @@ def _load(path: Path) -> SigningKey:
     seed = private.private_bytes(
         serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
     )
-    secret = nacl.bindings.crypto_sign_seed_keypair(seed)[1]
     kid = public_jwk(public)["kid"]
-    return SigningKey(kid, private, public, active_from, str(path), sequence, secret)
+    return SigningKey(kid, private, public, active_from, str(path), sequence, seed)
 
 
 class KeyRing:
@@ -221,13 +255,18 @@ class KeyRing:
         key = self.keys.get(kid)
         return None if key is None else key.public
 
-    def jwks(self) -> dict[str, Any]:
-        """The JWKS document of ``GET /v1/keys``: every loaded key, the signing one first."""
+    def jwks(self, recipient: tuple[str, str] | None = None) -> dict[str, Any]:
+        """The JWKS document of ``GET /v1/keys``: every loaded key, the signing one first; with
+        ``recipient`` (endpoint id, registration), also that registration's delivery keys, one
+        per loaded key (for its agent only: they are secret)."""
         if not self.keys:
             return {"keys": []}
         first = self.signing_key()
         ordered = [first, *(k for k in self.keys.values() if k.kid != first.kid)]
-        return {"keys": [k.jwk() for k in ordered]}
+        keys = [k.jwk() for k in ordered]
+        if recipient is not None:
+            keys += [k.delivery_jwk(*recipient) for k in ordered]
+        return {"keys": keys}
 
 
 def generate_key(directory: str | os.PathLike[str], *, activate_in_s: float = 0.0) -> Path:

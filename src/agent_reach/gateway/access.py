@@ -164,9 +164,20 @@ class Access:
         decision = self.policy.may_claim(record.endpoint_id, record.capabilities)
         return decision.allowed, decision.reason
 
-    def jwks(self) -> dict[str, Any]:
-        """``GET /v1/keys``: the public keys deliveries and tokens are signed with."""
-        return {"keys": []} if self.files is None else self.files.keys.jwks()
+    def jwks(self, caller: Caller) -> dict[str, Any]:
+        """``GET /v1/keys``: the public keys tokens are signed with, to anyone; with an
+        endpoint token, also its registration's delivery keys (what its deliveries' assertions
+        are made with: secret, so only to that token). Credentials that do not verify are
+        refused (401), not ignored: an agent must not take "no delivery key" for an answer."""
+        if self.files is None:
+            return {"keys": []}
+        if not caller.authorization:
+            return self.files.keys.jwks()
+        claims = self.authenticate(caller, BEARERS, "read keys").claims
+        assert claims is not None
+        if claims.kind is not Kind.ENDPOINT:
+            return self.files.keys.jwks()
+        return self.files.keys.jwks(recipient=(claims.subject, claims.generation))
 
     # --- browsers, in open mode -------------------------------------------------------------
 

@@ -72,7 +72,7 @@ class _Run:
     trace_id: str
     payload: bytes
     opened: OpenTrace
-    assertion: Callable[[str, float], str] | None
+    assertion: Callable[[EndpointRecord, float], str] | None
     match_header: str = ""  # X-Reach-Match
     extra: Mapping[str, str] | None = None  # headers an edge adds to every attempt
     retries_allowed: int = 0
@@ -358,14 +358,15 @@ class Reacher:
 
     def _assertion(
         self, signer: TokenService, body: SendBody, intent: str, msg_id: str, payload: bytes
-    ) -> Callable[[str, float], str]:
-        """What signs this request's deliveries: (recipient, seconds left) -> assertion."""
+    ) -> Callable[[EndpointRecord, float], str]:
+        """What signs this request's deliveries: (recipient's record, seconds left) -> assertion."""
 
-        def sign(recipient: str, remaining_s: float) -> str:
+        def sign(recipient: EndpointRecord, remaining_s: float) -> str:
             try:
                 return signer.sign_delivery(
                     sender=body.sender,
-                    recipient=recipient,
+                    recipient=recipient.endpoint_id,
+                    owner=recipient.owner,
                     intent=intent,
                     msg_id=msg_id,
                     body=payload,
@@ -507,7 +508,7 @@ class Reacher:
             "traceparent": run.opened.parent,
         }
         if run.assertion is not None:
-            headers["X-Reach-Assertion"] = run.assertion(target, timeout_s)
+            headers["X-Reach-Assertion"] = run.assertion(record, timeout_s)
         if run.extra:
             headers.update(run.extra)
         span = run.opened.span

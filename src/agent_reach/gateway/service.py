@@ -629,9 +629,10 @@ class Service:
         self.access.authenticate(caller, OPERATORS, "read diagnostics")
         return await explain.with_suggestions(self.router, self.router.diagnostics())
 
-    def keys(self) -> dict[str, Any]:
-        """The public keys (JWKS) tokens and deliveries are signed with; public."""
-        return self.access.jwks()
+    def keys(self, caller: Caller) -> dict[str, Any]:
+        """The keys (JWKS) tokens are signed with; public. With an endpoint token, also that
+        registration's delivery keys (docs/security.md, "Signed deliveries")."""
+        return self.access.jwks(caller)
 
     def issue_token(self, caller: Caller, body: TokenRequest | bytes) -> dict[str, Any]:
         """A new enrollment or client token (operators)."""

@@ -1,11 +1,13 @@
 """Checking the gateway's signature on each delivery (token mode), before any handler runs.
 
 In token mode the gateway signs every delivery attempt with an assertion (header
-``X-Reach-Assertion``, an EdDSA JWT): the sender, the recipient (``aud``), the intent, the
-``msg_id``, a SHA-256 of the body (``bh``) and an expiry, the attempt's deadline. An agent that
-verifies deliveries refuses, with 401 ``unauthorized`` (which the gateway does not retry):
+``X-Reach-Assertion``, an HS256 JWT made with this registration's delivery key): the sender,
+the recipient (``aud``), the intent, the ``msg_id``, a SHA-256 of the body (``bh``) and an
+expiry, the attempt's deadline. An agent that verifies deliveries refuses, with 401
+``unauthorized`` (which the gateway does not retry):
 
-- an unsigned delivery, or one signed by a key the gateway does not publish (``GET /v1/keys``);
+- an unsigned delivery, or one signed by a key the gateway does not give this agent
+  (``GET /v1/keys`` with its endpoint token: its delivery keys, one per gateway key);
 - an expired assertion, or one addressed to another endpoint (mis-addressed);
 - one whose intent, ``msg_id``, sender or body differ from the delivery it came with;
 - an assertion seen before (replayed): each attempt carries a new one, so a retry by the
@@ -35,13 +37,14 @@ from agent_reach.observability.logs import log
 __all__ = ["ASSERTION_HEADER", "DeliveryVerifier"]
 
 ASSERTION_HEADER = "x-reach-assertion"
-_ALGORITHMS = ["EdDSA"]
+_ALGORITHMS = ["HS256"]  # only the delivery keys' algorithm: no other key is taken for one
 
 
 class DeliveryVerifier:
     """Verifies the assertions of the deliveries to ``endpoint_id``.
 
-    ``fetch_keys`` returns the gateway's JWKS document (``GET /v1/keys``).
+    ``fetch_keys`` returns the gateway's JWKS document as this agent sees it (``GET /v1/keys``
+    with its endpoint token): of its keys, only the delivery keys (``oct``, HS256) are kept.
     """
 
     def __init__(
@@ -89,14 +92,26 @@ class DeliveryVerifier:
             return 401, "malformed delivery assertion"
         if self._fresh_at is not None and self._monotonic() - self._fresh_at > self.keys_max_age_s:
             await self._refresh()  # a failure keeps the keys held: logged, not fatal here
-        key = self._keys.get(kid) if isinstance(kid, str) else None
+        if not isinstance(kid, str):
+            return 401, "delivery assertion without a key id (kid)"
+        key = self._keys.get(kid)
         if key is None:
+            fetched_before = self._fetched_at
             unavailable = await self._refresh()
             if unavailable is not None:
                 return 503, unavailable
-            key = self._keys.get(kid) if isinstance(kid, str) else None
+            key = self._keys.get(kid)
             if key is None:
-                return 401, "delivery assertion signed by a key the gateway does not publish"
+                if self._fetched_at == fetched_before and self._newer_registration(kid):
+                    # not fetched again (at most once a second), and the kid is of a gateway
+                    # key held, for another registration: this agent registered anew (new
+                    # delivery keys) since its last fetch. Retryable, not a refusal.
+                    return 503, "delivery key of a new registration: fetched within a second"
+                return (
+                    401,
+                    "delivery assertion signed by a key the gateway does not publish "
+                    "(for this endpoint)",
+                )
         try:
             claims = jwt.decode(
                 assertion,
@@ -114,6 +129,11 @@ class DeliveryVerifier:
                 f"delivery assertion is addressed to another endpoint, not {self.endpoint_id}",
             )
         except jwt.InvalidSignatureError:
+            if _addressee(assertion) != self.endpoint_id:  # another's key: name why, to help
+                return (
+                    401,
+                    f"delivery assertion is addressed to another endpoint, not {self.endpoint_id}",
+                )
             return 401, "delivery assertion signature does not verify"
         except jwt.InvalidTokenError as exc:
             return 401, f"invalid delivery assertion: {exc}"
@@ -135,6 +155,10 @@ class DeliveryVerifier:
         seen[assertion_id] = expires_at
         return None
 
+    def _newer_registration(self, kid: str) -> bool:
+        gateway_key = kid.partition(".")[0]
+        return any(held.partition(".")[0] == gateway_key for held in self._keys)
+
     async def _refresh(self) -> str | None:
         """Fetch the keys again (not more often than ``refetch_min_s``); the reason when they
         cannot be had."""
@@ -146,6 +170,8 @@ class DeliveryVerifier:
             document = await self._fetch()
             keys = {}
             for jwk in document.get("keys", []):
+                if jwk.get("kty") != "oct" or jwk.get("alg") not in _ALGORITHMS:
+                    continue  # the public keys of bearer tokens: not for deliveries
                 parsed = jwt.PyJWK(jwk)
                 if parsed.key_id:
                     keys[parsed.key_id] = parsed.key
@@ -155,6 +181,14 @@ class DeliveryVerifier:
         self._keys = keys
         self._fresh_at = now
         log(logging.INFO, "agent.keys_fetched", keys=sorted(keys))
+        return None
+
+
+def _addressee(assertion: str) -> Any:
+    """The ``aud`` an assertion names, unverified (for the reason of a refusal only)."""
+    try:
+        return jwt.decode(assertion, options={"verify_signature": False}).get("aud")
+    except jwt.InvalidTokenError:
         return None
 
 

@@ -353,9 +353,11 @@ class HttpEdge:
         return _json(await self.service.diagnostics(self._caller(request)))
 
     async def keys(self, request: web.BaseRequest, _: str) -> web.Response:
-        # public: agents verify delivery assertions against it (empty in open mode)
-        self.service.admit(self._caller(request))
-        return _json(self.service.keys())
+        # public keys to anyone (empty in open mode); an agent's delivery keys to its own
+        # endpoint token: what it verifies its deliveries with
+        caller = self._caller(request)
+        self.service.admit(caller)
+        return _json(self.service.keys(caller))
 
     async def issue_token(self, request: web.BaseRequest, _: str) -> web.Response:
         caller = self._caller(request)

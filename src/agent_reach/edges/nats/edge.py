@@ -165,7 +165,7 @@ class NatsEdge:
         return await self.service.deregister(caller, msg.data)
 
     async def _keys(self, msg: Msg, caller: Caller) -> Any:
-        return self.service.keys()  # public, as GET /v1/keys (empty in open mode)
+        return self.service.keys(caller)  # as GET /v1/keys (empty in open mode)
 
     async def _send(self, msg: Msg, caller: Caller) -> Any:
         try:
