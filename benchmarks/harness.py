@@ -390,6 +390,19 @@ def steal_jiffies() -> int:
         return 0
 
 
+def machine_jiffies() -> tuple[int, int]:
+    """(busy, all) CPU time of the whole machine, every CPU, in clock ticks since boot: busy is
+    user, nice, system, irq and softirq (what some process or the kernel on its behalf ran);
+    all adds idle, iowait and steal."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return 0, 0
+    user, nice, system, _idle, _iowait, irq, softirq, _steal = fields
+    return user + nice + system + irq + softirq, sum(fields)
+
+
 def all_jiffies() -> dict[int, tuple[str, int]]:
     """{pid: (command name, utime + stime)} of every process."""
     out = {}
@@ -517,7 +530,7 @@ def _wrk(
     for name, value in (headers or {}).items():
         cmd += ["-H", f"{name}: {value}"]  # set before the script runs, which keeps them
     cmd += ["-s", str(script), url]
-    snap0, steal0 = all_jiffies(), steal_jiffies()
+    snap0, steal0, machine0 = all_jiffies(), steal_jiffies(), machine_jiffies()
     g0 = jiffies(gateway_pid) if gateway_pid else 0
     t0 = time.monotonic()
     with subprocess.Popen(
@@ -535,7 +548,7 @@ def _wrk(
             raise RuntimeError(f"wrk on {url} did not finish in {duration + 30} s") from None
     elapsed = time.monotonic() - t0
     g1 = jiffies(gateway_pid) if gateway_pid else 0
-    snap1, steal1 = all_jiffies(), steal_jiffies()
+    snap1, steal1, machine1 = all_jiffies(), steal_jiffies(), machine_jiffies()
     m = re.search(rb"WRKJSON (\{.*\})", stdout)
     if proc.returncode != 0 or not m:
         raise RuntimeError(f"wrk failed ({proc.returncode}): {stderr.decode()[-500:]}")
@@ -549,6 +562,11 @@ def _wrk(
     if gateway_pid and busy:
         r["gw_busy_pct"] = round((g1 - g0) * 100 / CLK_TCK / elapsed, 1)
     r["steal_pct"] = round((steal1 - steal0) * 100 / CLK_TCK / elapsed, 1)
+    busy, every = machine1[0] - machine0[0], machine1[1] - machine0[1]
+    # the whole machine: every process (wrk and the agent too) and the kernel's work for them
+    r["machine_busy_pct"] = round(busy * 100 / every, 1) if every else 0.0
+    if r["requests"]:
+        r["machine_cpu_us_per_req"] = round(busy / CLK_TCK * 1e6 / r["requests"], 1)
     r["foreign_cpu_pct"], r["foreign_top"] = foreign_cpu(
         snap0, snap1, ours | {os.getpid()}, elapsed
     )

@@ -124,6 +124,7 @@ TARGETS = {
     "heartbeat_ratio": 4.0,  # at least
     "redis_decision_ratio": 10.0,  # at most: the same order of magnitude as memory
     "redis_beat_allowance_ms": 20.0,  # heartbeat p99 over the stated staleness bound, at most
+    "workers_ratio": 1.8,  # --workers 2 over one worker, at least, where the cores allow it
 }
 REDIS_CONNS = 32
 
@@ -812,6 +813,39 @@ def bench_redis(args: argparse.Namespace, rep: Report, cores: Cores) -> None:
             f"{col(k, 'p50_us', ' ms', 1, 1000)} / {col(k, 'p99_us', ' ms', 1, 1000)}; "
             f"{sum(r['errors'] for r in wr[k])}; {col(k, 'gw_cpu_us_per_req', ' µs')}",
         )
+        rep.row(
+            "redis",
+            "  the whole machine (workers, wrk, the agent, Redis, the kernel): busy share of "
+            f"its {os.cpu_count()} CPUs; CPU per request",
+            f"{col(k, 'machine_busy_pct', ' %')}; {col(k, 'machine_cpu_us_per_req', ' µs')}",
+        )
+    # what the cores allow: 1.8x one worker's answers/s at the two-worker run's CPU per request
+    # of the whole machine, in CPUs (more than the machine has: the target is out of its reach)
+    needed = med(
+        [
+            TARGETS["workers_ratio"] * one["rps"] * two["machine_cpu_us_per_req"] / 1e6
+            for one, two in zip(wr["1"], wr["2"], strict=True)
+        ]
+    )
+    rep.row(
+        "redis",
+        f"  CPUs that {TARGETS['workers_ratio']}x one worker's answers/s would take at the "
+        "two-worker run's CPU per request (whole machine; run by run)",
+        f"{fmt(needed, '', 2)} of {os.cpu_count()}",
+        target="info",
+    )
+    beyond = needed["median"] > (os.cpu_count() or 1)
+    rep.verdict(
+        f"--workers 2 on Redis ≥ {TARGETS['workers_ratio']}x one worker where the cores allow it",
+        rps_ratio["median"] >= TARGETS["workers_ratio"],
+        fmt(rps_ratio, "x", 2)
+        + (
+            f"; {TARGETS['workers_ratio']}x would take {needed['median']:.2f} CPUs, "
+            f"the machine has {os.cpu_count()}"
+            if beyond
+            else ""
+        ),
+    )
     rep.noise("redis workers", [r for v in wr.values() for r in v])
 
     bound = prop["staleness_bound_ms"]
