@@ -153,8 +153,9 @@ def test_an_endpoint_token_gets_its_own_delivery_keys_and_no_one_elses(net: Net)
     assert status == 200, answer
     token = answer["token"]
     try:
-        status, jwks = http("GET", f"{net.gw}/v1/keys", token=token)
+        status, jwks, headers = http_full("GET", f"{net.gw}/v1/keys", token=token)
         assert status == 200, jwks
+        assert {k.lower(): v for k, v in headers.items()}.get("cache-control") == "no-store"
         secret = [k for k in jwks["keys"] if k["kty"] == "oct"]
         ring = KeyRing(net.keys)
         ring.load()

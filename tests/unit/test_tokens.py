@@ -398,12 +398,82 @@ async def test_a_new_registration_is_not_refused_while_its_keys_are_fetched(
     assert refusal is not None and refusal[0] == 401 and "does not publish" in refusal[1]
 
 
+async def test_only_a_newer_registration_of_this_endpoint_gets_a_503(tmp_path: Path) -> None:
+    """Within a second of a fetch, an unknown kid is retryable only when it could be this
+    endpoint's newer registration; an assertion for another endpoint, or with a gateway key's
+    bare kid, is refused at once (a gateway's retries would only burn the deadline)."""
+    import jwt
+
+    keys = ring(tmp_path)
+    tokens = TokenService(keys)
+    clock = [0.0]
+
+    async def fetch() -> dict[str, Any]:
+        return recipient_keys(keys)
+
+    verifier = DeliveryVerifier("agent://r", fetch, monotonic=lambda: clock[0])
+
+    async def check(assertion: str) -> tuple[int, str] | None:
+        return await verifier.check(
+            b"{}", {"x-reach-assertion": assertion}, intent="a.b", msg_id="m", sender=None
+        )
+
+    assert await check(sign(tokens)) is None  # fetched at 0.0
+    clock[0] = 0.5
+    elsewhere = sign(tokens, recipient="agent://other", owner="gen-other")
+    refusal = await check(elsewhere)
+    assert refusal is not None and refusal[0] == 401, refusal
+    (public,) = (k for k in keys.jwks()["keys"])
+    bare = jwt.encode(
+        {"aud": "agent://r", "sub": "", "kind": "delivery", "exp": NOW * 2, "jti": "x"},
+        b"k" * 32,
+        algorithm="HS256",
+        headers={"kid": public["kid"]},
+    )
+    refusal = await check(bare)
+    assert refusal is not None and refusal[0] == 401, refusal
+    assert await check(sign(tokens, owner="gen-2")) == (
+        503,
+        "delivery key of a new registration: fetched within a second",
+    )
+
+
+async def test_an_answer_without_delivery_keys_keeps_the_keys_held(tmp_path: Path) -> None:
+    """Public keys and no delivery key (the answer to a fetch made without the endpoint
+    token): not taken as "no delivery keys any more". Deliveries are answered 503 while the
+    agent has none, and checked with the keys it holds once it has them."""
+    keys = ring(tmp_path)
+    tokens = TokenService(keys)
+    answers = [keys.jwks(), recipient_keys(keys), keys.jwks()]
+    clock = [0.0]
+
+    async def fetch() -> dict[str, Any]:
+        return answers.pop(0)
+
+    verifier = DeliveryVerifier("agent://r", fetch, monotonic=lambda: clock[0])
+
+    async def check() -> tuple[int, str] | None:
+        return await verifier.check(
+            b"{}", {"x-reach-assertion": sign(tokens)}, intent="a.b", msg_id="m", sender=None
+        )
+
+    refusal = await check()
+    assert refusal is not None and refusal[0] == 503 and "no delivery key" in refusal[1]
+    clock[0] = 1.5
+    assert await check() is None
+    clock[0] = 70.0  # the periodic refresh gets public keys only: the keys held stay
+    assert await check() is None
+    assert not answers
+
+
 def test_the_assertions_hmac_is_rfc_2104() -> None:
     """The MAC with its key blocks hashed once gives what the standard library gives."""
     import hmac
 
     from agent_reach.auth.tokens import _Mac
 
+    with pytest.raises(ValueError, match="64 bytes"):
+        _Mac(bytes(65))  # RFC 2104 would hash it first: not what this class does
     for key in (b"", b"k", os.urandom(32), os.urandom(64)):
         mac = _Mac(key)
         for message in (b"", b"x", os.urandom(380), os.urandom(5000)):

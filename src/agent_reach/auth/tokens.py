@@ -132,7 +132,9 @@ class _Mac:
     __slots__ = ("_inner", "_outer")
 
     def __init__(self, key: bytes) -> None:
-        block = key.ljust(64, b"\x00")  # a key is at most a block (32 bytes here)
+        if len(key) > 64:  # RFC 2104 hashes a longer key first; delivery keys are 32 bytes
+            raise ValueError("a key of at most 64 bytes (one SHA-256 block)")
+        block = key.ljust(64, b"\x00")
         self._inner = _SHA256.copy()
         self._inner.update(bytes(b ^ 0x36 for b in block))
         self._outer = _SHA256.copy()

@@ -16,8 +16,10 @@ expiry, the attempt's deadline. An agent that verifies deliveries refuses, with 
 The keys are fetched from the gateway when an assertion names a key not yet known (at most once
 a second), and again every ``keys_max_age_s`` (60 s), so that a key the gateway retired (a
 leaked one, deleted from its key directory) stops verifying here too within a minute; while they
-cannot be fetched at first, deliveries are answered 503 (retryable), not refused, and a failed
-periodic refresh keeps the keys it had.
+cannot be fetched at first (no endpoint token yet, the gateway away, an answer with public keys
+and no delivery key), deliveries are answered 503 (retryable), not refused, and a failed
+periodic refresh keeps the keys it had. A gateway that answers no keys at all has retired every
+key: the keys held are dropped.
 Replays are remembered until their assertion expires, at most ``replay_max`` of them (past that
 the oldest go first: a replay older than the newest ``replay_max`` deliveries is not caught).
 """
@@ -102,7 +104,7 @@ class DeliveryVerifier:
                 return 503, unavailable
             key = self._keys.get(kid)
             if key is None:
-                if self._fetched_at == fetched_before and self._newer_registration(kid):
+                if self._fetched_at == fetched_before and self._newer_registration(kid, assertion):
                     # not fetched again (at most once a second), and the kid is of a gateway
                     # key held, for another registration: this agent registered anew (new
                     # delivery keys) since its last fetch. Retryable, not a refusal.
@@ -155,9 +157,15 @@ class DeliveryVerifier:
         seen[assertion_id] = expires_at
         return None
 
-    def _newer_registration(self, kid: str) -> bool:
-        gateway_key = kid.partition(".")[0]
-        return any(held.partition(".")[0] == gateway_key for held in self._keys)
+    def _newer_registration(self, kid: str, assertion: str) -> bool:
+        """Whether ``assertion`` could be made with a delivery key of a registration of this
+        endpoint newer than the keys held: its kid is ``KID.TAG`` with KID a gateway key held
+        and TAG another registration's, and it is addressed (unverified) to this endpoint."""
+        gateway_key, dot, tag = kid.partition(".")
+        if not dot or not tag:
+            return False
+        held = {t for k, _, t in (h.partition(".") for h in self._keys) if k == gateway_key}
+        return bool(held) and tag not in held and _addressee(assertion) == self.endpoint_id
 
     async def _refresh(self) -> str | None:
         """Fetch the keys again (not more often than ``refetch_min_s``); the reason when they
@@ -168,13 +176,18 @@ class DeliveryVerifier:
         self._fetched_at = now
         try:
             document = await self._fetch()
+            listed = document.get("keys", [])
             keys = {}
-            for jwk in document.get("keys", []):
+            for jwk in listed:
                 if jwk.get("kty") != "oct" or jwk.get("alg") not in _ALGORITHMS:
                     continue  # the public keys of bearer tokens: not for deliveries
                 parsed = jwt.PyJWK(jwk)
                 if parsed.key_id:
                     keys[parsed.key_id] = parsed.key
+            if listed and not keys:
+                # public keys and no delivery key: the gateway did not take this answer as
+                # the agent's (no endpoint token went with it), not "no keys any more"
+                raise LookupError("the gateway's answer holds no delivery key for this agent")
         except Exception as exc:  # any failure to fetch or parse: retryable, logged
             log(logging.WARNING, "agent.keys_unavailable", error=repr(exc))
             return f"cannot fetch the gateway's keys to verify this delivery: {exc}"

@@ -387,7 +387,12 @@ class Agent:
         return self._client
 
     async def _fetch_keys(self) -> Any:
-        """The gateway's JWKS (``GET /v1/keys``), to verify deliveries with."""
+        """The gateway's JWKS (``GET /v1/keys``) as this agent's endpoint token sees it: the
+        public keys and this registration's delivery keys, to verify deliveries with. Without
+        an endpoint token yet (the registration not answered) there is nothing to fetch: the
+        verifier answers 503 (retried) meanwhile."""
+        if self.endpoint_token is None:
+            raise RuntimeError("no endpoint token yet: the registration has not been answered")
         return await self._reach_client().get("/v1/keys")
 
     def reach_blocking(self, coro: Any) -> Any:

@@ -357,7 +357,10 @@ class HttpEdge:
         # endpoint token: what it verifies its deliveries with
         caller = self._caller(request)
         self.service.admit(caller)
-        return _json(self.service.keys(caller))
+        answer = _json(self.service.keys(caller))
+        if caller.authorization:  # it may hold a secret key: no cache may keep it
+            answer.headers["Cache-Control"] = "no-store"
+        return answer
 
     async def issue_token(self, request: web.BaseRequest, _: str) -> web.Response:
         caller = self._caller(request)
