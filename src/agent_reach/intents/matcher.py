@@ -17,9 +17,12 @@ Invariants:
   :data:`SNAPSHOT_CHUNK` tags at a time with the loop free between (a read of 50,000 tags held
   it ~30 ms at once); a change meanwhile is taken by the next build.
 - The matcher's work runs at a lower CPU priority than the event loop (Linux, those threads
-  only): lookups in a pool of ``max_running`` threads of the holder's own, :data:`LOOKUP_NICE`
-  nicer, each build in a daemon thread of its own, :data:`BUILD_NICE` nicer, and numpy's BLAS
-  works on those threads only (not on a pool of its own at the loop's priority). A flood of new
+  only): lookups in a pool of ``max_running`` threads of the holder's own, each build in a
+  daemon thread of its own, and numpy's BLAS works on those threads only (not on a pool of
+  its own at the loop's priority). How much nicer (:func:`thread_nice`): a matcher whose heavy
+  work runs outside the GIL (the bundled model's C engine) runs both at :data:`GIL_FREE_NICE`,
+  the lowest; any other, :data:`LOOKUP_NICE` and :data:`BUILD_NICE`, since a thread starved
+  of CPU while it holds the GIL would hold the loop too. A flood of new
   sentences (each an embedding, ~15 ms of a core) or a big build (an embedding of each of
   50,000 new tags is minutes of a core) takes what the loop leaves, rather than the core its
   requests need, and a gateway stopping does not wait for a build. On a machine that other
@@ -63,6 +66,7 @@ __all__ = [
     "Scored",
     "TagTexts",
     "default_running",
+    "thread_nice",
 ]
 
 # the texts describing a tag (a dictionary's description and examples; agents' descriptions)
@@ -78,6 +82,11 @@ SNAPSHOT_CHUNK = 2000  # tags whose texts a build reads on the loop before letti
 # gets about a tenth of a core others want; a lookup, which a request waits for, a quarter
 BUILD_NICE = 10
 LOOKUP_NICE = 5
+# both, for a matcher whose heavy work leaves the GIL (``releases_gil``): the lowest niceness
+# short of SCHED_IDLE (which a thread holding the GIL now and then must not have). Scenario
+# 15's flood of new sentences at 50,000 tags (docs/reliability.md, F12): the legitimate p99
+# 2.4x and 3.0x the quiet one at 5 and 10, 1.26x and 1.44x at 19
+GIL_FREE_NICE = 19
 
 _T = TypeVar("_T")
 
@@ -98,6 +107,8 @@ class FallbackMatcher(Protocol):
     """Builds the index fallback matches are looked up in."""
 
     name: str  # the match method it reports: "semantic" or "lexical"
+    # optional, read with getattr: ``releases_gil = True`` when its builds' and lookups' heavy
+    # work runs outside the GIL (a C engine), so its threads may run at the lowest priority
 
     def build(self, known: Collection[str], texts: TagTexts) -> MatchIndex:
         """The index of the tags ``known``; ``texts(tag)`` gives the texts describing one.
@@ -147,12 +158,15 @@ class MatchIndexHolder:
         running = max_running if max_running is not None else default_running()
         if matcher is not None:
             _one_blas_thread()  # here, in the thread that made the gateway: see the function
+        lookup_nice, self._build_nice = (
+            thread_nice(matcher) if matcher is not None else (LOOKUP_NICE, BUILD_NICE)
+        )
         self._running = asyncio.Semaphore(running)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             running,
             thread_name_prefix="agent-reach-match",
             initializer=_below_the_loop,
-            initargs=(LOOKUP_NICE,),
+            initargs=(lookup_nice,),
         )
         self._max_waiting = max_waiting
         self._waiting = 0
@@ -209,7 +223,7 @@ class MatchIndexHolder:
                     (tag, tuple(self._texts(tag))) for tag in known[start : start + SNAPSHOT_CHUNK]
                 )
             try:
-                index = await _in_background(matcher.build, known, _lookup(texts))
+                index = await _in_background(self._build_nice, matcher.build, known, _lookup(texts))
             except asyncio.CancelledError:
                 raise
             except Exception:  # the old index stays; the next change tries again
@@ -292,6 +306,13 @@ def default_running() -> int:
     return max(1, min(MAX_RUNNING, cores - 1))
 
 
+def thread_nice(matcher: FallbackMatcher) -> tuple[int, int]:
+    """How much nicer than the loop ``matcher``'s (lookup, build) threads run."""
+    if getattr(matcher, "releases_gil", False):
+        return GIL_FREE_NICE, GIL_FREE_NICE
+    return LOOKUP_NICE, BUILD_NICE
+
+
 def _below_the_loop(nicer: int) -> None:
     """Set up a matcher thread: ``nicer`` than the loop, its numpy arithmetic on itself."""
     _lower_priority(nicer)
@@ -341,9 +362,10 @@ def _lower_priority(nicer: int) -> None:
             )
 
 
-def _in_background(fn: Callable[..., _T], *args: object) -> asyncio.Future[_T]:
-    """``fn(*args)`` in a daemon thread of its own at :data:`BUILD_NICE`; its outcome in the
-    returned future (a cancelled future: the outcome is dropped, the thread runs to its end)."""
+def _in_background(nicer: int, fn: Callable[..., _T], *args: object) -> asyncio.Future[_T]:
+    """``fn(*args)`` in a daemon thread of its own, ``nicer`` than the loop; its outcome in
+    the returned future (a cancelled future: the outcome is dropped, the thread runs to its
+    end)."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[_T] = loop.create_future()
 
@@ -356,7 +378,7 @@ def _in_background(fn: Callable[..., _T], *args: object) -> asyncio.Future[_T]:
             future.set_result(outcome)  # type: ignore[arg-type]
 
     def run() -> None:
-        _below_the_loop(BUILD_NICE)
+        _below_the_loop(nicer)
         try:
             outcome, fault = fn(*args), None
         except BaseException as exc:  # handed to the awaiting task, which logs it

