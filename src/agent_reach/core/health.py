@@ -168,7 +168,9 @@ class EndpointStats:
         if answered:
             self._sum += latency_ms
             bisect.insort(self._answered, latency_ms)
-        self._observe_cost(max(latency_ms, penalty_ms), now)
+        # (conditional expressions, not max()/min(): ~700 instructions a call, and this
+        # module's methods run several times a request; benchmarks/RESULTS.md)
+        self._observe_cost(latency_ms if latency_ms > penalty_ms else penalty_ms, now)
         if t is not None:
             mean = self.recent_mean(now, t.sample_ttl)[0]
             self.slow = slow_after(was_slow, mean, t.slow_threshold_ms)
@@ -240,7 +242,8 @@ class EndpointStats:
             self.ewma_ms = cost_ms
         else:
             tau = EWMA_DECAY_S if self.penalized else self._decay_s
-            w = math.exp(-max(0.0, now - self._ewma_at) / tau)
+            idle = now - self._ewma_at
+            w = math.exp(-(idle if idle > 0.0 else 0.0) / tau)
             self.ewma_ms = current * w + cost_ms * (1 - w)
         self._ewma_at = now
         if self._cost_n < WARMUP_SAMPLES:  # one more sample: it decays more slowly from now
@@ -253,7 +256,8 @@ class EndpointStats:
         if self.ewma_ms == 0.0:
             return 0.0
         tau = EWMA_DECAY_S if self.penalized else self._decay_s
-        return self.ewma_ms * math.exp(-max(0.0, now - self._ewma_at) / tau)
+        idle = now - self._ewma_at
+        return self.ewma_ms * math.exp(-(idle if idle > 0.0 else 0.0) / tau)
 
     def score(self, now: float) -> float:
         """Load-aware cost: lower is better (peak-EWMA latency x (in-flight + 1))."""
@@ -399,6 +403,10 @@ class LivenessClock:
     def now(self, mono: float) -> float:
         """Liveness time at monotonic ``mono``."""
         if self._last_tick is not None:
-            mono = min(mono, self._last_tick + self.tick_interval + self.tolerance)
-        self._latest = max(self._latest, mono - self.credit)
+            cap = self._last_tick + self.tick_interval + self.tolerance
+            if mono > cap:
+                mono = cap
+        latest = mono - self.credit
+        if latest > self._latest:
+            self._latest = latest
         return self._latest

@@ -34,7 +34,8 @@ def per_try_timeout_ms(p95_ms: float | None) -> float:
     """Timeout of one attempt on an endpoint whose recent p95 latency is ``p95_ms``."""
     if p95_ms is None:
         return MIN_PER_TRY_MS
-    return max(1.5 * p95_ms, MIN_PER_TRY_MS)
+    per_try = 1.5 * p95_ms  # (not max(): ~700 instructions a call, on every attempt)
+    return per_try if per_try > MIN_PER_TRY_MS else MIN_PER_TRY_MS
 
 
 def max_retries(timeout_ms: float, reserve_ms: float, per_try_ms: float) -> int:
@@ -59,7 +60,8 @@ class Deadline:
 
     def remaining(self, now: float) -> float:
         """Seconds left at ``now`` (never negative)."""
-        return max(0.0, self.expires_at - now)
+        left = self.expires_at - now  # (not max(): read several times a request)
+        return left if left > 0.0 else 0.0
 
 
 class RetryBudget:

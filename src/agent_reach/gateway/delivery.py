@@ -28,6 +28,7 @@ import msgspec
 from agent_reach.auth.keys import KeyDirectoryError
 from agent_reach.core.model import EndpointRecord, Outcome
 from agent_reach.core.retry import Deadline, backoff_s
+from agent_reach.core.rounding import round3
 from agent_reach.errors import (
     AgentError,
     AgentReachError,
@@ -214,7 +215,7 @@ class Reacher:
                 span.end()
             raise
         opened.done = True
-        elapsed = round((self.clock.monotonic() - received_at) * 1000.0, 3)
+        elapsed = round3((self.clock.monotonic() - received_at) * 1000.0)
         self._finish(intent_label, "ok", elapsed)
         self._trace(trace_id, "answer", ok=True, endpoint_id=endpoint_id, latency_ms=elapsed)
         self.traces.request_done(self._wall(), trace_id, msg_id, tag, "ok", attempts, elapsed)
@@ -335,7 +336,7 @@ class Reacher:
             ok=False,
             error=exc.code,
             detail=exc.detail,
-            latency_ms=round(elapsed, 3),
+            latency_ms=round3(elapsed),
         )
         self.traces.request_done(
             self._wall(), trace_id, msg_id or "", body.intent or "", exc.code, attempts, elapsed
@@ -353,7 +354,7 @@ class Reacher:
             error=exc.code,
             detail=exc.detail,
             attempts=len(attempts),
-            latency_ms=round(elapsed, 3),
+            latency_ms=round3(elapsed),
         )
 
     def _assertion(
@@ -532,7 +533,7 @@ class Reacher:
             )
         except BaseException as exc:  # cancelled: a hedge race was decided, or the caller left
             router.attempt_cancelled(target, stats)
-            took = round((clock.monotonic() - started) * 1000.0, 3)
+            took = round3((clock.monotonic() - started) * 1000.0)
             if attempt_span is not None:
                 attempt_span.end("cancelled", took)
             if isinstance(exc, asyncio.CancelledError):
@@ -556,7 +557,8 @@ class Reacher:
             reached=delivery.reached,
             eject=delivery.eject,
         )
-        attempts.append(Attempt(target, outcome, round(latency_ms, 3), hedge=hedge))
+        rounded = round3(latency_ms)
+        attempts.append(Attempt(target, outcome, rounded, hedge=hedge))
         if delivery.resent:
             self.metrics.resends.inc()
         self.metrics.attempt_done(run.plan.intent, outcome, latency_ms / 1000.0)
@@ -567,7 +569,7 @@ class Reacher:
             endpoint_id=target,
             outcome=outcome,
             status=delivery.status,
-            latency_ms=round(latency_ms, 3),
+            latency_ms=rounded,
             detail=delivery.detail,
             **hedged,
         )
@@ -590,7 +592,7 @@ class Reacher:
             attempt=n,
             outcome=outcome,
             detail=delivery.detail,
-            latency_ms=round(latency_ms, 3),
+            latency_ms=rounded,
         )
         if delivery.outcome is Outcome.AGENT_ERROR:
             raise AgentError(

@@ -33,6 +33,7 @@ from agent_reach.clock import Clock
 from agent_reach.core.model import Outcome
 from agent_reach.core.names import is_endpoint_id, split_domain
 from agent_reach.core.retry import Deadline, RetryBudget, per_try_timeout_ms
+from agent_reach.core.rounding import round3
 from agent_reach.errors import (
     AgentError,
     AgentReachError,
@@ -306,7 +307,8 @@ class Forwarder:
                 )
         elif outcome is Outcome.TIMEOUT:
             stats.observe(latency_ms, now, answered=False, penalty_ms=2000.0)
-        attempts.append(Attempt(endpoint_id, outcome.value, round(latency_ms, 3), domain))
+        rounded = round3(latency_ms)
+        attempts.append(Attempt(endpoint_id, outcome.value, rounded, domain))
         self.metrics.forwards.labels(domain, outcome.value).inc()
         fw.trace(
             "attempt",
@@ -315,7 +317,7 @@ class Forwarder:
             domain=domain,
             outcome=outcome.value,
             status=delivery.status,
-            latency_ms=round(latency_ms, 3),
+            latency_ms=rounded,
             timeout_ms=timeout_ms,
             detail=error or delivery.detail,
             remote_attempts=None if answer is None else len(answer.attempts),
@@ -328,7 +330,7 @@ class Forwarder:
             domain=domain,
             outcome=outcome.value,
             detail=error or delivery.detail,
-            latency_ms=round(latency_ms, 3),
+            latency_ms=rounded,
         )
         if outcome is Outcome.AGENT_ERROR and isinstance(refusal, AgentError):
             raise refusal

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from agent_reach.core.rounding import round4
 from agent_reach.errors import (
     InvalidRequest,
     NoCapableAgent,
@@ -58,7 +59,7 @@ class Match:
     runners_up: tuple[tuple[str, float], ...] = ()
 
     def info(self) -> MatchInfo:
-        return MatchInfo(self.method, self.tag, round(self.confidence, 4))
+        return MatchInfo(self.method, self.tag, round4(self.confidence))
 
     def header(self) -> str:
         """``X-Reach-Match``: ``METHOD;confidence=0.93``."""
@@ -69,11 +70,11 @@ class Match:
         out: dict[str, Any] = {
             "method": self.method,
             "tag": self.tag,
-            "confidence": round(self.confidence, 4),
+            "confidence": round4(self.confidence),
         }
         if self.runners_up:
             out["runners_up"] = [
-                {"tag": tag, "confidence": round(c, 4)} for tag, c in self.runners_up
+                {"tag": tag, "confidence": round4(c)} for tag, c in self.runners_up
             ]
         return out
 
@@ -82,7 +83,7 @@ def suggestions(scored: list[tuple[str, float]], below: float | None) -> list[di
     """The nearest tags of a lookup for a refusal: at most 3, best first, each under ``below``
     (None: any)."""
     near = [(tag, c) for tag, c in scored if below is None or c < below]
-    return [{"tag": tag, "confidence": round(c, 4)} for tag, c in near[:MAX_SUGGESTIONS]]
+    return [{"tag": tag, "confidence": round4(c)} for tag, c in near[:MAX_SUGGESTIONS]]
 
 
 def settle(

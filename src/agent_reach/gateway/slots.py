@@ -172,7 +172,7 @@ class Slots:
         waiter.future = future
         # a plain timer that ends the wait (cheaper than asyncio.timeout, which cancels the
         # task and turns the CancelledError into a TimeoutError)
-        timer = loop.call_later(max(0.0, timeout_s), _time_up, future)
+        timer = loop.call_later(timeout_s if timeout_s > 0.0 else 0.0, _time_up, future)
         try:
             await future
         finally:

@@ -15,6 +15,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from agent_reach.core.rounding import round3, round6
 from agent_reach.wire.answers import Attempt
 
 __all__ = ["RequestSummary", "TraceStore"]
@@ -42,9 +43,9 @@ class RequestSummary(NamedTuple):  # a tuple: made on every request, far cheaper
             "intent": self.intent,
             "outcome": self.outcome,
             "endpoint_id": self.endpoint_id,
-            "latency_ms": round(self.latency_ms, 3),
+            "latency_ms": round3(self.latency_ms),
             "attempts": self.attempts,
-            "ts": round(self.ts, 6),
+            "ts": round6(self.ts),
         }
 
 
@@ -83,7 +84,7 @@ class TraceStore:
         events = self._traces.get(trace_id)
         if events is None:
             return None
-        return [{"ts": round(ts, 6), "kind": kind, **data} for ts, kind, data in events]
+        return [{"ts": round6(ts), "kind": kind, **data} for ts, kind, data in events]
 
     def request_done(
         self,
