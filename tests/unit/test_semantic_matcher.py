@@ -151,7 +151,8 @@ def test_candidates_carry_their_share_of_a_softmax_over_all_rows(
     assert got[0].share > 10 * by_tag[got[1].tag]  # its rows are the nearest tag rows
     shares = [c.share for c in got]
     assert shares == sorted(shares, reverse=True)  # capped by the better-ranked ones
-    assert all(c.share <= by_tag[c.tag] + 1e-9 for c in got)
+    # a cap only lowers a share (the index sums in float32: rounding at 1e-7 of it either way)
+    assert all(c.share <= by_tag[c.tag] * (1 + 1e-6) for c in got)
     assert sum(by_tag.values()) < 1.0  # the background takes the rest
 
 
@@ -327,7 +328,10 @@ def test_the_shipped_background_vectors_are_the_default_embedders_of_the_shipped
     assert shipped.shape == (len(texts), embedder.dim)
     picked = [0, len(texts) // 2, len(texts) - 1]
     fresh = embedder.embed_queries([texts[i] for i in picked])
-    assert np.allclose(shipped[picked], fresh, atol=1e-5)
+    # the same vectors up to the engine's rounding, which moves with the CPU it runs on (libm's
+    # expf is chosen by CPU features: cosine 0.99992 at worst between two hosts), far above two
+    # different texts of the background (0.977 at most)
+    assert np.einsum("ij,ij->i", shipped[picked], fresh).min() >= 0.9995
     # made by another embedder, or from other texts: not used
     assert shipped_background("another-model", texts) is None
     assert shipped_background(embedder.name, texts[:-1]) is None
