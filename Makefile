@@ -88,6 +88,7 @@ bench: $(VENV)/.installed-bench $(VENV)/.installed-test
 ## a few minutes (embeddings cached in eval/.cache/); not part of `make test`
 eval: $(VENV)/.installed-eval
 	$(BIN)/python eval/intent_eval.py --plot docs/img/intent-threshold.png $(EVAL_ARGS)
+	$(BIN)/python eval/baseline.py
 	$(BIN)/python eval/matcher_bench.py
 
 ## lint: ruff (lint + format check), mypy --strict, and the layer contracts (import-linter)
