@@ -148,7 +148,7 @@ def fuzz_case(rng: random.Random, routes: list[tuple[str, str]]) -> tuple[str, s
 
 @bounded(60, 300)
 def test_15_fuzz_every_route() -> None:
-    cases = pick(400, 5000)
+    cases = pick(400, 20_000)  # full: ~15 s of fuzz, so that the p99 is not one sample
     rng = random.Random(15)
     flags = ("--heartbeat-interval", "2", "--endpoint-networks", "127.0.0.0/8")
     with gateway(*flags) as gw, legit_agent(gw):
@@ -167,6 +167,14 @@ def test_15_fuzz_every_route() -> None:
         bad: list[tuple[str, str, int, Any]] = []
         statuses: Counter[int] = Counter()
         try:
+            # every route visited once before the fuzz: a first visit builds what the gateway
+            # builds lazily (the MCP server at the first /mcp request, docs/mcp.md), a one-time
+            # cost any first client pays; measured apart from what the fuzz costs
+            visits = time.monotonic()
+            for method, path in routes:
+                url = gw.url + path.replace("{name}", "x").replace("{trace_id}", "x")
+                http(method, url, raw=None if method == "GET" else b"{}", timeout=15)
+            fuzzing = time.monotonic()
             for _ in range(cases):
                 method, path, body = fuzz_case(rng, routes)
                 code, answer = http(method, gw.url + path, raw=body, timeout=15)
@@ -175,11 +183,14 @@ def test_15_fuzz_every_route() -> None:
                     error = answer.get("error") if isinstance(answer, dict) else None
                     if error not in ALLOWED_5XX.get(code, ()):
                         bad.append((method, path, code, str(answer)[:200]))
+            fuzz_s = time.monotonic() - fuzzing
         finally:
             load.stop()
-        loud = load.join()
+        sent = load.join()
         rss_after = rss_mb(gw.popen.pid)
         assert http("GET", f"{gw.url}/healthz")[0] == 200
+    first = [r for r in sent if r.start < fuzzing]
+    loud = [r for r in sent if r.start >= fuzzing]
     q, loud_p99, ratio = judge(quiet, loud)
     met = not bad and ratio <= 1.5
     report(
@@ -194,6 +205,10 @@ def test_15_fuzz_every_route() -> None:
             "legit_quiet_p99_ms": r3(q),
             "legit_p99_ms": r3(loud_p99),
             "legit_p99_ratio": r3(ratio),
+            "legit_during_fuzz": len(loud),
+            "fuzz_per_s": r3(cases / fuzz_s),
+            "first_visits_s": r3(fuzzing - visits),
+            "first_visits_legit_max_ms": r3(max(latencies(first), default=0.0)),
             "rss_before_mb": r3(rss_before),
             "rss_after_mb": r3(rss_after),
         },
@@ -204,9 +219,8 @@ def test_15_fuzz_every_route() -> None:
     if FULL:
         check_ratio(ratio, q, loud_p99)
     else:
-        # seconds long, the p99 is one stall: the first /mcp request starts the MCP server on
-        # the event loop (~0.4 s, once). The p90 still shows a route that costs the loop
-        # every time it is called.
+        # a fraction of a second of fuzz, a few dozen legitimate requests: the p99 is one
+        # sample. The p90 still shows a route that costs the loop every time it is called.
         p90_quiet, p90_loud = pct(latencies(quiet), 90), pct(latencies(loud), 90)
         assert p90_loud <= 5 * p90_quiet + 20, (p90_quiet, p90_loud)
 

@@ -11,7 +11,8 @@ Invariants:
   tags or their texts schedules one build (changes during a build are taken by one more build
   after it); a build started before a later change never replaces the index of that change.
 - Builds of changes that keep coming (registrations churning) start at least
-  :data:`BUILD_GAP_S` apart: at most ten a second, each taking every change since the last.
+  :data:`BUILD_GAP_S` apart: at most two a second, each taking every change since the last.
+  A change after a quiet spell is built at once.
 - Builds see a snapshot: the known tags and their texts are read on the event loop and handed
   to the worker thread as plain values (the registry's view is not thread-safe), the texts
   :data:`SNAPSHOT_CHUNK` tags at a time with the loop free between (a read of 50,000 tags held
@@ -35,9 +36,10 @@ Invariants:
   ``max_waiting`` wait for them; past that a lookup is refused with
   :class:`~agent_reach.errors.Overloaded` at once. Answers are cached (bounded, keyed by the
   caller's words; dropped when a new index comes).
-- A lookup made while a build of a newer change runs waits for it, until ``fresh_wait_s`` (1 s)
-  after that build started, so that a tag registered a moment ago is found; past that it uses
-  the index in force (a build of minutes delays lookups in its first second only).
+- A lookup made while a build of a newer change is due or runs waits for it, until
+  ``fresh_wait_s`` (1.5 s: the churn gap, then a build) after that build was scheduled, so
+  that a tag registered a moment ago is found; past that it uses the index in force (a build
+  of minutes delays lookups in its first 1.5 s only).
 """
 
 from __future__ import annotations
@@ -76,7 +78,13 @@ Scored = list[tuple[str, float]]
 
 LOOKUP_K = 4  # tags a lookup keeps: the best, and runners-up for the trace and suggestions
 MAX_RUNNING = 4  # lookups at once, at most, by default (default_running)
-BUILD_GAP_S = 0.1  # between two builds at least, when changes keep coming
+# between two builds at least, when changes keep coming. A build embeds the new texts (~15 ms
+# of a core each), and at the lowest niceness that still delays the loop's wake-ups on busy
+# cores (the kernel's EEVDF scheduler lets a running nice-19 thread finish its slice): under
+# scenario 15's churn (~450 registrations a second) the legitimate p99 was 2.6-5.3 ms with
+# builds 0.1 s apart, 2.0-2.5 ms 0.5 s apart, 2.1-2.8 ms with no matcher (docs/reliability.md,
+# F14). A lookup still waits for a build of a newer change (fresh_wait_s), gap included.
+BUILD_GAP_S = 0.5
 SNAPSHOT_CHUNK = 2000  # tags whose texts a build reads on the loop before letting it run
 # how much nicer than the loop the matcher's threads run (Linux): a build, background work,
 # gets about a tenth of a core others want; a lookup, which a request waits for, a quarter
@@ -143,7 +151,7 @@ class MatchIndexHolder:
         max_running: int | None = None,
         max_waiting: int = 64,
         cache_size: int = 4096,
-        fresh_wait_s: float = 1.0,
+        fresh_wait_s: float = 1.5,
     ) -> None:
         self.matcher = matcher
         self.index: MatchIndex = EMPTY_INDEX
@@ -346,7 +354,7 @@ def _one_blas_thread() -> None:
         return
     with _blas_lock:
         if _blas is None:  # it reads every loaded library: ~5 ms of Python, once per process
-            _blas = ThreadpoolController()  # (under churn, 10 builds a second paid it each)
+            _blas = ThreadpoolController()  # (under churn, every build paid it)
         _blas.limit(limits=1, user_api="blas")  # ~0.05 ms
 
 
