@@ -79,11 +79,11 @@ Scored = list[tuple[str, float]]
 LOOKUP_K = 4  # tags a lookup keeps: the best, and runners-up for the trace and suggestions
 MAX_RUNNING = 4  # lookups at once, at most, by default (default_running)
 # between two builds at least, when changes keep coming. A build embeds the new texts (~15 ms
-# of a core each), and at the lowest niceness that still delays the loop's wake-ups on busy
-# cores (the kernel's EEVDF scheduler lets a running nice-19 thread finish its slice): under
-# scenario 15's churn (~450 registrations a second) the legitimate p99 was 2.6-5.3 ms with
-# builds 0.1 s apart, 2.0-2.5 ms 0.5 s apart, 2.1-2.8 ms with no matcher (docs/reliability.md,
-# F14). A lookup still waits for a build of a newer change (fresh_wait_s), gap included.
+# of a core each), and even at the lowest niceness that delays the loop's wake-ups on busy
+# cores (measured on Linux 6.18's EEVDF scheduler; SCHED_IDLE would not, but F10 says why it
+# is not used): under scenario 15's churn (~450 registrations a second) the legitimate p99 was
+# 2.6-5.3 ms with builds 0.1 s apart, 2.0-2.5 ms 0.5 s apart, 2.1-2.8 ms with no matcher
+# (docs/reliability.md, F14). A lookup still waits for a due build (fresh_wait_s), gap included.
 BUILD_GAP_S = 0.5
 SNAPSHOT_CHUNK = 2000  # tags whose texts a build reads on the loop before letting it run
 # how much nicer than the loop the matcher's threads run (Linux): a build, background work,
