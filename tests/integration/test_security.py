@@ -823,7 +823,11 @@ def test_fallback_matches_stay_within_the_policy(tmp_path: Path) -> None:
 
         # falls back to weather.query: allowed. The index of the new tags is built at the
         # lowest CPU priority (docs/matching.md): on a busy machine it may take a while
-        wait_until(lambda: route("weather.query.hourly")[0] == 200, timeout=60)
+        def indexed() -> bool:  # the last registration's tag too (it may come a build later)
+            status, answer = route("gamma.delta.x")
+            return status == 200 and answer["match"]["tag"] == "gamma.delta"
+
+        wait_until(lambda: route("weather.query.hourly")[0] == 200 and indexed(), timeout=60)
         status, answer = route("weather.query.hourly")
         assert status == 200 and answer["chosen"] == "agent://near-1", answer
         assert answer["match"]["method"] == "semantic"
