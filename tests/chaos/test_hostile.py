@@ -219,7 +219,7 @@ def test_15_fuzz_every_route() -> None:
     if FULL:
         check_ratio(ratio, q, loud_p99)
     else:
-        # a fraction of a second of fuzz, a few dozen legitimate requests: the p99 is one
+        # a fraction of a second of fuzz, 10-15 legitimate requests: the p99 is one
         # sample. The p90 still shows a route that costs the loop every time it is called.
         p90_quiet, p90_loud = pct(latencies(quiet), 90), pct(latencies(loud), 90)
         assert p90_loud <= 5 * p90_quiet + 20, (p90_quiet, p90_loud)

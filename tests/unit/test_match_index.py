@@ -66,8 +66,10 @@ class Words:
         self.last: WordIndex | None = None
         self.hold_builds = threading.Event()
         self.hold_builds.set()
+        self.started = 0  # builds started (held ones too)
 
     def build(self, known: Collection[str], texts: TagTexts) -> WordIndex:
+        self.started += 1
         assert self.hold_builds.wait(5)
         self.builds.append(tuple(sorted(known)))
         self.threads.add(threading.current_thread().name)
@@ -199,6 +201,7 @@ async def test_a_long_build_delays_lookups_only_in_its_first_fresh_wait() -> Non
     matcher = Words()
     holder = MatchIndexHolder(matcher, lambda: set(tags), lambda tag: [], fresh_wait_s=0.2)
     await holder.wait()
+    await asyncio.sleep(BUILD_GAP_S)  # a quiet spell: the next build starts at once
     matcher.hold_builds.clear()  # the next build runs long (50,000 new tags to embed)
     try:
         tags.add("note.create")
@@ -207,6 +210,7 @@ async def test_a_long_build_delays_lookups_only_in_its_first_fresh_wait() -> Non
         started = loop.time()
         first = await holder.lookup(None, "weather note")  # waits for it, then the old index
         waited = loop.time() - started
+        assert matcher.started == 2  # the long build was running meanwhile
         assert 0.15 <= waited < 1.0, waited
         assert first == [("weather.query", 0.9)]
         started = loop.time()
@@ -359,3 +363,56 @@ async def test_builds_under_churn_start_at_least_a_gap_apart() -> None:
     assert len(gaps) >= 2 and len(starts) <= 6, starts  # not one build a change
     assert min(gaps) >= 0.9 * BUILD_GAP_S, gaps
     assert holder.index.match(None, "churn") != []  # the last change is in force
+
+
+async def test_a_change_after_a_quiet_spell_is_built_at_once() -> None:
+    tags = {"weather.query"}
+    matcher = Words()
+    holder = MatchIndexHolder(matcher, lambda: set(tags), lambda tag: [])
+    await holder.wait()
+    await asyncio.sleep(BUILD_GAP_S)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    tags.add("note.create")
+    holder.changed()
+    assert await holder.lookup(None, "note") == [("note.create", 0.9)]  # waited for it
+    assert loop.time() - started < 0.5 * BUILD_GAP_S  # no churn gap after a quiet spell
+
+
+async def test_under_churn_a_lookup_waits_for_the_build_of_its_change_not_for_the_churn() -> None:
+    """A lookup waits for the first index that holds the tag registered a moment ago, not
+    until registrations stop (which may be never) or its whole fresh wait has passed."""
+    tags = {"weather.query"}
+
+    class Slow(Words):  # a build outlasts the time between changes: builds never stop
+        def build(self, known: Collection[str], texts: TagTexts) -> WordIndex:
+            time.sleep(0.1)
+            return super().build(known, texts)
+
+    matcher = Slow()
+    holder = MatchIndexHolder(matcher, lambda: set(tags), lambda tag: [], fresh_wait_s=5.0)
+    await holder.wait()
+    loop = asyncio.get_running_loop()
+    churning = True
+
+    async def churn() -> None:  # a registration every 25 ms until told to stop
+        for n in itertools.count():
+            if not churning:
+                return
+            tags.add(f"churn.t{n}")
+            holder.changed()
+            await asyncio.sleep(0.025)
+
+    churner = asyncio.create_task(churn())
+    try:
+        await asyncio.sleep(2 * BUILD_GAP_S)  # builds a gap apart are running
+        tags.add("note.create")
+        holder.changed()
+        started = loop.time()
+        assert await holder.lookup(None, "note") == [("note.create", 0.9)]
+        waited = loop.time() - started
+        assert not churner.done()  # the churn went on meanwhile
+        assert waited < 3 * BUILD_GAP_S, waited  # one gap, a build, perhaps one running
+    finally:
+        churning = False
+        await churner

@@ -36,10 +36,12 @@ Invariants:
   ``max_waiting`` wait for them; past that a lookup is refused with
   :class:`~agent_reach.errors.Overloaded` at once. Answers are cached (bounded, keyed by the
   caller's words; dropped when a new index comes).
-- A lookup made while a build of a newer change is due or runs waits for it, until
-  ``fresh_wait_s`` (1.5 s: the churn gap, then a build) after that build was scheduled, so
-  that a tag registered a moment ago is found; past that it uses the index in force (a build
-  of minutes delays lookups in its first 1.5 s only).
+- A lookup made while the latest change is not yet in force waits until the index of that
+  change is (woken at each new index, not at the end of a run of builds), at most until
+  ``fresh_wait_s`` (1.5 s: the churn gap, then a build) after that change, so that a tag
+  registered a moment ago is found; past that it uses the index in force (a build of
+  minutes delays lookups in the first 1.5 s after its change only). Under churn a lookup
+  waits for the next build that takes its change, not for the churn to end.
 """
 
 from __future__ import annotations
@@ -161,8 +163,9 @@ class MatchIndexHolder:
         self._version = 0  # bumped by every change
         self._built = -1 if matcher is not None else 0  # the version of the index in force
         self._task: asyncio.Task[None] | None = None
-        self._started_at = 0.0  # loop time the build in progress was started (or scheduled)
+        self._changed_at = -math.inf  # loop time of the latest change
         self._ended_at = -math.inf  # loop time the last build ended
+        self._swapped: asyncio.Future[None] | None = None  # done at the next new index
         running = max_running if max_running is not None else default_running()
         if matcher is not None:
             _one_blas_thread()  # here, in the thread that made the gateway: see the function
@@ -194,11 +197,12 @@ class MatchIndexHolder:
         if self.matcher is None:
             return
         self._version += 1
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop yet: the first wait() builds
+            return
+        self._changed_at = loop.time()
         if self._task is None or self._task.done():
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # no loop yet: the first wait() builds
-                return
             self._task = loop.create_task(self._build_until_current(), name="agent-reach-index")
 
     async def wait(self, timeout_s: float | None = None) -> bool:
@@ -217,8 +221,7 @@ class MatchIndexHolder:
         assert matcher is not None
         loop = asyncio.get_running_loop()
         while self._built < self._version:
-            self._started_at = loop.time()
-            gap = self._ended_at + BUILD_GAP_S - self._started_at
+            gap = self._ended_at + BUILD_GAP_S - loop.time()
             if gap > 0:  # a build right after a build: not back to back (churn)
                 await asyncio.sleep(gap)
             version = self._version
@@ -241,8 +244,30 @@ class MatchIndexHolder:
             if version >= self._built:
                 self.index, self._built = index, version
                 self._cache.clear()
+                swapped, self._swapped = self._swapped, None
+                if swapped is not None and not swapped.done():
+                    swapped.set_result(None)  # the lookups waiting for a change (lookup())
                 self._on_swap()
                 log(logging.DEBUG, "intents.index_built", matcher=matcher.name, tags=len(known))
+
+    async def _fresh(self, want: int) -> None:
+        """Until the index of version ``want`` (the latest change, an agent that just
+        registered) is in force, rather than miss the tags it brings; at most until
+        ``fresh_wait_s`` after that change (not for a long build), or until builds stop."""
+        task = self._task
+        if self._built >= want or task is None or task.done():
+            return
+        loop = asyncio.get_running_loop()
+        deadline = self._changed_at + self.fresh_wait_s
+        while self._built < want and not task.done():
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            if self._swapped is None:
+                self._swapped = loop.create_future()
+            await asyncio.wait(
+                [self._swapped, task], timeout=left, return_when=asyncio.FIRST_COMPLETED
+            )
 
     def _release(self, future: asyncio.Future[Scored]) -> None:
         self._running.release()
@@ -273,14 +298,7 @@ class MatchIndexHolder:
             )
         self._waiting += 1
         try:
-            task = self._task
-            if self._built < self._version and task is not None and not task.done():
-                # a build of a newer change is running (an agent just registered): a lookup
-                # waits for it a little, rather than miss the tags it brings; not for a long
-                # one past its first fresh_wait_s
-                left = self._started_at + self.fresh_wait_s - asyncio.get_running_loop().time()
-                if left > 0:
-                    await asyncio.wait([task], timeout=left)
+            await self._fresh(self._version)
             index = self.index
             await self._running.acquire()
             try:
