@@ -271,8 +271,9 @@ class Node:
         )
         # the first index before the gateway listens (words sent at once find the tags), for
         # START_INDEX_WAIT_S at most: a big registry's first build goes on in the background.
-        # wait() starts it unless the registry's start already did (not changed(): a change
-        # more would add a build a churn gap later)
+        # wait() starts it unless a change already did (use_dictionary() above, through the
+        # router's dictionary setter, and the registry's start call changed(); one more would
+        # only add a build a churn gap later)
         if not await self.router.matches.wait(START_INDEX_WAIT_S):
             log(logging.WARNING, "intent.index_pending", waited_s=START_INDEX_WAIT_S)
         self._tasks = [
