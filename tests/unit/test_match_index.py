@@ -167,6 +167,28 @@ async def test_a_failing_build_keeps_the_previous_index() -> None:
     assert await holder.lookup(None, "gamma") == [("gamma.one", 0.9)]
 
 
+async def test_a_failing_lookup_is_refused_as_overloaded_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Broken(WordIndex):  # a plugged-in embedder that raises, say
+        def match(self, intent: str | None, text: str | None, k: int = 4) -> Scored:
+            raise RuntimeError("the model failed")
+
+    class Breaking(Words):
+        def build(self, known: Collection[str], texts: TagTexts) -> WordIndex:
+            return Broken(known, texts, self.gate)
+
+    holder = MatchIndexHolder(Breaking(), lambda: {"weather.query"}, lambda tag: [])
+    await holder.wait()
+    with caplog.at_level("ERROR"), pytest.raises(Overloaded) as refused:
+        await holder.lookup(None, "weather")
+    assert refused.value.retry_after_s == 1
+    assert any(r.getMessage() == "intents.lookup_failed" for r in caplog.records)
+    with pytest.raises(Overloaded):  # and again: nothing kept of the failure
+        await holder.lookup(None, "weather")
+    holder.close()
+
+
 async def test_without_a_matcher_there_is_no_fallback() -> None:
     holder = MatchIndexHolder(None, lambda: {"weather.query"}, lambda tag: [])
     holder.changed()

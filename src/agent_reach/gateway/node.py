@@ -314,6 +314,7 @@ class Node:
             await self.membership.close()
         await self.transport.close()  # both idempotent, and safe on a part never started
         await self.registry.close()
+        self.router.matches.close()  # the matcher's build task and lookup threads
 
 
 def _nats_transport(settings: GatewaySettings, clock: Clock) -> NatsTransport:

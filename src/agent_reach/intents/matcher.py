@@ -62,7 +62,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any, Protocol, TypeVar
 
 from agent_reach.errors import Overloaded
-from agent_reach.observability.logs import log
+from agent_reach.observability.logs import Throttle, log
 
 __all__ = [
     "EMPTY_INDEX",
@@ -102,6 +102,7 @@ LOOKUP_NICE = 5
 GIL_FREE_NICE = 19
 
 _T = TypeVar("_T")
+_faults = Throttle()  # a broken matcher fails every lookup: a log line a second at most
 
 
 class MatchIndex(Protocol):
@@ -335,7 +336,15 @@ class MatchIndexHolder:
             # the slot is held until the thread is done, even when this lookup is cancelled
             # (its caller gone): at most max_running model runs at once, whatever happens
             running.add_done_callback(self._release)
-            scored = await asyncio.shield(running)
+            try:
+                scored = await asyncio.shield(running)
+            except Exception as exc:  # the matcher's fault (a plugged-in embedder's, say)
+                _faults.log(
+                    logging.ERROR, "intents.lookup_failed", matcher=self.method, error=repr(exc)
+                )
+                raise Overloaded(
+                    "the fallback matcher failed (logged); try again", retry_after_s=1
+                ) from exc
         finally:
             self._waiting -= 1
         if index is self.index:  # an answer of an index replaced meanwhile is not kept
