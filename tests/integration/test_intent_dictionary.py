@@ -208,6 +208,34 @@ def test_post_reload_takes_a_good_file_and_refuses_a_bad_one_by_line(good: Path)
         assert status == 200 and route["chosen"] == "agent://reload-w", route
 
 
+# the issue's kinds of fault, each after GOOD's 15 lines and a blank one:
+# (added text, line at fault, words)
+RELOAD_FAULTS = [
+    ('[[intent]]\ntag = "x.y"\ndescription = "open\n', 19, "not valid TOML"),
+    ('[[intent]]\ntag = "note.create"\n', 18, "repeated (first at line 8)"),
+    ('[[intent]]\ntag = "x.y"\naliases = ["weather.get"]\n', 19, "given to two tags"),
+    ('[[intent]]\ntag = "x.y"\naliases = ["note.create"]\n', 19, "also a tag"),
+    ('[[intent]]\ntag = "X..y"\n', 18, "not a valid tag"),
+    ("#" * (10 * 1024 * 1024 + 1) + "\n", None, "over 10 MB"),
+]
+
+
+def test_every_kind_of_fault_is_refused_by_reload_and_nothing_changes(good: Path) -> None:
+    with gateway("--intents", str(good), *MATCHER) as gw:
+        before = http("GET", f"{gw.url}/v1/intents")[1]
+        assert GOOD.count("\n") == 15  # the lines RELOAD_FAULTS count from
+        for added, line, words in RELOAD_FAULTS:
+            good.write_text(GOOD + "\n" + added, encoding="utf-8")
+            status, answer = http("POST", f"{gw.url}/v1/reload")
+            assert (status, answer["error"], answer.get("line")) == (422, "config_error", line)
+            assert words in answer["detail"] and "the old one stays" in answer["detail"]
+            assert http("GET", f"{gw.url}/v1/intents")[1] == before
+        assert len(events(gw, "intent.dictionary_refused")) == len(RELOAD_FAULTS)
+        good.write_text(NEWER, encoding="utf-8")  # and a good file after them is taken
+        status, answer = http("POST", f"{gw.url}/v1/reload")
+        assert status == 200 and answer["intents"]["entries"] == 4, answer
+
+
 def test_sighup_rereads_the_dictionary(good: Path) -> None:
     with gateway("--intents", str(good), *MATCHER) as gw:
         good.write_text(NEWER, encoding="utf-8")

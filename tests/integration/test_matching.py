@@ -102,7 +102,9 @@ def test_words_alone_reach_the_agent_by_meaning_and_say_how(stack: Proc) -> None
     assert code == 200
     (route,) = [e for e in trace["events"] if e["kind"] == "route"]
     assert route["match"]["method"] == "semantic" and route["match"]["tag"] == "weather.query"
-    assert all(r["confidence"] <= match["confidence"] for r in route["match"]["runners_up"])
+    runners_up = route["match"]["runners_up"]
+    assert runners_up and all(r["tag"] != "weather.query" for r in runners_up)
+    assert all(r["confidence"] <= match["confidence"] for r in runners_up)
     (received,) = [e for e in trace["events"] if e["kind"] == "received"]
     assert received["intent_text"] == words
 
@@ -150,6 +152,11 @@ def test_the_dry_run_shows_the_match_on_the_route_and_every_candidate(stack: Pro
     assert candidate["endpoint_id"] == "agent://m-note-01"
     assert candidate["match"] == answer["match"]
     assert candidate["confidence"] == answer["match"]["confidence"]
+    # the other tags the matcher ranked, best first, below the match
+    confidences = [r["confidence"] for r in answer["runners_up"]]
+    assert confidences and confidences == sorted(confidences, reverse=True)
+    assert confidences[0] <= answer["match"]["confidence"]
+    assert "note.create" not in {r["tag"] for r in answer["runners_up"]}
     status, refused = http("GET", f"{stack.url}/v1/route?intent_text=tell+me+a+joke")
     assert (status, refused["error"]) == (404, "no_capable_agent") and refused["suggestions"]
 
