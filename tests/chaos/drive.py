@@ -8,8 +8,8 @@ values replaced by i (``_kind`` labels it and is not sent). It prints ``started 
 monotonic clock, which every process of the machine shares) once it sends, after one unrecorded
 ``GET /healthz`` (:meth:`Driver.warm`), and writes a JSON object ``{"skipped", "rows"}`` to
 RESULTS when it ends, one row a request: ``[start, end, status, error, endpoint, attempts,
-timeout_ms, priority, kind]``. SIGTERM ends it early (the requests in flight are still waited
-for).
+timeout_ms, priority, kind, gateway_ms]`` (gateway_ms: the answer's ``latency_ms``, or null).
+SIGTERM ends it early (the requests in flight are still waited for).
 """
 
 from __future__ import annotations
@@ -128,6 +128,10 @@ class Driver:
         end = time.monotonic()
         if not isinstance(answer, dict):
             answer = {"error": f"client: not an object: {str(answer)[:100]}"}
+        # the gateway's own time, from the request's last byte read to its answer
+        gateway_ms = answer.get("latency_ms")
+        if isinstance(gateway_ms, bool) or not isinstance(gateway_ms, int | float):
+            gateway_ms = None
         attempts = [
             [str(a.get("endpoint_id", "")), str(a.get("outcome", ""))]
             for a in (answer.get("attempts") or [])
@@ -144,6 +148,7 @@ class Driver:
                 timeout_ms,
                 str(body.get("priority", "normal")),
                 kind,
+                gateway_ms,
             ]
         )
 

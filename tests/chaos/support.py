@@ -120,6 +120,9 @@ class Sent:
     timeout_ms: float
     priority: str
     kind: str  # the scenario's label for the request's body
+    # the answer's latency_ms: the gateway's own time from the request's last byte read to its
+    # answer (None: no answer, or an answer without it); the rest of latency_ms is outside it
+    gateway_ms: float | None = None
 
     @property
     def latency_ms(self) -> float:
@@ -239,7 +242,7 @@ class Load:
 
 
 def _sent(row: list[Any]) -> Sent:
-    start, end, status, error, endpoint, attempts, timeout_ms, priority, kind = row
+    start, end, status, error, endpoint, attempts, timeout_ms, priority, kind, gateway_ms = row
     return Sent(
         start=start,
         end=end,
@@ -250,6 +253,7 @@ def _sent(row: list[Any]) -> Sent:
         timeout_ms=timeout_ms,
         priority=priority,
         kind=kind,
+        gateway_ms=gateway_ms,
     )
 
 

@@ -189,8 +189,16 @@ class Router:
         self._dictionary = dictionary
         self.matches.changed()
 
-    def _known_tags(self) -> set[str]:
-        return {*self.registry.intents(), *self._dictionary.tags(), *self.remote_tags()}
+    def _known_tags(self) -> tuple[str, ...]:
+        """Every tag the fallback matcher knows: the registered ones, then the dictionary's
+        and other domains' not among them. Read on the loop at every index build: the
+        registry's tags are copied as they are (~0.3 ms at 50,000), not put through a set
+        (~3 ms: docs/reliability.md, F15)."""
+        registered = self.registry.intents()
+        known = list(registered)
+        others = {*self._dictionary.tags(), *self.remote_tags()}
+        known.extend(tag for tag in others if tag not in registered)
+        return tuple(known)
 
     def _tag_texts(self, tag: str) -> list[str]:
         """The dictionary's description and examples of ``tag``, and the agents' descriptions

@@ -15,8 +15,8 @@ Invariants:
   A change after a quiet spell is built at once.
 - Builds see a snapshot: the known tags and their texts are read on the event loop and handed
   to the worker thread as plain values (the registry's view is not thread-safe), the texts
-  :data:`SNAPSHOT_CHUNK` tags at a time with the loop free between (a read of 50,000 tags held
-  it ~30 ms at once); a change meanwhile is taken by the next build.
+  :data:`SNAPSHOT_SLICE_S` at a time with the loop free between (a read of 50,000
+  tags is ~35 ms in all); a change meanwhile is taken by the next build.
 - The matcher's work runs at a lower CPU priority than the event loop (Linux, those threads
   only): lookups in a pool of ``max_running`` threads of the holder's own, each build in a
   daemon thread of its own, and numpy's BLAS works on those threads only (not on a pool of
@@ -90,7 +90,12 @@ MAX_RUNNING = 4  # lookups at once, at most, by default (default_running)
 # 2.6-5.3 ms with builds 0.1 s apart, 2.0-2.5 ms 0.5 s apart, 2.1-2.8 ms with no matcher
 # (docs/reliability.md, F14). A lookup still waits for a due build (fresh_wait_s), gap included.
 BUILD_GAP_S = 0.5
-SNAPSHOT_CHUNK = 2000  # tags whose texts a build reads on the loop before letting it run
+# a build reads the known tags' texts on the loop (the registry is not for threads), for at
+# most this long before it lets the loop run: 2,000 tags at a time were 1.5-2.9 ms of the loop
+# at 50,000 tags, 70-100 ms in all for one build, and legitimate requests waited behind each
+# step (docs/reliability.md, F15; benchmarks/snapshot_bench.py)
+SNAPSHOT_SLICE_S = 0.001
+SNAPSHOT_CHECK = 16  # tags read between looks at the clock (~1.5 µs each at 50,000 tags)
 # how much nicer than the loop the matcher's threads run (Linux): a build, background work,
 # gets about a tenth of a core others want; a lookup, which a request waits for, a quarter
 BUILD_NICE = 10
@@ -234,11 +239,13 @@ class MatchIndexHolder:
             version = self._version
             known = tuple(self._known())
             texts: dict[str, tuple[str, ...]] = {}
-            for start in range(0, len(known), SNAPSHOT_CHUNK):  # read here, on the loop
-                if start:
+            until = loop.time() + SNAPSHOT_SLICE_S
+            for start in range(0, len(known), SNAPSHOT_CHECK):  # read here, on the loop
+                if loop.time() >= until:
                     await asyncio.sleep(0)
+                    until = loop.time() + SNAPSHOT_SLICE_S
                 texts.update(
-                    (tag, tuple(self._texts(tag))) for tag in known[start : start + SNAPSHOT_CHUNK]
+                    (tag, tuple(self._texts(tag))) for tag in known[start : start + SNAPSHOT_CHECK]
                 )
             self._building, self._build_started = version, loop.time()
             try:
