@@ -55,10 +55,13 @@ async def one_round(router: Router) -> dict[str, float]:
     started = time.perf_counter()
     as_set = tuple({*router.registry.intents(), *router.dictionary.tags()})
     old_known_ms = (time.perf_counter() - started) * 1000
-    started = time.perf_counter()
-    for tag in as_set[:2000]:
-        tuple(router._tag_texts(tag))
-    old_step_ms = (time.perf_counter() - started) * 1000
+    steps = []
+    for start in range(0, len(as_set), 2000):
+        started = time.perf_counter()
+        for tag in as_set[start : start + 2000]:
+            tuple(router._tag_texts(tag))
+        steps.append((time.perf_counter() - started) * 1000)
+    old_step_ms, old_total_ms = max(steps), old_known_ms + sum(steps)
 
     holds: list[float] = []
 
@@ -85,12 +88,13 @@ async def one_round(router: Router) -> dict[str, float]:
         "turns": len(holds),
         "old_known_ms": old_known_ms,
         "old_step_ms": old_step_ms,
+        "old_total_ms": old_total_ms,
     }
 
 
 async def main(tags: int, rounds: int) -> None:
     clock = FakeClock(start=0.0, wall_offset=1.7e9)
-    router = Router(GatewaySettings(), MemoryRegistry(), clock)  # type: ignore[arg-type]
+    router = Router(GatewaySettings(), MemoryRegistry(), clock)
     for e in range(tags // PER_ENDPOINT):
         caps = [f"hostile.t{e}.c{c}" for c in range(PER_ENDPOINT)]
         body = RegisterBody(
@@ -107,7 +111,8 @@ async def main(tags: int, rounds: int) -> None:
         ("total_ms", "the snapshot (and the instant build), ms in all"),
         ("turns", "turns of the loop meanwhile"),
         ("old_known_ms", "before F15: the known tags through a set, one hold, ms"),
-        ("old_step_ms", "before F15: 2,000 tags' texts in a set's order, one hold, ms"),
+        ("old_step_ms", "before F15: the longest of the 2,000-tag holds (a set's order), ms"),
+        ("old_total_ms", "before F15: the whole read, ms in all"),
     ):
         values = [r[key] for r in results]
         print(

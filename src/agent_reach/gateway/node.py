@@ -305,7 +305,8 @@ class Node:
                 log(logging.ERROR, "auth.reloader_error", exc_info=True)
 
     async def close(self) -> None:
-        """Stop the loops, then close the transports and the registry (reverse order)."""
+        """Stop the loops, then close the transports, the registry (reverse order) and the
+        fallback matcher's build task and threads."""
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()

@@ -16,7 +16,7 @@ Invariants:
 - Builds see a snapshot: the known tags and their texts are read on the event loop and handed
   to the worker thread as plain values (the registry's view is not thread-safe), the texts
   :data:`SNAPSHOT_SLICE_S` at a time with the loop free between (a read of 50,000
-  tags is ~35 ms in all); a change meanwhile is taken by the next build.
+  tags is ~40 ms in all); a change meanwhile is taken by the next build.
 - The matcher's work runs at a lower CPU priority than the event loop (Linux, those threads
   only): lookups in a pool of ``max_running`` threads of the holder's own, each build in a
   daemon thread of its own, and numpy's BLAS works on those threads only (not on a pool of
@@ -57,6 +57,7 @@ import math
 import os
 import sys
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Protocol, TypeVar
@@ -91,11 +92,11 @@ MAX_RUNNING = 4  # lookups at once, at most, by default (default_running)
 # (docs/reliability.md, F14). A lookup still waits for a due build (fresh_wait_s), gap included.
 BUILD_GAP_S = 0.5
 # a build reads the known tags' texts on the loop (the registry is not for threads), for at
-# most this long before it lets the loop run: 2,000 tags at a time were 1.5-2.9 ms of the loop
-# at 50,000 tags, 70-100 ms in all for one build, and legitimate requests waited behind each
-# step (docs/reliability.md, F15; benchmarks/snapshot_bench.py)
+# most this long before it lets the loop run: 2,000 tags at a time were up to 2-3 ms of the
+# loop each at 50,000 tags, after a set of the known tags (~4 ms), and legitimate requests
+# waited behind each step (docs/reliability.md, F15; benchmarks/snapshot_bench.py)
 SNAPSHOT_SLICE_S = 0.001
-SNAPSHOT_CHECK = 16  # tags read between looks at the clock (~1.5 µs each at 50,000 tags)
+SNAPSHOT_CHECK = 16  # tags read between looks at the clock (~0.7 µs each at 50,000 tags)
 # how much nicer than the loop the matcher's threads run (Linux): a build, background work,
 # gets about a tenth of a core others want; a lookup, which a request waits for, a quarter
 BUILD_NICE = 10
@@ -107,7 +108,6 @@ LOOKUP_NICE = 5
 GIL_FREE_NICE = 19
 
 _T = TypeVar("_T")
-_faults = Throttle()  # a broken matcher fails every lookup: a log line a second at most
 
 
 class MatchIndex(Protocol):
@@ -196,6 +196,8 @@ class MatchIndexHolder:
         self._cache: OrderedDict[tuple[str | None, str | None], Scored] = OrderedDict()
         self._cache_size = cache_size
         self.fresh_wait_s = fresh_wait_s
+        self._faults = Throttle()  # a broken matcher fails every lookup: a line a second at most
+        self._closed = False
 
     @property
     def method(self) -> str | None:
@@ -239,11 +241,12 @@ class MatchIndexHolder:
             version = self._version
             known = tuple(self._known())
             texts: dict[str, tuple[str, ...]] = {}
-            until = loop.time() + SNAPSHOT_SLICE_S
+            # timed by perf_counter: uvloop's loop.time() moves once a millisecond
+            until = time.perf_counter() + SNAPSHOT_SLICE_S
             for start in range(0, len(known), SNAPSHOT_CHECK):  # read here, on the loop
-                if loop.time() >= until:
+                if time.perf_counter() >= until:
                     await asyncio.sleep(0)
-                    until = loop.time() + SNAPSHOT_SLICE_S
+                    until = time.perf_counter() + SNAPSHOT_SLICE_S
                 texts.update(
                     (tag, tuple(self._texts(tag))) for tag in known[start : start + SNAPSHOT_CHECK]
                 )
@@ -307,7 +310,8 @@ class MatchIndexHolder:
 
     def close(self) -> None:
         """Cancel a build in progress (its thread runs on, unwaited) and end the lookups'
-        threads once their lookups are done."""
+        threads once their lookups are done; later lookups are refused (overloaded)."""
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -324,6 +328,8 @@ class MatchIndexHolder:
         if cached is not None:
             self._cache.move_to_end(key)
             return cached
+        if self._closed:  # the pool is gone: the gateway is shutting down
+            raise Overloaded("the gateway is shutting down", retry_after_s=1)
         if self._waiting >= self._max_waiting:
             raise Overloaded(
                 f"{self._waiting} fallback matches are waiting for the matcher", retry_after_s=1
@@ -346,8 +352,8 @@ class MatchIndexHolder:
             try:
                 scored = await asyncio.shield(running)
             except Exception as exc:  # the matcher's fault (a plugged-in embedder's, say)
-                _faults.log(
-                    logging.ERROR, "intents.lookup_failed", matcher=self.method, error=repr(exc)
+                self._faults.log(
+                    logging.ERROR, "intents.lookup_failed", exc_info=exc, matcher=self.method
                 )
                 raise Overloaded(
                     "the fallback matcher failed (logged); try again", retry_after_s=1

@@ -50,11 +50,13 @@ class Throttle:
         self.next_at[key] = now + self.every_s
         return self.held.pop(key, 0)
 
-    def log(self, level: int, event: str, **data: Any) -> None:
+    def log(
+        self, level: int, event: str, *, exc_info: bool | BaseException = False, **data: Any
+    ) -> None:
         """:func:`log` ``event`` with ``suppressed`` when a line may go now."""
         held = self.take(event)
         if held is not None:
-            log(level, event, suppressed=held, **data)
+            log(level, event, exc_info=exc_info, suppressed=held, **data)
 
 
 class _LibraryThrottle(logging.Filter):

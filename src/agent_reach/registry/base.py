@@ -189,7 +189,8 @@ class RegistryBackend(Protocol):
         ...
 
     def intents(self) -> Collection[str]:
-        """Every intent at least one endpoint declares."""
+        """Every intent at least one endpoint declares: a live view (not to be kept across
+        awaits), ``in`` on it O(1)."""
         ...
 
     def records(self) -> Iterable[EndpointRecord]:
