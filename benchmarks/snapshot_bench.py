@@ -7,7 +7,7 @@ threads: intents/matcher.py), then embeds them in a thread. Here: the real ``Rou
 in-memory registry, ``--tags`` tags registered as scenario 15 does (250 to an endpoint, no
 descriptions), and the real ``MatchIndexHolder`` with a matcher whose build returns at once (the
 embedding is not what is measured). A task that yields at every turn of the loop records how
-long each turn was held. Reported per round: the set of known tags (read in one step), the
+long each turn was held. Reported per round: the read of the known tags (one step), the
 longest hold during the build's snapshot and the total it took, and, for comparison, the two
 holds of the snapshot before F15 of docs/reliability.md (a set of the known tags, then 2,000
 tags' texts at a time in the set's order).
