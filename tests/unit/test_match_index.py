@@ -21,14 +21,17 @@ from agent_reach.intents.dictionary import parse_dictionary
 from agent_reach.intents.matcher import (
     BUILD_GAP_S,
     BUILD_NICE,
+    DISTINCT_CHUNK,
     EMPTY_INDEX,
     GIL_FREE_NICE,
     LOOKUP_NICE,
     SNAPSHOT_CHECK,
+    SNAPSHOT_PAUSE_S,
     SNAPSHOT_SLICE_S,
     MatchIndexHolder,
     Scored,
     TagTexts,
+    distinct,
     thread_nice,
 )
 from agent_reach.registry.memory import MemoryRegistry
@@ -352,6 +355,7 @@ async def test_the_snapshot_of_many_tags_holds_the_loop_a_slice_at_a_time() -> N
     tags = {f"t{n}.query" for n in range(400)}
     read = 0
     seen: list[int] = []  # how many tags' texts had been read at each turn of the loop
+    when: list[float] = []  # and when that turn began
 
     def texts(tag: str) -> list[str]:  # a slow registry: at least 0.1 ms a tag, 40 ms in all
         nonlocal read
@@ -364,6 +368,7 @@ async def test_the_snapshot_of_many_tags_holds_the_loop_a_slice_at_a_time() -> N
     async def turns() -> None:
         while True:
             seen.append(read)
+            when.append(time.perf_counter())
             await asyncio.sleep(0)
 
     ticker = asyncio.create_task(turns())
@@ -374,12 +379,17 @@ async def test_the_snapshot_of_many_tags_holds_the_loop_a_slice_at_a_time() -> N
         ticker.cancel()
     assert read == len(tags)
     steps = [b - a for a, b in itertools.pairwise(seen) if b > a]
-    # a slice of 1 ms reads 10 such tags, rounded up to the clock's look every 16; a busy
+    # a slice of 0.5 ms reads 5 such tags, rounded up to the clock's look every 16; a busy
     # machine only makes it fewer (the clock runs on while the process waits for a core);
     # 2,000 tags at a time read all 400 at once
     per_slice = math.ceil(SNAPSHOT_SLICE_S / 0.0001 / SNAPSHOT_CHECK) * SNAPSHOT_CHECK
     assert max(steps) <= per_slice, steps
     assert len(steps) >= len(tags) // per_slice, steps  # the loop ran between the slices
+    # and the slices are paced: at least the pause from one to the next (back to back, a
+    # request's every turn of the loop met one: F16); half of it as the margin
+    starts = [t for t, a, b in zip(when[1:], seen, seen[1:], strict=False) if b > a]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert gaps and min(gaps) >= 0.5 * SNAPSHOT_PAUSE_S, gaps
 
 
 async def test_a_closed_holder_refuses_lookups_as_overloaded() -> None:
@@ -536,3 +546,11 @@ async def test_the_known_tags_are_every_registered_dictionary_and_remote_tag_onc
         "weather.query",
     ]
     router.matches.close()
+
+
+def test_distinct_is_dict_fromkeys_made_in_chunks() -> None:
+    items = [f"t{n % 3000}" for n in range(2 * DISTINCT_CHUNK + 11)]  # repeats across chunks
+    assert distinct(items) == list(dict.fromkeys(items))
+    assert distinct(tuple(items)) == list(dict.fromkeys(items))
+    assert distinct(x for x in ("b", "a", "b")) == ["b", "a"]
+    assert distinct([]) == []

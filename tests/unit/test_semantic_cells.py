@@ -178,3 +178,31 @@ def test_a_registry_that_moved_gets_cells_of_its_own() -> None:
     same_again = m.build([f"t{i}.q" for i in range(3000, 6000)], texts)
     assert same_again.cells is not None  # the same registry: the centres kept
     assert np.array_equal(same_again.cells.centres.vectors, moved.cells.centres.vectors)
+
+
+def rows_by_tag(index: SemanticIndex) -> dict[str, np.ndarray]:
+    ends = np.append(index.starts[1:], len(index.rows))
+    return {tag: index.rows[a:b] for tag, a, b in zip(index.tags, index.starts, ends, strict=True)}
+
+
+@pytest.mark.parametrize("cut", [1000, 10**9])  # with cells, and without
+def test_a_rebuild_that_keeps_drops_and_adds_texts_equals_a_fresh_build(cut: int) -> None:
+    """A build reuses the last build's vectors by gathering them (not one row at a time): what
+    it keeps, drops and adds must come out as a fresh matcher's build of the same tags."""
+    embedder = Synthetic(3000)
+    again = matcher(embedder, cut)
+    again.build([f"t{i}.q" for i in range(0, 2000)], texts)
+    now = [f"t{i}.q" for i in range(1000, 3000)]  # half kept, a thousand dropped, a thousand new
+    rebuilt = again.build(now, texts)
+    fresh = matcher(embedder, cut).build(now, texts)
+    assert sorted(rebuilt.tags) == sorted(now)
+    mine, theirs = rows_by_tag(rebuilt), rows_by_tag(fresh)
+    for tag in now:
+        np.testing.assert_allclose(mine[tag], theirs[tag], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(
+        rebuilt.centroids[np.argsort(rebuilt.tags)],
+        fresh.centroids[np.argsort(fresh.tags)],
+        rtol=0,
+        atol=1e-6,
+    )
+    assert len(again._row_of) == 3 * len(now)  # only this build's texts (words, a, b) are kept

