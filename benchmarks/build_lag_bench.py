@@ -15,7 +15,8 @@ and the whole build's time.
 
 Beside it, in the same rounds, the single calls the build made before F16 of
 docs/reliability.md and the ones that replaced them, each run alone in a thread the same way:
-``np.add.reduceat`` of the rows against ``group_sums``, ``dict.fromkeys`` of the tags against
+``np.add.reduceat`` of the rows against ``group_sums`` (groups of one row, as scenario 15's tags
+have, and of 1-3), ``dict.fromkeys`` of the tags against
 ``distinct``, and one ``sorted`` of them against ``sorted_order``.
 """
 
@@ -119,25 +120,36 @@ def one_build(tags: int) -> dict[str, float]:
     }
 
 
-def one_call(work: Callable[[], object]) -> float:
+def one_call(work: Callable[[], object], took: dict[str, float], name: str) -> float:
+    """The longest wait of the loop while ``work()`` runs once (its time into ``took``)."""
     late, start, end = lateness(work)
+    took[name] = (end - start) * 1000
     return worst(late, start, end)[0]
 
 
-def calls(tags: int) -> dict[str, float]:
+def calls(tags: int, took: dict[str, float]) -> dict[str, float]:
+    """The single calls, alone: the longest wait of each (its time into ``took``). The
+    groups: one row each (scenario 15's tags, no descriptions), and 1-3 rows each."""
     rng = np.random.default_rng(1)
     rows = rng.standard_normal((tags, DIM)).astype(np.float32)
     starts = np.arange(tags, dtype=np.intp)
+    sizes = rng.integers(1, 4, size=tags)
+    mixed_starts = np.zeros(tags, dtype=np.intp)
+    mixed_starts[1:] = np.cumsum(sizes[:-1])
+    mixed = rng.standard_normal((int(sizes.sum()), DIM)).astype(np.float32)
     known = [f"hostile.t{e}.c{c}" for e in range(tags // PER_ENDPOINT) for c in range(250)]
     shuffled = [known[i] for i in rng.permutation(len(known))]
-    return {
-        "reduceat": one_call(lambda: np.add.reduceat(rows, starts, axis=0)),
-        "group_sums": one_call(lambda: group_sums(rows, starts)),
-        "dict.fromkeys": one_call(lambda: dict.fromkeys(known)),
-        "distinct": one_call(lambda: distinct(known)),
-        "sorted": one_call(lambda: sorted(range(len(shuffled)), key=shuffled.__getitem__)),
-        "sorted_order": one_call(lambda: sorted_order(shuffled)),
+    work: dict[str, Callable[[], object]] = {
+        "reduceat": lambda: np.add.reduceat(rows, starts, axis=0),
+        "group_sums": lambda: group_sums(rows, starts),
+        "reduceat 1-3 rows": lambda: np.add.reduceat(mixed, mixed_starts, axis=0),
+        "group_sums 1-3 rows": lambda: group_sums(mixed, mixed_starts),
+        "dict.fromkeys": lambda: dict.fromkeys(known),
+        "distinct": lambda: distinct(known),
+        "sorted": lambda: sorted(range(len(shuffled)), key=shuffled.__getitem__),
+        "sorted_order": lambda: sorted_order(shuffled),
     }
+    return {name: one_call(fn, took, name) for name, fn in work.items()}
 
 
 def main() -> None:
@@ -148,11 +160,14 @@ def main() -> None:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     gc.freeze()
     gc.set_threshold(50_000, 20, 20)  # as the gateway runs (cli/main.py)
-    builds, singles = [], []
+    builds: list[dict[str, float]] = []
+    singles: list[dict[str, float]] = []
+    times: list[dict[str, float]] = []
     print(f"build_lag_bench: {args.tags:,} tags, {args.rounds} rounds (ms the loop waited)")
     for n in range(args.rounds):
         builds.append(one_build(args.tags))
-        singles.append(calls(args.tags))
+        times.append({})
+        singles.append(calls(args.tags, times[-1]))
         b, s = builds[-1], singles[-1]
         print(
             f"  round {n + 1}: build {b['build_s']:.2f} s besides the embedding; longest wait"
@@ -164,7 +179,9 @@ def main() -> None:
     for key in builds[0]:
         print(f"  build {key}: {statistics.median(b[key] for b in builds):.2f}")
     for key in singles[0]:
-        print(f"  {key}: longest wait {statistics.median(s[key] for s in singles):.2f} ms")
+        wait = statistics.median(s[key] for s in singles)
+        took = statistics.median(t[key] for t in times)
+        print(f"  {key}: longest wait {wait:.2f} ms, the call {took:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -350,6 +350,8 @@ def test_group_sums_are_reduceats() -> None:
         group_sums(rows, starts), np.add.reduceat(rows, starts, axis=0), rtol=1e-6, atol=1e-6
     )
     assert group_sums(rows[:0], starts[:0]).shape == (0, 8)
+    with pytest.raises(ValueError, match="a row"):  # an empty group is not a tag's
+        group_sums(rows, np.array([0, 3, 3], dtype=np.intp))
 
 
 def test_sorted_order_is_a_stable_sort_made_in_chunks() -> None:

@@ -101,12 +101,14 @@ def group_sums(rows: Vectors, starts: npt.NDArray[np.intp]) -> Vectors:
     """The sum of each group of ``rows`` (group i: ``rows[starts[i]:starts[i + 1]]``, the
     last to the end; none empty): ``np.add.reduceat(rows, starts, axis=0)``, made by group
     size with gathers and sums, which leave the GIL (reduceat holds it for the whole call:
-    336 ms at 50,000 tags) and take a fifth of the time."""
+    336 ms at 50,000 tags) and take a fraction of its time (benchmarks/build_lag_bench.py)."""
     n = len(starts)
     out = np.empty((n, rows.shape[1]), dtype=np.float32)
     if n == 0:
         return out
     counts = np.diff(starts, append=len(rows))
+    if counts.min() < 1:
+        raise ValueError("group_sums: every group needs a row")
     for size in np.unique(counts):
         which = np.flatnonzero(counts == size)
         if size == 1:
@@ -465,8 +467,8 @@ class SemanticMatcher:
                 matrix = self._matrix if same else self._matrix[old]
             else:
                 fresh = self.embedder.embed_queries(missing)
-                if len(missing) == len(wanted):
-                    matrix = fresh
+                if len(missing) == len(wanted):  # a copy: the embedder's array is not ours to keep
+                    matrix = np.array(fresh, dtype=np.float32, order="C")
                 else:
                     matrix = np.empty((len(wanted), fresh.shape[1]), dtype=np.float32)
                     matrix[seen] = self._matrix[old[seen]]
