@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -48,6 +49,15 @@ def test_healthy_gateway_exits_0_and_says_each_check_passed(gw: Proc) -> None:
 
 
 def test_a_tag_mismatch_is_reported_with_evidence_and_exit_4(gw: Proc) -> None:
+    # the index of the agent's registration is built in the background at the lowest CPU
+    # priority: on a busy machine (CI's two workers) it can take longer than the 1.5 s a
+    # lookup waits for it, and the answer then suggests nothing yet
+    deadline = time.monotonic() + 30
+    while True:
+        _, body = http("GET", f"{gw.url}/v1/route?intent=weather.querry")
+        if body.get("suggestions") or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     for _ in range(3):  # a typo: the matcher would catch it, so this caller forbids matching
         send = {"intent": "weather.querry", "fallback": False}
         code, body = http("POST", f"{gw.url}/v1/send", send)
