@@ -118,6 +118,14 @@ def group_sums(rows: Vectors, starts: npt.NDArray[np.intp]) -> Vectors:
     return out
 
 
+def _gather(matrix: Vectors, ids: npt.NDArray[np.intp]) -> Vectors:
+    """``matrix[ids]``, or ``matrix`` itself when ``ids`` are all its rows in order (the same
+    texts as the last build's: no copy of a matrix of 50,000 rows)."""
+    if len(ids) == len(matrix) and bool((ids == np.arange(len(ids))).all()):
+        return matrix
+    return matrix[ids]
+
+
 def sorted_order(keys: Sequence[str]) -> list[int]:
     """The positions of ``keys`` in sorted order (stable), sorted :data:`SORT_CHUNK` at a
     time and merged, so that no piece of it holds the GIL for long."""
@@ -462,9 +470,8 @@ class SemanticMatcher:
             seen = old >= 0
             missing = [t for t, i in zip(wanted, old.tolist(), strict=True) if i < 0]
             shadowing = dict(self._shadowing)
-            if not missing:  # the same texts in the same order: no copy of a big matrix
-                same = len(old) == len(self._matrix) and bool((old == np.arange(len(old))).all())
-                matrix = self._matrix if same else self._matrix[old]
+            if not missing:
+                matrix = _gather(self._matrix, old)
             else:
                 fresh = self.embedder.embed_queries(missing)
                 if len(missing) == len(wanted):  # a copy: the embedder's array is not ours to keep
@@ -513,10 +520,7 @@ class SemanticMatcher:
         ids = np.fromiter(
             (row_of[t] for group in groups for t in group), dtype=np.intp, count=int(counts.sum())
         )
-        matrix = self._matrix
-        if len(ids) == len(matrix) and bool((ids == np.arange(len(ids))).all()):
-            return matrix, starts  # the build's own order (no copy of a big matrix)
-        return matrix[ids], starts
+        return _gather(self._matrix, ids), starts
 
     def _index(
         self, tags: list[str], groups: list[list[str]], background: Vectors
