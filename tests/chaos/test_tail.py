@@ -75,7 +75,11 @@ def test_11_hedging_cuts_the_tail(tmp_path: Path) -> None:
     results = load.results
     plain = [s for s in results if s.kind == PLAIN]
     hedged = [s for s in results if s.kind == HEDGED]
-    q = 99.9 if FULL else 99.0  # the smoke's few hundred calls a tag hold no p99.9
+    # the smoke's 200 calls a tag hold no p99.9, and ~10 slow ones: its p99 is the second
+    # slowest call, so two hedges that met a slow agent too (whose every 20th call is slow,
+    # and the agents' counts go in step) failed it once in CI (6 of ~10 hedges won). Its p97,
+    # the 6th slowest, is still in the slow calls' 5 % without hedging
+    q = 99.9 if FULL else 97.0
     tail_plain, tail_hedged = pct(latencies(plain), q), pct(latencies(hedged), q)
     better = tail_plain / tail_hedged
     extra = received / len(hedged) - 1

@@ -67,11 +67,18 @@ def test_generated_keys_are_private_and_published_without_their_secret(tmp_path:
     assert "d" not in jwk and jwk["kid"] in keys.keys
 
 
-def test_the_newest_active_key_signs_and_a_staged_one_waits(tmp_path: Path) -> None:
+def test_the_newest_active_key_signs_and_a_staged_one_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # every key made in one second (the clock held): the case where only the number orders
+    # them (with the clock running, the second could turn between two keys: failed once in CI)
+    held = time.time()
+    monkeypatch.setattr(time, "time", lambda: held)
     keys = ring(tmp_path)
     first = next(iter(keys.keys))
     generate_key(tmp_path, activate_in_s=600)  # staged: published, not signing
     generate_key(tmp_path)  # same second as the first: numbered after it, and newer
+    monkeypatch.undo()
     assert keys.load() is True and len(keys.keys) == 3
     now = time.time()
     signing = keys.signing_key(now)
