@@ -351,6 +351,38 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def _socket_ports(pid: int) -> dict[str, int]:
+    """Socket inode -> local port of every TCP socket in ``pid``'s network namespace."""
+    ports = {}
+    for table in ("tcp", "tcp6"):
+        path = Path(f"/proc/{pid}/net/{table}")
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            cols = line.split()
+            ports[cols[9]] = int(cols[1].rsplit(":", 1)[1], 16)
+    return ports
+
+
+def fds_by_kind(pid: int, port: int) -> dict[str, int]:
+    """``pid``'s open files by kind: ``inbound`` (TCP sockets on ``port``, the listener and its
+    clients' connections), ``outbound`` (other TCP sockets: the pools to agents and stores) and
+    ``other`` (files, pipes, the event loop's epoll, unix sockets)."""
+    ports = _socket_ports(pid)
+    kinds = {"inbound": 0, "outbound": 0, "other": 0}
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+        except FileNotFoundError:  # closed meanwhile
+            continue
+        inode = target[len("socket:[") : -1] if target.startswith("socket:[") else None
+        if inode is None or inode not in ports:
+            kinds["other"] += 1
+        else:
+            kinds["inbound" if ports[inode] == port else "outbound"] += 1
+    return kinds
+
+
 def agents_listed(gw: str) -> dict[str, str]:
     """The gateway's table: endpoint id -> status."""
     status, body = http("GET", f"{gw}/v1/agents", timeout=10)

@@ -92,7 +92,9 @@ def test_14_ten_times_capacity_with_mixed_priorities(mix: str) -> None:
         code: n for code, n in errors(results).items() if code != "overloaded"
     }  # anything but a refusal at admission
     high_ok = float(by_priority["high"]["success_pct"])
-    met = high_ok >= 99 and p99_admitted <= 2 * HOLD_MS and code == 200 and recovered <= 1.0
+    # over band, high priority is reported and not held (the module's docstring)
+    high_met = high_ok >= 99 or mix == "over_band"
+    met = high_met and p99_admitted <= 2 * HOLD_MS and code == 200 and recovered <= 1.0
     report(
         "14",
         f"overload ({mix}): {10 * CAPACITY:g} req/s offered to a capacity of {CAPACITY:g}"
@@ -110,7 +112,7 @@ def test_14_ten_times_capacity_with_mixed_priorities(mix: str) -> None:
             "skipped_by_driver": load.skipped,
         },
         {
-            "high_success_pct": ">= 99",
+            "high_success_pct": ">= 99" if mix == "in_band" else "reported (over band)",
             "rss": "bounded (peak - before <= 50 MB)",
             "p99_admitted_ms": f"<= {2 * HOLD_MS:g} (2x the agents' hold)",
             "s_to_admit_after_load": "<= 1 (at once)",
