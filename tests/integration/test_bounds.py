@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support import Proc, gateway, http, http_full
+from tests.support import Proc, gateway, http, http_full, metric
 
 
 @pytest.fixture
@@ -38,6 +38,10 @@ def test_past_max_endpoints_a_new_id_is_refused_and_nothing_changes(small: Proc)
     assert (status, answer["error"]) == (503, "registry_full")
     assert "5" in str(answer["detail"])
     assert listed(small) == [f"agent://bound-{n}" for n in range(5)]
+    # the bound hit is logged and counted
+    denied = [line for line in small.log_lines() if line["event"] == "audit.denied"]
+    assert [(d["target"], d["status"]) for d in denied] == [("agent://bound-5", 503)]
+    assert metric(small, "agent_reach_denied_total", action="register", status="503") == 1
     assert register(small, "bound-2")[0] == 200  # a known id may always register again
     assert http("POST", f"{small.url}/v1/deregister", {"endpoint_id": "agent://bound-0"})[0] == 200
     assert register(small, "bound-5")[0] == 200  # a place freed

@@ -30,8 +30,9 @@ QUIET = ("--heartbeat-interval", "60")  # no status changes by time within a tes
 
 
 class Agent:
-    """An HTTP agent that answers after ``hold_ms`` (or when a payload's ``block`` is let go),
-    counting the deliveries it holds at once and the order of the payloads' tags."""
+    """An HTTP agent that answers after ``hold_ms`` (or when a payload's ``block`` is let go;
+    a payload's ``fail_later``: 500 when ``fail_release`` is set), counting the deliveries it
+    holds at once and the order of the payloads' tags."""
 
     def __init__(self, name: str, hold_ms: float = 0.0) -> None:
         self.endpoint_id = f"agent://{name}"
@@ -43,6 +44,7 @@ class Agent:
         self.served = 0
         self.failed = 0
         self.release = asyncio.Event()
+        self.fail_release = asyncio.Event()
         self.port = 0
         self._runner: web.AppRunner | None = None
 
@@ -53,6 +55,10 @@ class Agent:
         self.most = max(self.most, self.holding)
         try:
             self.tags.append(str(payload.get("tag", "")))
+            if payload.get("fail_later"):
+                await self.fail_release.wait()
+                self.failed += 1
+                return web.json_response({"error": "told to fail"}, status=500)
             if payload.get("block"):
                 await self.release.wait()
             elif self.hold_ms:
@@ -100,6 +106,7 @@ async def agents(gw: Proc, *made: Agent) -> AsyncIterator[tuple[Agent, ...]]:
     finally:
         for agent in made:
             agent.release.set()
+            agent.fail_release.set()
             await agent.stop()
 
 
@@ -244,6 +251,37 @@ async def test_past_the_wait_queue_low_priority_is_refused_with_retry_after() ->
     assert "one-too-many" not in agent.tags
     assert [r[0] for r in results] == [200] * 181
     assert agent.tags[:2] == ["blocker", "high"]
+
+
+async def test_a_retry_refused_by_the_wait_queue_is_not_answered_overloaded() -> None:
+    """``overloaded`` says nothing was delivered. A request whose first attempt failed, and
+    whose retry then finds the wait queue full for its priority, was delivered: it is answered
+    ``all_attempts_failed`` with its attempt, so that its caller does not take it for untouched
+    and send it again as new."""
+    with gateway(*QUIET, "--max-inflight-per-endpoint", "1", "--log-level", "DEBUG") as gw:
+        async with agents(gw, Agent("bounds-retry")) as (agent,), client() as s:
+            doomed = asyncio.create_task(
+                send(s, gw, "doomed", priority="low", timeout_ms=20_000, payload={"fail_later": 1})
+            )
+            await until(lambda: agent.holding == 1, 10.0, "the doomed request at the agent")
+            # 200 normal requests wait (normal is refused from 230, low from 179); the first
+            # takes the slot the doomed attempt frees, and holds it: 199 left waiting
+            waiting = [
+                asyncio.create_task(send(s, gw, f"normal-{n}", payload={"block": True}))
+                for n in range(200)
+            ]
+            await until(lambda: waiting_lines(gw) == 200, 30.0, "200 waiting")
+            agent.fail_release.set()  # the doomed attempt fails: a retry, of low priority
+            status, answer, _ = await asyncio.wait_for(doomed, 10.0)
+            assert agent.tags.count("doomed") == 1  # delivered once, not retried
+            agent.release.set()
+            results = await asyncio.gather(*waiting)
+    assert answer["error"] == "all_attempts_failed", (status, answer)
+    assert status != 503
+    assert len(answer["attempts"]) == 1, answer
+    assert "wait" in answer["detail"], answer
+    assert answer["msg_id"] and answer["trace_id"]
+    assert [r[0] for r in results] == [200] * 200
 
 
 # --- recovery --------------------------------------------------------------------------------

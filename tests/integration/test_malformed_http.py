@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from agent_reach.edges.http.server import LOG_PER_S
-from tests.support import Proc, gateway, http, wait_until
+from tests.support import Proc, gateway, http, metric, wait_until
 
 MALFORMED = {
     "bad Content-Length": b"POST /v1/send HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}",
@@ -67,9 +67,12 @@ def test_malformed_http_gets_the_contract_body(gw: Proc, case: str) -> None:
 
 def test_a_flood_of_malformed_requests_logs_a_few_warnings_and_no_error(gw: Proc) -> None:
     before = len(gw.log_lines())
+    counted = metric(gw, "agent_reach_http_malformed_total")
+    sent = [0]
     started = time.monotonic()
     for _ in range(40):
         raw_request(gw.url, MALFORMED["bad Content-Length"])
+        sent[0] += 1
 
     def logged() -> list[dict[str, Any]]:
         lines = gw.log_lines()[before:]
@@ -78,6 +81,7 @@ def test_a_flood_of_malformed_requests_logs_a_few_warnings_and_no_error(gw: Proc
     # more malformed requests until one is let through (one a second): it counts the others
     def one_more() -> bool:
         raw_request(gw.url, MALFORMED["bad Content-Length"])
+        sent[0] += 1
         return sum(line["suppressed"] for line in logged()) > 0
 
     wait_until(one_more, 5, interval=0.1)
@@ -89,3 +93,5 @@ def test_a_flood_of_malformed_requests_logs_a_few_warnings_and_no_error(gw: Proc
     assert sum(line["suppressed"] for line in malformed) + len(malformed) >= 40
     lines = gw.log_lines()[before:]
     assert not [line for line in lines if line.get("level") == "error"], lines
+    # each one counted in /metrics, logged or not
+    assert metric(gw, "agent_reach_http_malformed_total") - counted == sent[0]

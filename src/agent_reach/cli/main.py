@@ -438,6 +438,8 @@ async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None
             max_connections=settings.max_connections or default_max_connections(),
             keepalive_timeout=settings.idle_timeout,
             fast=http,  # POST /v1/send and /v1/heartbeat read and answered on httptools
+            on_malformed=node.metrics.http_malformed.inc,
+            on_evicted=node.metrics.http_evicted.inc,
         ),
         handle_signals=False,
         shutdown_timeout=SHUTDOWN_S,

@@ -36,6 +36,7 @@ from agent_reach.errors import (
     DeadlineExceeded,
     InternalError,
     NoCapableAgent,
+    Overloaded,
 )
 from agent_reach.gateway.destination import FORWARDED, destination
 from agent_reach.gateway.forward import Forwarder
@@ -435,7 +436,16 @@ class Reacher:
                 await clock.sleep(wait)
             # a free slot (--max-inflight-per-endpoint): the target's, another's, or the first
             # one freed, in priority order (Overloaded past the wait queue, DeadlineExceeded)
-            got = await router.acquire(plan, tried, run.priority, run.deadline, prefer=target)
+            try:
+                got = await router.acquire(plan, tried, run.priority, run.deadline, prefer=target)
+            except Overloaded as exc:
+                if not attempts:
+                    raise  # nothing delivered: overloaded, come back later
+                # a retry refused a place in the wait queue: `overloaded` promises that nothing
+                # was delivered, and something was (the caller must not take it for untouched)
+                raise AllAttemptsFailed(
+                    f"{len(attempts)} attempt(s) failed; no retry: {exc.detail}"
+                ) from exc
             if got is None:
                 raise AllAttemptsFailed("no eligible candidate is left")
             if got != target:

@@ -298,7 +298,8 @@ class GatewayMetrics:
         )
         self.denied = Counter(
             "agent_reach_denied",
-            "Requests refused by access control (401, 403, 429), by action and status",
+            "Requests refused by access control (401, 403, 429) and registrations refused at"
+            " --max-endpoints (503), by action and status",
             ["action", "status"],
             registry=r,
         )
@@ -360,6 +361,18 @@ class GatewayMetrics:
         self.slot_served = Gauge(
             "agent_reach_slot_wait_served",
             "Requests that waited for a free slot and got one, since start",
+            registry=r,
+        )
+        # the HTTP edge's bounds (edges/http/server.py), each also a throttled WARNING line
+        self.http_malformed = Counter(
+            "agent_reach_http_malformed",
+            "Malformed HTTP requests answered 4xx by the edge (http.malformed)",
+            registry=r,
+        )
+        self.http_evicted = Counter(
+            "agent_reach_http_connections_closed_at_bound",
+            "Connections closed to keep the open ones within --max-connections"
+            " (http.connections_full)",
             registry=r,
         )
         self.forwards = Counter(

@@ -37,6 +37,7 @@ from agent_reach.errors import (
     LoopDetected,
     NoAvailableAgent,
     Overloaded,
+    RegistryFull,
     TraceNotFound,
 )
 from agent_reach.gateway import explain
@@ -168,6 +169,9 @@ class Service:
             record = await self.router.register(body, owner=grant.owner)
         except EndpointHeld as exc:  # checked by the registry, in one step with the write
             access.denied(principal.who, "register", body.endpoint_id, exc.detail)
+            raise
+        except RegistryFull as exc:  # --max-endpoints: logged and counted as a denial (503)
+            access.denied(principal.who, "register", body.endpoint_id, exc.detail, status=503)
             raise
         self.metrics.registrations.inc()
         cards = self.node.cards

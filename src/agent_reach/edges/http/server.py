@@ -36,6 +36,7 @@ import fcntl
 import logging
 import termios
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -126,6 +127,9 @@ class _ReachRequestHandler(RequestHandler):
         if status >= 500:  # a fault of ours (our handler catches its own): aiohttp's way
             return super().handle_error(request, status, exc, message)
         reason = _reason(exc, message)
+        manager = self._manager
+        if isinstance(manager, ReachServer):
+            manager.on_malformed()
         _THROTTLE.log(
             logging.WARNING,
             "http.malformed",
@@ -169,13 +173,25 @@ class ReachServer(web.Server):
     :class:`~agent_reach.edges.http.front.FrontProtocol`, which serves the hot routes itself
     and hands the connection to aiohttp's handler at the first request it does not serve
     (:mod:`.front`); both kinds count toward ``max_connections`` and stop with the server.
+
+    ``on_malformed`` and ``on_evicted`` are called at each malformed request answered and at
+    each connection closed for the bound (the gateway counts them in ``/metrics``).
     """
 
     def __init__(
-        self, handler: Any, *, max_connections: int, fast: FastEdge | None = None, **kwargs: Any
+        self,
+        handler: Any,
+        *,
+        max_connections: int,
+        fast: FastEdge | None = None,
+        on_malformed: Callable[[], None] = lambda: None,
+        on_evicted: Callable[[], None] = lambda: None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(handler, **kwargs)
         self.max_connections = max_connections
+        self.on_malformed = on_malformed
+        self.on_evicted = on_evicted
         self._evictions = Throttle(1.0 / LOG_PER_S)
         self._fast = fast
         self._fronts: dict[FrontProtocol, None] = {}  # in order of arrival
@@ -226,6 +242,7 @@ class ReachServer(web.Server):
         victim = next((h for h in idle if getattr(h, "read_at", 0.0) is None), None)
         if victim is None:
             victim = idle[0] if idle else new
+        self.on_evicted()
         self._evictions.log(
             logging.WARNING,
             "http.connections_full",

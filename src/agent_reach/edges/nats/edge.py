@@ -51,8 +51,10 @@ def _render(exc: AgentReachError) -> Answer:
     return encode(exc.to_body()), {**_JSON, STATUS_HEADER: str(status), **headers_for(exc)}
 
 
-def _busy() -> Answer:
-    return _render(Overloaded("this gateway has too many NATS requests in hand", retry_after_s=1))
+def _busy(op: str) -> Answer:
+    """The 503 past ``max_inflight``; a send's names its ids, as every send's error does."""
+    exc = Overloaded("this gateway has too many NATS requests in hand", retry_after_s=1)
+    return _render(with_ids(exc) if op == "send" else exc)
 
 
 class NatsEdge:
@@ -109,7 +111,7 @@ class NatsEdge:
     def _counted_busy(self, op: str) -> Callable[[], Answer]:
         def busy() -> Answer:
             self._count.labels(op, "503").inc()
-            return _busy()
+            return _busy(op)
 
         return busy
 

@@ -1,0 +1,30 @@
+"""The gateway's NATS API past its ``max_inflight``: 503 ``overloaded`` at once, and a send's
+answer names its ids and attempts as every send's error does (CONTRACT.md: "as over HTTP")."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent_reach.edges.nats.edge import OPERATIONS, _busy
+from agent_reach.wire.status import STATUS_HEADER
+
+
+def test_a_busy_send_names_new_ids_and_no_attempts() -> None:
+    body, headers = _busy("send")
+    answer = json.loads(body)
+    assert headers[STATUS_HEADER] == "503"
+    assert int(headers["Retry-After"]) >= 1
+    assert answer["error"] == "overloaded"
+    assert answer["msg_id"].startswith("msg") and answer["trace_id"].startswith("trace")
+    assert answer["attempts"] == []
+    assert json.loads(_busy("send")[0])["msg_id"] != answer["msg_id"]  # new each time
+
+
+@pytest.mark.parametrize("op", [op for op in OPERATIONS if op != "send"])
+def test_other_operations_answer_busy_without_send_ids(op: str) -> None:
+    body, headers = _busy(op)
+    answer = json.loads(body)
+    assert (headers[STATUS_HEADER], answer["error"]) == ("503", "overloaded")
+    assert "msg_id" not in answer and "attempts" not in answer
