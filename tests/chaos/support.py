@@ -367,15 +367,21 @@ def _socket_ports(pid: int) -> dict[str, int]:
 def fds_by_kind(pid: int, port: int) -> dict[str, int]:
     """``pid``'s open files by kind: ``inbound`` (TCP sockets on ``port``, the listener and its
     clients' connections), ``outbound`` (other TCP sockets: the pools to agents and stores) and
-    ``other`` (files, pipes, the event loop's epoll, unix sockets)."""
-    ports = _socket_ports(pid)
-    kinds = {"inbound": 0, "outbound": 0, "other": 0}
+    ``other`` (files, pipes, the event loop's epoll, unix and UDP sockets, and TCP sockets not
+    yet bound). The files are listed first and the TCP tables read after, once more when a
+    socket is missing from them (opened in between)."""
+    inodes: list[str | None] = []
     for name in os.listdir(f"/proc/{pid}/fd"):
         try:
             target = os.readlink(f"/proc/{pid}/fd/{name}")
         except FileNotFoundError:  # closed meanwhile
             continue
-        inode = target[len("socket:[") : -1] if target.startswith("socket:[") else None
+        inodes.append(target[len("socket:[") : -1] if target.startswith("socket:[") else None)
+    ports = _socket_ports(pid)
+    if any(i is not None and i not in ports for i in inodes):
+        ports = _socket_ports(pid)
+    kinds = {"inbound": 0, "outbound": 0, "other": 0}
+    for inode in inodes:
         if inode is None or inode not in ports:
             kinds["other"] += 1
         else:

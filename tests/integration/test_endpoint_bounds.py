@@ -31,8 +31,8 @@ QUIET = ("--heartbeat-interval", "60")  # no status changes by time within a tes
 
 class Agent:
     """An HTTP agent that answers after ``hold_ms`` (or when a payload's ``block`` is let go;
-    a payload's ``fail_later``: 500 when ``fail_release`` is set), counting the deliveries it
-    holds at once and the order of the payloads' tags."""
+    after a payload's ``sleep_ms``; a payload's ``fail_later``: 500 when ``fail_release`` is
+    set), counting the deliveries it holds at once and the order of the payloads' tags."""
 
     def __init__(self, name: str, hold_ms: float = 0.0) -> None:
         self.endpoint_id = f"agent://{name}"
@@ -55,6 +55,8 @@ class Agent:
         self.most = max(self.most, self.holding)
         try:
             self.tags.append(str(payload.get("tag", "")))
+            if payload.get("sleep_ms"):
+                await asyncio.sleep(float(payload["sleep_ms"]) / 1000.0)
             if payload.get("fail_later"):
                 await self.fail_release.wait()
                 self.failed += 1
@@ -260,6 +262,10 @@ async def test_a_retry_refused_by_the_wait_queue_is_not_answered_overloaded() ->
     and send it again as new."""
     with gateway(*QUIET, "--max-inflight-per-endpoint", "1", "--log-level", "DEBUG") as gw:
         async with agents(gw, Agent("bounds-retry")) as (agent,), client() as s:
+            # one answer of 1.9 s (under the 2 s per-try timeout of no history): it becomes
+            # 2.85 s (1.5 x p95), for the queue to fill while the doomed attempt is held
+            assert (await send(s, gw, "warm", payload={"sleep_ms": 1900}))[0] == 200
+            sent = time.monotonic()
             doomed = asyncio.create_task(
                 send(s, gw, "doomed", priority="low", timeout_ms=20_000, payload={"fail_later": 1})
             )
@@ -267,10 +273,15 @@ async def test_a_retry_refused_by_the_wait_queue_is_not_answered_overloaded() ->
             # 200 normal requests wait (normal is refused from 230, low from 179); the first
             # takes the slot the doomed attempt frees, and holds it: 199 left waiting
             waiting = [
-                asyncio.create_task(send(s, gw, f"normal-{n}", payload={"block": True}))
+                asyncio.create_task(
+                    send(s, gw, f"normal-{n}", timeout_ms=30_000, payload={"block": True})
+                )
                 for n in range(200)
             ]
             await until(lambda: waiting_lines(gw) == 200, 30.0, "200 waiting")
+            took = time.monotonic() - sent
+            print(f"the queue filled {took:.2f} s after the doomed request was sent")
+            assert took < 2.6, f"the queue took {took:.1f} s to fill: near the per-try timeout"
             agent.fail_release.set()  # the doomed attempt fails: a retry, of low priority
             status, answer, _ = await asyncio.wait_for(doomed, 10.0)
             assert agent.tags.count("doomed") == 1  # delivered once, not retried
@@ -279,6 +290,7 @@ async def test_a_retry_refused_by_the_wait_queue_is_not_answered_overloaded() ->
     assert answer["error"] == "all_attempts_failed", (status, answer)
     assert status != 503
     assert len(answer["attempts"]) == 1, answer
+    assert answer["attempts"][0]["outcome"] == "server_error", answer  # reached, and failed
     assert "wait" in answer["detail"], answer
     assert answer["msg_id"] and answer["trace_id"]
     assert [r[0] for r in results] == [200] * 200

@@ -1,5 +1,7 @@
 """The gateway's NATS API past its ``max_inflight``: 503 ``overloaded`` at once, and a send's
-answer names its ids and attempts as every send's error does (CONTRACT.md: "as over HTTP")."""
+answer names ids and attempts as every send's error does (CONTRACT.md: "as over HTTP"). The
+ids are new ones: the answer is made before the request's body is read (over HTTP, a refusal
+at admission echoes the caller's)."""
 
 from __future__ import annotations
 

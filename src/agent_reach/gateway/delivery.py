@@ -439,10 +439,11 @@ class Reacher:
             try:
                 got = await router.acquire(plan, tried, run.priority, run.deadline, prefer=target)
             except Overloaded as exc:
-                if not attempts:
-                    raise  # nothing delivered: overloaded, come back later
-                # a retry refused a place in the wait queue: `overloaded` promises that nothing
-                # was delivered, and something was (the caller must not take it for untouched)
+                if not _delivered(attempts):
+                    raise  # nothing reached an agent: overloaded, come back later
+                # a retry refused a place in the wait queue after an attempt reached an agent:
+                # `overloaded` promises that nothing was delivered (the caller could take the
+                # request for untouched and send it again as new work)
                 raise AllAttemptsFailed(
                     f"{len(attempts)} attempt(s) failed; no retry: {exc.detail}"
                 ) from exc
@@ -678,3 +679,9 @@ def _json_or_none(body: bytes | None) -> msgspec.Raw | None:
     except (msgspec.DecodeError, RecursionError):
         return None
     return msgspec.Raw(body)
+
+
+def _delivered(attempts: list[Attempt]) -> bool:
+    """Whether any of ``attempts`` may have reached its agent: all but a connection refused
+    or never made (``connect_error``: nothing was sent)."""
+    return any(a.outcome != Outcome.CONNECT_ERROR for a in attempts)

@@ -354,8 +354,8 @@ class GatewayMetrics:
         )
         self.slot_refused = Gauge(
             "agent_reach_slot_wait_refused",
-            "Requests refused (503 overloaded) because their intent's wait queue was full,"
-            " since start",
+            "Requests refused because their intent's wait queue was full (503 overloaded; a"
+            " retry after an attempt that reached an agent: all_attempts_failed), since start",
             registry=r,
         )
         self.slot_served = Gauge(

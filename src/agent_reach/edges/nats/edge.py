@@ -52,7 +52,8 @@ def _render(exc: AgentReachError) -> Answer:
 
 
 def _busy(op: str) -> Answer:
-    """The 503 past ``max_inflight``; a send's names its ids, as every send's error does."""
+    """The 503 past ``max_inflight``; a send's names ids, as every send's error does: new
+    ones, since the request's body is not read (that is what the bound saves)."""
     exc = Overloaded("this gateway has too many NATS requests in hand", retry_after_s=1)
     return _render(with_ids(exc) if op == "send" else exc)
 
