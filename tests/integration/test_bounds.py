@@ -3,6 +3,7 @@ registrations per address; and a refused send still names its ids, whatever refu
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -45,6 +46,22 @@ def test_past_max_endpoints_a_new_id_is_refused_and_nothing_changes(small: Proc)
     assert register(small, "bound-2")[0] == 200  # a known id may always register again
     assert http("POST", f"{small.url}/v1/deregister", {"endpoint_id": "agent://bound-0"})[0] == 200
     assert register(small, "bound-5")[0] == 200  # a place freed
+
+
+def test_a_flood_of_refusals_at_the_bound_is_counted_each_but_logged_a_line_a_second() -> None:
+    # any client can send new ids to a full registry: one WARNING line each was a cheap way to
+    # flood the log; each is still counted
+    with gateway("--max-endpoints", "1", "--register-rate-burst", "100") as gw:
+        assert register(gw, "kept")[0] == 200
+        started = time.monotonic()
+        codes = [register(gw, f"flood-{n}")[0] for n in range(30)]
+        took = time.monotonic() - started
+        assert codes == [503] * 30
+        assert metric(gw, "agent_reach_denied_total", action="register", status="503") == 30
+        denied = [line for line in gw.log_lines() if line["event"] == "audit.denied"]
+    assert denied[0]["target"] == "agent://flood-0" and denied[0]["suppressed"] == 0
+    # a line a second at most (the 30 took well under a second here: at most 2 lines then)
+    assert len(denied) <= 1 + int(took), (len(denied), took)
 
 
 def test_registrations_past_the_rate_are_refused_with_retry_after(small: Proc) -> None:

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.support import TEST_SERVE, Proc, gateway, http, status_of, until
+from tests.support import TEST_SERVE, Proc, gateway, http, metric, status_of, until
 
 pytestmark = pytest.mark.skipif(
     TEST_SERVE is not None,
@@ -287,7 +287,9 @@ async def test_a_retry_refused_by_the_wait_queue_is_not_answered_overloaded() ->
             assert agent.tags.count("doomed") == 1  # delivered once, not retried
             agent.release.set()
             results = await asyncio.gather(*waiting)
+            retries = metric(gw, "agent_reach_retries_total")  # refused at the queue: none made
     assert answer["error"] == "all_attempts_failed", (status, answer)
+    assert retries == 0
     assert status != 503
     assert len(answer["attempts"]) == 1, answer
     assert answer["attempts"][0]["outcome"] == "server_error", answer  # reached, and failed

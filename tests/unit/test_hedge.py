@@ -514,3 +514,31 @@ async def test_a_reloaded_dictionary_turns_hedging_off() -> None:
     reply(first, 0.3)
     assert isinstance((await done(task))[0], Reply)
     assert len(transport.calls) == 1 and clock.slept == []
+
+
+async def test_the_hedges_slot_is_claimed_when_the_hedge_is_chosen() -> None:
+    # one attempt at a time per endpoint: the hedge takes the other endpoint's only slot as it
+    # is chosen, before its attempt's task has run, so a request choosing in that window finds
+    # no free slot (it used to find one: two attempts at an endpoint bounded to one)
+    reacher, transport, clock = make("50", max_inflight_per_endpoint=1)
+    await register(reacher, "a", "b")
+    router = reacher.router
+    plan = await router.route(TAG, None)
+    free_when_chosen: list[str | None] = []
+    write = reacher.hedger.trace
+
+    def trace(trace_id: str, kind: str, **data: Any) -> None:
+        if kind == "hedge" and data.get("sent"):
+            free_when_chosen.append(router.choose(plan, free_only=True))
+        write(trace_id, kind, **data)
+
+    reacher.hedger.trace = trace
+    task = asyncio.create_task(reach(reacher, clock))
+    first, hedge = await transport.sent(2)
+    assert first.endpoint_id != hedge.endpoint_id
+    assert free_when_chosen == [None]
+    assert router.slots.reserved == {}  # the claim became the hedge attempt's own slot
+    assert inflight(reacher) == {first.endpoint_id: 1, hedge.endpoint_id: 1}
+    reply(hedge, 0.01)
+    assert isinstance((await done(task))[0], Reply)
+    assert set(inflight(reacher).values()) == {0}

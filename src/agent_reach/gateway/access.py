@@ -20,7 +20,8 @@ Invariants:
   id.
 - ``sender`` is the token's subject; a body that names another sender is refused.
 - Every denial and every admin action is one JSON log line (``audit.denied``,
-  ``audit.admin``) with who, what, why and the trace id where one applies.
+  ``audit.admin``) with who, what, why and the trace id where one applies; refusals for a
+  limit (429, 503) at most a line a second for each action and status, with ``suppressed``.
 - Rate limits (per sender; per remote address for failed authentication, so that a flood of
   bad tokens costs a signature check at most ``rate`` times a second) answer 429 with the
   seconds to wait.
@@ -63,7 +64,7 @@ from agent_reach.gateway.principal import (
     with_article,
 )
 from agent_reach.gateway.router import RouteScope
-from agent_reach.observability.logs import log
+from agent_reach.observability.logs import Throttle, log
 from agent_reach.settings import GatewaySettings, is_loopback
 from agent_reach.wire.bodies import TokenRequest
 
@@ -94,6 +95,8 @@ class Access:
     ) -> None:
         self.settings = settings
         self._on_denied = on_denied  # (action, status): the denial metric
+        # refusals for a limit (429, 503) any client can cause in a flood: a line a second each
+        self._limit_lines = Throttle(monotonic=monotonic)
         self.open = settings.open_mode
         self.wall = wall
         self.monotonic = monotonic
@@ -309,9 +312,19 @@ class Access:
         *,
         status: int = 403,
     ) -> None:
-        """Log one denial (``audit.denied``) and count it."""
+        """Log one denial (``audit.denied``) and count it. Refusals for a limit (429 rate
+        limited, 503 registry full) are logged at most once a second for each action and
+        status, the line's ``suppressed`` counting those held back since the last (each is
+        counted in the metric); refusals of identity or permission (401, 403) each have their
+        line."""
         if self._on_denied is not None:
             self._on_denied(action, status)
+        fields: dict[str, Any] = {}
+        if status in (429, 503):
+            held = self._limit_lines.take(f"{action} {status}")
+            if held is None:
+                return
+            fields["suppressed"] = held
         log(
             logging.WARNING,
             "audit.denied",
@@ -320,6 +333,7 @@ class Access:
             target=target,
             why=why,
             status=status,
+            **fields,
         )  # the request's trace_id is on the line (bound by the service)
 
     def deny(

@@ -431,6 +431,7 @@ class Reacher:
         hedging = self.hedger.start(run, partial(self._attempt, run))  # None: no hedging
         tried: dict[str, None] = {}
         wait = 0.0
+        previous = target  # the endpoint of the attempt a retry follows
         while True:
             if wait > 0:
                 await clock.sleep(wait)
@@ -462,6 +463,8 @@ class Reacher:
             attempt_timeout = min(per_try / 1000.0, remaining)
             if attempt_timeout <= 0:
                 raise DeadlineExceeded(f"deadline of {run.timeout_ms} ms ran out")
+            if attempts:  # a retry, counted once it has its slot and its time
+                self._retried(run, tried, previous, target, wait)
             tried.pop(target, None)
             tried[target] = None  # keeps the last tried endpoint last
             if hedging is None:
@@ -471,7 +474,8 @@ class Reacher:
             if delivery.outcome is Outcome.OK:
                 assert delivery.body is not None
                 return target, msgspec.Raw(delivery.body)
-            target, per_try, wait = self._next(run, delivery, target, tried, len(attempts))
+            previous = target
+            target, per_try, wait = self._next(run, delivery, tried, len(attempts))
 
     def _route_event(self, run: _Run, target: str, per_try: float) -> None:
         """The trace's route event (and the span's) for the first target."""
@@ -614,7 +618,7 @@ class Reacher:
         return delivery
 
     def _next(
-        self, run: _Run, delivery: Delivery, previous: str, tried: dict[str, None], n: int
+        self, run: _Run, delivery: Delivery, tried: dict[str, None], n: int
     ) -> tuple[str, float, float]:
         """After a retryable failure (timeout, connect_error, server_error): the next target,
         its per-try timeout and the wait before it; raises when the rules say stop."""
@@ -649,14 +653,22 @@ class Reacher:
         if delivery.reached and not router.budget.try_spend(now):
             self.metrics.retry_budget_exhausted.inc()
             raise AllAttemptsFailed(f"{n} attempt(s) failed and the retry budget is used up")
-        kind = "same_endpoint" if again else "failover"
+        return target, per_try, wait
+
+    def _retried(
+        self, run: _Run, tried: dict[str, None], previous: str, target: str, wait: float
+    ) -> None:
+        """Count and log the retry about to start at ``target`` (after ``wait`` s; the failed
+        attempt was at ``previous``), now that
+        :meth:`Router.acquire` gave it a slot: the endpoint it goes to may not be the one
+        :meth:`_next` chose, and a retry refused at the wait queue is not one."""
+        kind = "same_endpoint" if target in tried else "failover"
         self.metrics.retries.labels(kind).inc()
         span = run.opened.span
         if span is not None:
             span.retry(kind, target, wait)
         if kind == "failover":
             log(logging.INFO, "route.failover", from_endpoint=previous, to_endpoint=target)
-        return target, per_try, wait
 
     def _tier_summary(self, plan: RoutePlan, out: dict[str, Any]) -> None:
         """The route event's view of the candidates, added to ``out``."""

@@ -15,6 +15,9 @@ Invariants:
   is left of the deadline: a hedge never runs past it.
 - A hedge is charged to the retry budget as it is sent; when the budget refuses, none is sent
   and the first attempt runs on alone.
+- A hedge goes only to a candidate with a free slot (``--max-inflight-per-endpoint``), and
+  that slot is claimed as the hedge is chosen, as :meth:`Router.acquire` claims one: a request
+  arriving before the hedge's task has started does not take it too.
 - The first answer wins: an ``ok``, or a 4xx (``agent_error``, never retried), of either
   attempt ends the race. The other attempt is then cancelled and awaited before the race
   returns, so its in-flight count is released and its span and trace event (outcome
@@ -259,6 +262,7 @@ class Hedging:
             return None
         self.sent = True
         self._hedger.sent.inc()
+        router.slots.claim(other)  # its slot, from now to its attempt's start in its own task
         tried[other] = None
         self._trace("hedge", racing=target, after_ms=after_ms, sent=True, endpoint_id=other)
         span = self.request.opened.span
