@@ -155,6 +155,7 @@ async def test_at_most_limit_per_host_connections_the_rest_wait_their_turn() -> 
         calls = [asyncio.create_task(c.post(url, b"{}", {}, 100)) for _ in range(6)]
         await asyncio.wait_for(two_in.wait(), 5)  # two made: the other four wait for room
         assert c._open == 2
+        assert c.pool_waits == 4  # counted (agent_reach_bound_hits_total{bound="delivery_pool"})
         gate.set()
         answers = await asyncio.wait_for(asyncio.gather(*calls), 5)
         assert [a.status for a in answers] == [200] * 6

@@ -200,3 +200,28 @@ def test_every_metric_is_documented_and_the_dashboard_uses_served_ones(
         "agent_reach_registry_available",
         "agent_reach_heartbeat_age_seconds",
     } <= used
+
+
+def test_bounds_that_callers_reach_are_counted_when_hit() -> None:
+    """Past the 100 unrouted intents kept and the 256 events kept of one trace, what the
+    gateway drops is counted in ``agent_reach_bound_hits_total{bound}`` (a caller chooses both
+    the intents and the trace id)."""
+    with gateway("--matcher", "lexical") as gw:
+        for n in range(200):
+            body = {"intent": f"nobody.serves-{n}", "trace_id": "trace_bounds"}
+            status, answer = http("POST", f"{gw.url}/v1/send", body)
+            assert (status, answer["error"]) == (404, "no_capable_agent"), answer
+        _, text = http("GET", f"{gw.url}/metrics")
+        _, kept = http("GET", f"{gw.url}/v1/traces/trace_bounds")
+    hits = {
+        s.labels["bound"]: s.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "agent_reach_bound_hits"
+        for s in family.samples
+        if s.name.endswith("_total")
+    }
+    assert hits["unrouted_intents"] == 100  # the first 100 made room for the last 100
+    events = len(kept["events"])
+    assert events == 256
+    assert hits["trace_events"] > 0
+    assert hits["trace_store"] == hits["matcher_waiting"] == hits["delivery_pool"] == 0

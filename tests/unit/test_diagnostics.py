@@ -46,8 +46,10 @@ def test_the_least_recently_refused_intent_is_evicted_past_the_capacity() -> Non
         u.note(intent, float(i))
     # b.x was refused longest ago (a.x came back at 3): it goes first
     assert listed(u) == [("d.x", 1, 4.0), ("a.x", 2, 3.0), ("c.x", 1, 2.0)]
+    assert u.evicted == 1
     u.note("b.x", 5.0)  # back, counted afresh
     assert listed(u) == [("b.x", 1, 5.0), ("d.x", 1, 4.0), ("a.x", 2, 3.0)]
+    assert u.evicted == 2
 
 
 def test_the_default_capacity_bounds_callers_strings() -> None:

@@ -141,6 +141,21 @@ async def test_lookups_are_cached_until_a_new_index_comes() -> None:
     assert len(await holder.lookup(None, "weather today")) == 2  # asked again: a new index
 
 
+async def test_the_lookup_cache_is_bounded_and_counts_what_it_drops() -> None:
+    matcher = Words()
+    holder = MatchIndexHolder(matcher, lambda: {"weather.query"}, lambda tag: [], cache_size=2)
+    holder.changed()
+    await holder.wait()
+    for text in ("weather a", "weather b", "weather a", "weather c"):
+        await holder.lookup(None, text)
+    assert holder.evicted == 1  # b, the least recently used, went for c
+    lookups = matcher.last.lookups if matcher.last is not None else 0
+    await holder.lookup(None, "weather a")  # still cached
+    await holder.lookup(None, "weather b")  # asked again
+    assert matcher.last is not None and matcher.last.lookups == lookups + 1
+    assert holder.evicted == 2
+
+
 async def test_past_the_waiting_bound_a_lookup_is_refused_as_overloaded() -> None:
     matcher = Words()
     holder = MatchIndexHolder(
@@ -154,6 +169,7 @@ async def test_past_the_waiting_bound_a_lookup_is_refused_as_overloaded() -> Non
     with pytest.raises(Overloaded) as refused:
         await holder.lookup(None, "weather 99")
     assert refused.value.retry_after_s == 1
+    assert holder.refused == 1  # the metric's count
     matcher.gate.set()
     done = await asyncio.gather(*held)
     assert all(answer == [("weather.query", 0.9)] for answer in done)

@@ -10,7 +10,12 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent_reach.core.model import EndpointRecord
-from agent_reach.gateway.metrics import MAX_INTENT_LABELS, OTHER_INTENTS, GatewayMetrics
+from agent_reach.gateway.metrics import (
+    MAX_DOMAIN_LABELS,
+    MAX_INTENT_LABELS,
+    OTHER_INTENTS,
+    GatewayMetrics,
+)
 from agent_reach.registry.memory import MemoryRegistry
 
 INTENT_FAMILIES = (
@@ -263,3 +268,22 @@ async def test_only_declared_tags_keep_series_and_their_counts(
         assert labels <= declared
     for tag in declared:
         assert total(text, tag) == counted.get(tag, 0), (tag, ops)
+
+
+def test_past_the_cap_new_domains_of_forwards_count_as_other() -> None:
+    # domains come and go through the directory over a process's life: the forwards' label set
+    # must not grow with every domain ever forwarded to
+    metrics, _ = followed()
+    for n in range(MAX_DOMAIN_LABELS + 50):
+        metrics.forwarded(f"domain-{n}", "ok")
+    metrics.forwarded("domain-0", "timeout")  # a domain with series of its own keeps them
+    domains = {domain for ((_, domain), _) in children(metrics.forwards)}
+    assert len(domains) == MAX_DOMAIN_LABELS + 1 and OTHER_INTENTS in domains
+    samples = next(iter(metrics.forwards.collect())).samples
+    other = [
+        s.value for s in samples if s.name.endswith("_total") and s.labels["domain"] == "_other"
+    ]
+    assert other == [50.0]
+    assert ("domain", "domain-0") in {
+        pair for labels in children(metrics.forwards) for pair in labels
+    }

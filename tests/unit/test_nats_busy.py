@@ -30,3 +30,17 @@ def test_other_operations_answer_busy_without_send_ids(op: str) -> None:
     answer = json.loads(body)
     assert (headers[STATUS_HEADER], answer["error"]) == ("503", "overloaded")
     assert "msg_id" not in answer and "attempts" not in answer
+
+
+async def test_a_busy_answer_is_counted_as_the_bound_hit() -> None:
+    from agent_reach.edges.nats.edge import NatsEdge
+    from agent_reach.gateway.node import Node
+    from agent_reach.settings import GatewaySettings
+
+    node = Node(GatewaySettings(nats="nats://127.0.0.1:4222"))  # not connected: not started
+    edge = NatsEdge(node)
+    line = 'agent_reach_bound_hits_total{bound="nats_api_in_hand"}'
+    assert f"{line} 0.0" in node.metrics.render().decode()
+    edge._counted_busy("send")()
+    edge._counted_busy("heartbeat")()
+    assert f"{line} 2.0" in node.metrics.render().decode()

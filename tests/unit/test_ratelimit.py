@@ -166,6 +166,18 @@ def test_room_is_made_in_batches() -> None:
     limiter.take("new", T0)
     assert len(limiter) == 64 - 4 + 1  # room for max_keys / 16 at once
     assert limiter.take("k63", T0) > 0  # the most recent keys kept their state
+    assert limiter.forgotten == 4  # four limited keys lost their state (the metric)
+
+
+def test_only_buckets_that_were_not_full_count_as_forgotten() -> None:
+    limiter = RateLimiter(rate_per_s=1, burst=2, max_keys=3)
+    limiter.take("idle", T0)  # full again by T0 + 1: dropping it forgets nothing
+    limiter.take("busy1", T0 + 5, 2)
+    limiter.take("busy2", T0 + 5, 2)
+    limiter.take("new", T0 + 5)
+    assert limiter.forgotten == 0
+    limiter.take("newer", T0 + 5)  # none full now: the least recently used limit is lost
+    assert limiter.forgotten == 1
 
 
 def test_one_key_limiter() -> None:

@@ -56,6 +56,17 @@ def test_summaries_outlive_the_events_they_point_to() -> None:
     assert [s.trace_id for s in store.recent()] == ["t1"]
 
 
+def test_evictions_and_dropped_events_are_counted() -> None:
+    store = TraceStore(capacity=2, max_events=3)
+    for n in range(5):
+        store.add("busy", float(n), "event")
+    assert len(store.get("busy") or []) == 3 and store.events_dropped == 2
+    store.add("t2", 6.0, "received")
+    assert store.evicted == 0
+    store.add("t3", 7.0, "received")  # busy, the least recently written, goes
+    assert store.get("busy") is None and store.evicted == 1
+
+
 def test_outcomes_are_ok_and_every_reach_error_code() -> None:
     codes = {"no_capable_agent", "recipient_not_found", "recipient_incapable"}
     codes |= {"no_available_agent", "agent_error", "all_attempts_failed", "deadline_exceeded"}

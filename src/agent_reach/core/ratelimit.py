@@ -35,7 +35,7 @@ class _Bucket:
 class RateLimiter:
     """Token buckets by key (a sender id, an address, ...), each refilled at ``rate_per_s``."""
 
-    __slots__ = ("_buckets", "burst", "max_keys", "rate_per_s")
+    __slots__ = ("_buckets", "burst", "forgotten", "max_keys", "rate_per_s")
 
     def __init__(self, rate_per_s: float, burst: float, max_keys: int = 100_000) -> None:
         if not rate_per_s > 0 or math.isinf(rate_per_s):
@@ -48,6 +48,7 @@ class RateLimiter:
         self.burst = float(burst)
         self.max_keys = max_keys
         self._buckets: OrderedDict[str, _Bucket] = OrderedDict()  # least recently used first
+        self.forgotten = 0  # buckets not full dropped to make room: limits lost (a metric)
 
     def __len__(self) -> int:
         """How many keys hold a bucket."""
@@ -98,3 +99,4 @@ class RateLimiter:
             del buckets[key]
         while len(buckets) > target:
             buckets.popitem(last=False)
+            self.forgotten += 1

@@ -120,6 +120,7 @@ class Access:
         self._anonymous: dict[str, Principal] = {}  # open mode: one per address, kept
         # token mode: by (Authorization header, address), verified (TokenService.current)
         self._principals: dict[tuple[str | None, str], Principal] = {}
+        self.principals_cleared = 0  # either table cleared at its bound (a metric)
 
     # --- loading and reloading -------------------------------------------------------------
 
@@ -210,6 +211,7 @@ class Access:
             if principal is None:
                 if len(self._anonymous) >= _ANONYMOUS_KEPT:
                     self._anonymous.clear()
+                    self.principals_cleared += 1
                 principal = self._anonymous[address] = Principal(None, address)
             return principal
         assert self.tokens is not None
@@ -261,6 +263,7 @@ class Access:
         principal = Principal(claims, address)
         if len(self._principals) >= _PRINCIPALS_KEPT:
             self._principals.clear()
+            self.principals_cleared += 1
         self._principals[authorization, address] = principal
         return principal
 

@@ -40,6 +40,7 @@ class UnroutedIntents:
             raise ValueError("capacity must be at least 1")
         self.capacity = capacity
         self._tallies: OrderedDict[str, _Tally] = OrderedDict()  # least recently refused first
+        self.evicted = 0  # intents dropped to keep capacity (a metric)
 
     def __len__(self) -> int:
         return len(self._tallies)
@@ -50,6 +51,7 @@ class UnroutedIntents:
         if tally is None:
             if len(self._tallies) >= self.capacity:
                 self._tallies.popitem(last=False)
+                self.evicted += 1
             self._tallies[intent] = _Tally(at)
             return
         tally.count += 1

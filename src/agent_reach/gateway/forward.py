@@ -309,7 +309,7 @@ class Forwarder:
             stats.observe(latency_ms, now, answered=False, penalty_ms=2000.0)
         rounded = round3(latency_ms)
         attempts.append(Attempt(endpoint_id, outcome.value, rounded, domain))
-        self.metrics.forwards.labels(domain, outcome.value).inc()
+        self.metrics.forwarded(domain, outcome.value)
         fw.trace(
             "attempt",
             attempt=len(attempts),

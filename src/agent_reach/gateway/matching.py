@@ -117,6 +117,7 @@ def settle(
         if exact is None:
             if len(kept) >= MAX_KEPT_EXACT:  # tags come and go: bounded
                 kept.clear()
+                router.exact_matches_cleared += 1
             exact = kept[intent] = Match("exact", intent, 1.0)
         return exact
     canonical = router.dictionary.canonical(intent) if fallback else None

@@ -12,8 +12,10 @@ Invariants:
   ``_other``). Tags come from whoever registers (open mode), so the label set is bounded twice:
   a tag's series are dropped once no endpoint declares it (:meth:`GatewayMetrics.follow`), and at
   most :data:`MAX_INTENT_LABELS` tags have series of their own at once; the tags seen past that
-  count under :data:`OTHER_INTENTS`, for as long as they are declared. Every other label takes
-  values from a fixed set in the code (outcomes, error codes, actions, statuses, kinds).
+  count under :data:`OTHER_INTENTS`, for as long as they are declared. The ``domain`` label of
+  forwards takes at most :data:`MAX_DOMAIN_LABELS` domains, then ``_other``. Every other label
+  takes values from a fixed set in the code (outcomes, error codes, actions, statuses, kinds,
+  the bounds of ``agent_reach_bound_hits_total``).
 - The exposition is generated off the event loop (:meth:`GatewayMetrics.scrape`): what the
   loop mutates without locks (the registry's view, the router's health state, the trace store)
   is read on the loop into plain values first; the client library's metrics lock their own
@@ -54,6 +56,9 @@ MAX_INTENT_LABELS = 1_000
 """Tags with series of their own at once; past it, new tags count under :data:`OTHER_INTENTS`."""
 
 OTHER_INTENTS = "_other"
+# distinct `domain` label values of agent_reach_forwards_total, then `_other` (domains come and
+# go through the directory over a process's life: the label set must not grow with them)
+MAX_DOMAIN_LABELS = 1_024
 """The ``intent`` label of the tags seen past :data:`MAX_INTENT_LABELS` (``other`` is a valid
 tag, so the gateway's own values start with ``_``, as ``_unroutable`` does)."""
 
@@ -98,6 +103,7 @@ class _State(NamedTuple):
     interval_s: float
     trace_count: int
     nats: NatsLinkState | None = None  # None: no NATS link
+    bound_hits: dict[str, int] | None = None  # bound name -> times hit (watch_bound)
 
 
 class NatsLinkState(Protocol):
@@ -149,6 +155,16 @@ class _Exposition(Collector):
                 )
         if state.nats is not None:
             yield from _nats_families(state.nats)
+        if state.bound_hits:
+            hits = CounterMetricFamily(
+                "agent_reach_bound_hits",
+                "Times a bounded queue, cache or table of the gateway was at its bound and "
+                "refused, dropped or cleared something (docs/operations.md, Bounds)",
+                labels=["bound"],
+            )
+            for name, n in state.bound_hits.items():
+                hits.add_metric([name], n)
+            yield hits
         if state.last_seen is not None:
             yield from _heartbeat_families(state.now, state.last_seen, state.interval_s)
             yield GaugeMetricFamily(
@@ -402,6 +418,8 @@ class GatewayMetrics:
         self._registry_state = registry_state
         self._watched: _Watched | None = None
         self._nats_state: Callable[[], NatsLinkState] | None = None
+        self._bounds: dict[str, Callable[[], int]] = {}  # bound name -> times hit, read
+        self._domains: set[str] = set()  # domains with forwards series of their own
         self._followed: RegistryBackend | None = None
         # tag (or own label) -> its series; the tags past the cap share the _other series
         self._series: dict[str, _Series] = {}
@@ -438,7 +456,24 @@ class GatewayMetrics:
         each scrape. Call once, when the gateway has a link."""
         self._nats_state = state
 
+    def watch_bound(self, name: str, hits: Callable[[], int]) -> None:
+        """Export ``hits()`` (a count that only grows) as
+        ``agent_reach_bound_hits_total{bound=name}``, read at each scrape: the times a bounded
+        structure was at its bound. The names are fixed at wiring: a bounded label set."""
+        self._bounds[name] = hits
+
     # --- the hot paths ---------------------------------------------------------------------
+
+    def forwarded(self, domain: str, outcome: str) -> None:
+        """Count one forward to ``domain``: past :data:`MAX_DOMAIN_LABELS` distinct domains,
+        new ones count under ``_other``."""
+        domains = self._domains
+        if domain not in domains:
+            if len(domains) >= MAX_DOMAIN_LABELS:
+                domain = OTHER_INTENTS
+            else:
+                domains.add(domain)
+        self.forwards.labels(domain, outcome).inc()
 
     def request_done(self, intent: str, outcome: str, seconds: float) -> None:
         """Count one answered request (``intent``: the registered tag routed on, or
@@ -554,9 +589,10 @@ class GatewayMetrics:
         """The gateway state a scrape exports, read now (on the loop: O(endpoints))."""
         registry = self._registry_state() if self._registry_state is not None else None
         nats = self._nats_state() if self._nats_state is not None else None
+        hits = {name: read() for name, read in sorted(self._bounds.items())}
         watched = self._watched
         if watched is None:
-            return _State(self._status_counts(), registry, 0.0, None, 0.0, 0, nats)
+            return _State(self._status_counts(), registry, 0.0, None, 0.0, 0, nats, hits)
         return _State(
             self._status_counts(),
             registry,
@@ -565,4 +601,5 @@ class GatewayMetrics:
             watched.interval_s,
             watched.trace_count(),
             nats,
+            hits,
         )

@@ -177,6 +177,31 @@ class Node:
         self.cards = CardKeeper(self, http if isinstance(http, HttpTransport) else None)
         self.service = Service(self)
         self._tasks: list[asyncio.Task[None]] = []
+        self._watch_bounds(http if isinstance(http, HttpTransport) else None)
+
+    def _watch_bounds(self, http: HttpTransport | None) -> None:
+        """``agent_reach_bound_hits_total{bound}``: the bounded queues, caches and tables of
+        the gateway's parts that a caller can fill (docs/operations.md, "Bounds"); the edges
+        add theirs."""
+        watch = self.metrics.watch_bound
+        router, traces, access = self.router, self.traces, self.access
+        watch("matcher_waiting", lambda: router.matches.refused)
+        watch("matcher_cache", lambda: router.matches.evicted)
+        watch("exact_matches", lambda: router.exact_matches_cleared)
+        watch("unrouted_intents", lambda: router.unrouted.evicted)
+        watch("trace_store", lambda: traces.evicted)
+        watch("trace_events", lambda: traces.events_dropped)
+        watch("principals", lambda: access.principals_cleared)
+        if (sends := access.limiter) is not None:
+            watch("send_rate_keys", lambda: sends.forgotten)
+        if (registrations := access.registrations) is not None:
+            watch("register_rate_keys", lambda: registrations.forgotten)
+        if http is not None:
+            watch("delivery_pool", http.pool_waits)
+            watch("url_caches", http.caches_cleared)
+        if self.membership is not None:
+            peers = self.membership.peers
+            watch("federation_peers", lambda: peers.ignored)
 
     def endpoint_refusal(self, url: str) -> str | None:
         """Why no transport of this node delivers to ``url`` (None: one does); registration

@@ -98,6 +98,7 @@ class Router:
         self.rng = rng or random.Random()
         self._dictionary: IntentDictionary = EMPTY_DICTIONARY
         self.exact_matches: dict[str, Match] = {}  # one Match per exact tag (matching.settle)
+        self.exact_matches_cleared = 0  # times it was cleared at its bound (a metric)
         # fallback matches come from an index of the known tags (the dictionary's and every
         # registered one), rebuilt off the request path when they or their texts change
         self.matches = MatchIndexHolder(matcher, self._known_tags, self._tag_texts)

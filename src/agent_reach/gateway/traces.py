@@ -64,6 +64,8 @@ class TraceStore:
         # runs several times on every request
         self._traces: OrderedDict[str, list[tuple[float, str, dict[str, Any]]]] = OrderedDict()
         self._recent: deque[RequestSummary] = deque(maxlen=recent_capacity)
+        self.evicted = 0  # traces dropped to keep capacity (a metric)
+        self.events_dropped = 0  # events not kept, their trace at max_events (a metric)
 
     def add(self, trace_id: str, ts: float, kind: str, data: dict[str, Any] | None = None) -> None:
         """Append one event (``ts`` is unix seconds; ``data``, its fields, is kept as given:
@@ -73,10 +75,13 @@ class TraceStore:
             events = self._traces[trace_id] = []
             if len(self._traces) > self.capacity:
                 self._traces.popitem(last=False)
+                self.evicted += 1
         else:
             self._traces.move_to_end(trace_id)
         if len(events) < self.max_events:
             events.append((ts, kind, {} if data is None else data))
+        else:
+            self.events_dropped += 1
 
     def get(self, trace_id: str) -> list[dict[str, Any]] | None:
         """The events of ``trace_id`` in order (``ts`` to the microsecond, ``kind``, then the

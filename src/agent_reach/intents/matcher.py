@@ -205,6 +205,8 @@ class MatchIndexHolder:
         self._waiting = 0
         self._cache: OrderedDict[tuple[str | None, str | None], Scored] = OrderedDict()
         self._cache_size = cache_size
+        self.refused = 0  # lookups refused with max_waiting waiting (a metric)
+        self.evicted = 0  # answers dropped from the full cache (a metric)
         self.fresh_wait_s = fresh_wait_s
         self._faults = Throttle()  # a broken matcher fails every lookup: a line a second at most
         self._closed = False
@@ -344,6 +346,7 @@ class MatchIndexHolder:
         if self._closed:  # the pool is gone: the gateway is shutting down
             raise Overloaded("the gateway is shutting down", retry_after_s=1)
         if self._waiting >= self._max_waiting:
+            self.refused += 1
             raise Overloaded(
                 f"{self._waiting} fallback matches are waiting for the matcher", retry_after_s=1
             )
@@ -377,6 +380,7 @@ class MatchIndexHolder:
             self._cache[key] = scored
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
+                self.evicted += 1
         return scored
 
 

@@ -87,6 +87,8 @@ class Client:
         self._sweeper: asyncio.TimerHandle | None = None
         self._busy: set[Conn] = set()
         self.closed = False
+        self.pool_waits = 0  # requests that waited for room for a connection (a metric)
+        self.caches_cleared = 0  # the URL or name cache cleared at its bound (a metric)
 
     async def post(
         self,
@@ -111,6 +113,7 @@ class Client:
             target = target_of(url)
             if len(self._targets) >= _CACHE_MAX:
                 self._targets.clear()
+                self.caches_cleared += 1
             self._targets[url] = target
         parts = [target.prefix]
         for name, value in headers.items():
@@ -215,6 +218,7 @@ class Client:
                 continue
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiting.append(waiter)
+            self.pool_waits += 1
             try:
                 await waiter
             finally:
@@ -282,6 +286,7 @@ class Client:
             raise Failure("connect", f"cannot connect: {host}: {refusal or 'no address'}")
         if len(self._names) >= _CACHE_MAX:
             self._names.clear()
+            self.caches_cleared += 1
         self._names[(host, port)] = (now + self.dns_ttl_s, found)
         return found
 

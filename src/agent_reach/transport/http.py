@@ -96,6 +96,7 @@ class HttpTransport:
         self._keepalive_s = keepalive_s
         self._guard = address_guard
         self._literal: dict[str, str | None] = {}  # url -> refusal of its literal address
+        self.literals_cleared = 0  # times _literal was cleared at its bound (a metric)
         self._client: Client | None = None  # deliveries
         self._session: aiohttp.ClientSession | None = None  # fetches (cards)
 
@@ -120,6 +121,16 @@ class HttpTransport:
                     resolver=self._resolver(),
                 )
             )
+
+    def pool_waits(self) -> int:
+        """Deliveries that waited for room for a connection (the pool's bounds), since start."""
+        return 0 if self._client is None else self._client.pool_waits
+
+    def caches_cleared(self) -> int:
+        """Times a cache of this transport (parsed URLs, resolved names, refusals of literal
+        addresses) was cleared at its bound of 4,096, since start."""
+        client = 0 if self._client is None else self._client.caches_cleared
+        return client + self.literals_cleared
 
     def _resolver(self) -> AbstractResolver | None:
         return None if self._guard is None else GuardedResolver(self._guard)
@@ -148,6 +159,7 @@ class HttpTransport:
         refusal = self._guard.refusal_for_address(host) if is_ip(host) else None
         if len(self._literal) >= 4096:
             self._literal.clear()
+            self.literals_cleared += 1
         self._literal[url] = refusal
         return refusal
 

@@ -153,6 +153,8 @@ class A2aEdge:
         self.owners = node.registry.claim_map(OWNER_MAP)
         self._monotonic = node.clock.monotonic
         self._cards: dict[str, tuple[float, bytes, str]] = {}  # base URL -> (until, body, etag)
+        self.cards_cleared = 0  # _cards cleared at its bound of 16 base URLs (a metric)
+        node.metrics.watch_bound("a2a_cards", lambda: self.cards_cleared)
 
     # --- the card --------------------------------------------------------------------------
 
@@ -172,6 +174,7 @@ class A2aEdge:
             etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
             if len(self._cards) >= 16:  # Host is the caller's: a few bases at most
                 self._cards.clear()
+                self.cards_cleared += 1
             self._cards[base] = cached = (now + CARD_TTL_S, body, etag)
         _, body, etag = cached
         headers = {"ETag": etag, "Cache-Control": "no-cache"}

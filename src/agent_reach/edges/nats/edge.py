@@ -72,6 +72,8 @@ class NatsEdge:
         self.max_inflight = max_inflight
         self._monotonic = node.clock.monotonic
         self._count = node.metrics.nats_api
+        self.busy_answers = 0  # answered 503 at once, max_inflight in hand (a metric)
+        node.metrics.watch_bound("nats_api_in_hand", lambda: self.busy_answers)
         self._handlers: dict[str, Callable[[Msg, Caller], Awaitable[Any]]] = {
             "register": self._register,
             "heartbeat": self._heartbeat,
@@ -112,6 +114,7 @@ class NatsEdge:
     def _counted_busy(self, op: str) -> Callable[[], Answer]:
         def busy() -> Answer:
             self._count.labels(op, "503").inc()
+            self.busy_answers += 1
             return _busy(op)
 
         return busy
