@@ -36,6 +36,7 @@ from tests.support import (
     gateway,
     http,
     http_full,
+    metric,
     secured_setup,
     start_agent,
     wait_until,
@@ -345,6 +346,7 @@ def test_sessions_are_bounded_in_count_and_idle_time() -> None:
             opened.append(headers["mcp-session-id"])
         status, _ = _initialize(gw.url)
         assert status == 503  # a third waits until one ends
+        assert metric(gw, "agent_reach_bound_hits_total", bound="mcp_sessions") == 1
         # idle sessions are closed: room again, and the old id is gone
         wait_until(lambda: _initialize(gw.url)[0] == 200, 15)
         ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}

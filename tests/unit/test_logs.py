@@ -7,7 +7,7 @@ import json
 import logging
 import time
 
-from agent_reach.observability.logs import TRACE_ID, configure, log
+from agent_reach.observability.logs import TRACE_ID, Throttle, configure, log
 
 
 def test_configure_leaves_other_formatters_time_alone() -> None:
@@ -45,3 +45,21 @@ def test_every_line_of_a_request_has_its_bound_trace_id() -> None:
     )
     assert "trace_id" not in second
     assert abs(first["ts"] - time.time()) < 60
+
+
+def test_the_throttle_holds_a_bounded_number_of_keys() -> None:
+    # a library's message may be formatted per request: one key each must not grow forever
+    now = [0.0]
+    throttle = Throttle(monotonic=lambda: now[0])
+    for n in range(Throttle.max_keys):
+        assert throttle.take(f"k{n}") == 0
+    assert throttle.take("k0") is None  # within its second: held back, counted
+    now[0] = 0.5
+    assert throttle.take("new-1") == 0  # no key's second is over: all forgotten for it
+    assert len(throttle.next_at) == 1 and not throttle.held
+    for n in range(Throttle.max_keys - 1):
+        throttle.take(f"j{n}")
+    now[0] = 1.6  # new-1's second (to 1.5) is over, j's (to 1.5) too
+    assert throttle.take("new-2") == 0
+    assert set(throttle.next_at) == {"new-2"}
+    assert throttle.take("new-2") is None  # and the throttle still throttles

@@ -78,6 +78,15 @@ _ANONYMOUS_KEPT = 4096  # open mode: principals kept by address (all dropped pas
 _PRINCIPALS_KEPT = 4096  # token mode: verified principals kept (all dropped past it)
 
 
+def _failures_key(address: str) -> str:
+    """The bucket of bad credentials from ``address``. Over NATS the address is the request's
+    reply inbox, which its sender picks: one inbox a request would get past the limit (and cost
+    a signature check each), so every caller over NATS shares one bucket of failures (callers
+    with good tokens are not limited by it; one with a token not seen before waits while it is
+    empty)."""
+    return "unauthenticated@nats" if address.startswith("nats:") else f"unauthenticated@{address}"
+
+
 class Access:
     """The gateway's access control; see the module docstring.
 
@@ -241,7 +250,7 @@ class Access:
         if (
             self.limiter is not None
             and not self.tokens.known((authorization or "").partition(" ")[2].strip())
-            and self.limiter.available(f"unauthenticated@{address}", self.monotonic()) < 1
+            and self.limiter.available(_failures_key(address), self.monotonic()) < 1
         ):
             # this address sent bad credentials at the limit's rate: no signature check for a
             # token not seen before (one per request is what a flood of forged tokens would
@@ -269,7 +278,7 @@ class Access:
 
     def _limit_failures(self, address: str) -> None:
         if self.limiter is not None:
-            wait = self.limiter.take(f"unauthenticated@{address}", self.monotonic())
+            wait = self.limiter.take(_failures_key(address), self.monotonic())
             if wait > 0:
                 raise RateLimited(
                     "too many requests with bad credentials from this address",

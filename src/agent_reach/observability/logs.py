@@ -31,7 +31,11 @@ def log(level: int, event: str, *, exc_info: bool | BaseException = False, **dat
 class Throttle:
     """At most one log line per ``every_s`` for each key (an event name); counts what it
     holds back, for the next line's ``suppressed``. A cheap guard against a flood of lines
-    that any client can cause (malformed HTTP, refused sessions, a full connection table)."""
+    that any client can cause (malformed HTTP, refused sessions, a full connection table).
+    At most ``max_keys`` keys are held (a library's message may be formatted per request): past
+    it, those whose second is over are dropped, and all of them if none is."""
+
+    max_keys = 1024
 
     def __init__(
         self, every_s: float = 1.0, monotonic: Callable[[], float] = time.monotonic
@@ -44,11 +48,22 @@ class Throttle:
         """The count held back for ``key`` since its last line when a line may go now, else
         None (and one more is counted)."""
         now = self.monotonic()
-        if now < self.next_at.get(key, 0.0):
+        next_at = self.next_at
+        if now < next_at.get(key, 0.0):
             self.held[key] = self.held.get(key, 0) + 1
             return None
-        self.next_at[key] = now + self.every_s
+        if key not in next_at and len(next_at) >= self.max_keys:
+            self._make_room(now)
+        next_at[key] = now + self.every_s
         return self.held.pop(key, 0)
+
+    def _make_room(self, now: float) -> None:
+        over = [k for k, at in self.next_at.items() if at <= now]
+        if not over:  # a flood of distinct keys within the second: forget them all
+            over = list(self.next_at)
+        for k in over:
+            del self.next_at[k]
+            self.held.pop(k, None)
 
     def log(
         self, level: int, event: str, *, exc_info: bool | BaseException = False, **data: Any

@@ -6,7 +6,11 @@ else; a message is routed by the service's send, as every other edge's request i
 - ``GET /.well-known/agent-card.json``: one skill per routable tag (``id`` = the tag, the
   dictionary's words or the agents' description, ``tags`` = its segments), the JSON-RPC
   interface at ``/a2a`` of the URL the card was asked at, the bearer scheme in token mode.
-  ``ETag`` on its content; ``If-None-Match`` -> 304.
+  ``ETag`` on its content; ``If-None-Match`` -> 304. The skills, the costly part (~0.3 s of
+  CPU at 50,000 tags), are built once for every base URL a caller may name in ``Host``, a
+  thousand tags per turn of the loop, by one build at a time that every request awaits, at
+  most once in :data:`CARD_TTL_S` and once in :data:`CARD_COST_FACTOR` times the last build's
+  duration (under a flood of card requests, at most about a tenth of the loop's time).
 - ``POST /a2a``: JSON-RPC 2.0, A2A 1.0 (``A2A-Version: 1.0``; none is taken as 1.0, another is
   -32009). ``SendMessage``: the intent is ``metadata.intent`` of the message or of the request
   (an exact tag), else the message's text parts are the send's ``intent_text`` (the fallback,
@@ -43,6 +47,7 @@ import hashlib
 import json
 import logging
 import re
+import time
 from typing import Any
 
 import msgspec
@@ -57,7 +62,7 @@ from agent_reach.errors import (
     Unauthorized,
 )
 from agent_reach.gateway.node import Node
-from agent_reach.gateway.service import Caller
+from agent_reach.gateway.service import TAG_CHUNK, Caller
 from agent_reach.observability.logs import log
 from agent_reach.wire.bodies import SendBody, encode
 from agent_reach.wire.ids import new_id
@@ -69,9 +74,11 @@ RPC_PATH = "/a2a"
 OWNER_MAP = "a2a-owners"
 OWNER_TTL_S = 3600.0  # an owner is forgotten an hour after the last message of its task
 CARD_TTL_S = 1.0  # the card is built again at most this often
+CARD_COST_FACTOR = 10.0  # ... and at most once in this many times its build's duration
 CONTEXT_HEADER = "X-Reach-A2A-Context-Id"  # transport/a2a.py puts them in the message
 TASK_HEADER = "X-Reach-A2A-Task-Id"
 _JSON = {"Content-Type": "application/json"}
+_Skills = tuple[float, msgspec.Raw, str]  # (until when they hold, the encoded skills, digest)
 _ERROR_INFO = "type.googleapis.com/google.rpc.ErrorInfo"
 _NAMES = {
     -32700: "Parse error",
@@ -154,6 +161,11 @@ class A2aEdge:
         self._monotonic = node.clock.monotonic
         self._cards: dict[str, tuple[float, bytes, str]] = {}  # base URL -> (until, body, etag)
         self.cards_cleared = 0  # _cards cleared at its bound of 16 base URLs (a metric)
+        # the card's skills, encoded, and their digest: the costly part of a card, shared by
+        # every base URL (a caller picks the Host header: a new one must not cost a build)
+        self._skills: _Skills | None = None
+        self._building: asyncio.Task[_Skills] | None = None  # the build every request awaits
+        self.skill_builds = 0  # times the skills were built
         node.metrics.watch_bound("a2a_cards", lambda: self.cards_cleared)
 
     # --- the card --------------------------------------------------------------------------
@@ -168,31 +180,63 @@ class A2aEdge:
         now = self._monotonic()
         cached = self._cards.get(base)
         if cached is None or cached[0] <= now:
-            # built at most once a second per base URL: a flood of card requests costs one
-            # build a second (a registry of 50,000 endpoints: ~25 ms), not one each
-            body = encode(self._card(base))
-            etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+            # the skills are built at most once a second (module docstring), whatever the
+            # base URL: a request with a new Host costs a copy of the encoded skills
+            until, skills, digest = await self._skills_at(now)
+            body = encode(self._card(base, skills))
+            etag = '"' + hashlib.sha256(f"{digest} {base}".encode()).hexdigest()[:32] + '"'
             if len(self._cards) >= 16:  # Host is the caller's: a few bases at most
                 self._cards.clear()
                 self.cards_cleared += 1
-            self._cards[base] = cached = (now + CARD_TTL_S, body, etag)
+            self._cards[base] = cached = (until, body, etag)
         _, body, etag = cached
         headers = {"ETag": etag, "Cache-Control": "no-cache"}
         if etag in {t.strip() for t in request.headers.get("If-None-Match", "").split(",")}:
             return web.Response(status=304, headers=headers)
         return web.Response(body=body, headers={**_JSON, **headers})
 
-    def _card(self, base: str) -> dict[str, Any]:
-        skills = [
-            {
-                "id": tag,
-                "name": tag,
-                "description": description or f"Requests for {tag}",
-                "tags": tag.split("."),
-                **({"examples": examples} if examples else {}),
-            }
-            for tag, description, examples in self.service.routable_skills()
-        ]
+    async def _skills_at(self, now: float) -> _Skills:
+        """The skills of the card at ``now``: those held while they hold, else those of the
+        build under way (one at a time, whoever asked first; a request that goes away does not
+        cancel it)."""
+        held = self._skills
+        if held is not None and held[0] > now:
+            return held
+        if self._building is None:
+            self._building = building = asyncio.create_task(self._build_skills())
+            building.add_done_callback(self._built)
+        return await asyncio.shield(self._building)
+
+    def _built(self, task: asyncio.Task[_Skills]) -> None:
+        self._building = None
+        if not task.cancelled() and task.exception() is None:
+            self._skills = task.result()
+
+    async def _build_skills(self) -> _Skills:
+        """The card's skills (one per routable tag), encoded, until when they hold, and their
+        digest (in every base URL's ETag); made :data:`TAG_CHUNK` tags at a time."""
+        started = time.perf_counter()
+        skills = []
+        for n, (tag, description, examples) in enumerate(await self.service.routable_skills()):
+            if n % TAG_CHUNK == TAG_CHUNK - 1:
+                await asyncio.sleep(0)
+            skills.append(
+                {
+                    "id": tag,
+                    "name": tag,
+                    "description": description or f"Requests for {tag}",
+                    "tags": tag.split("."),
+                    **({"examples": examples} if examples else {}),
+                }
+            )
+        body = encode(skills)
+        took = time.perf_counter() - started
+        self.skill_builds += 1
+        # at most once a second, and at most a tenth of the time under a flood of requests
+        until = self._monotonic() + max(CARD_TTL_S, CARD_COST_FACTOR * took)
+        return until, msgspec.Raw(body), hashlib.sha256(body).hexdigest()
+
+    def _card(self, base: str, skills: msgspec.Raw) -> dict[str, Any]:
         card: dict[str, Any] = {
             "name": "agent-reach",
             "description": (

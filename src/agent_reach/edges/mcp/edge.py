@@ -113,6 +113,9 @@ class McpEdge:
         self._building = asyncio.Lock()
         self._stop = asyncio.Event()  # set by close(): the sessions end, streams disconnect
         self._tasks: list[asyncio.Task[None]] = []
+        # the SDK's 503 (its only one: a new session past --mcp-max-sessions), counted
+        self.sessions_refused = 0
+        node.metrics.watch_bound("mcp_sessions", lambda: self.sessions_refused)
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """One HTTP request to ``/mcp``: authenticated, then served by the SDK."""
@@ -142,7 +145,10 @@ class McpEdge:
             extra["user"] = AuthenticatedUser(
                 AccessToken(token="", client_id=subject, scopes=[], subject=subject)
             )
-        return await serve_asgi(handler, request, extra, self._stop)
+        response = await serve_asgi(handler, request, extra, self._stop)
+        if response.status == 503:
+            self.sessions_refused += 1
+        return response
 
     def _stopping(self) -> Overloaded:
         return Overloaded("the gateway is stopping: MCP takes no new requests", retry_after_s=1)
@@ -210,11 +216,11 @@ class McpEdge:
 
     async def _watch(self, server: ReachMcp) -> None:
         """Publish ``tools/list_changed`` when the intents reachable now change."""
-        last = self.service.reachable_now()
+        last = await self.service.reachable_now()
         while True:
             await self.node.clock.sleep(WATCH_INTERVAL_S)
             try:
-                now = self.service.reachable_now()
+                now = await self.service.reachable_now()
                 if now != last:
                     last = now
                     await server.tools_changed()

@@ -1,0 +1,88 @@
+"""The gateway's Agent Card under many ``Host`` headers: the skills (the costly part: one per
+routable tag, 50,000 of them in a large registry) are built at most once a second, whatever the
+base URL a caller names; each base URL still gets a card naming it, with an ETag of its own.
+
+A real node and the real A2A edge on a fake clock; the requests are aiohttp's test requests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from aiohttp.test_utils import make_mocked_request
+
+from agent_reach.edges.a2a.edge import CARD_PATH, CARD_TTL_S, A2aEdge
+from agent_reach.gateway.node import Node
+from agent_reach.gateway.service import TAG_CHUNK
+from agent_reach.settings import GatewaySettings
+from agent_reach.testing import FakeClock
+from agent_reach.wire.bodies import RegisterBody
+
+
+async def register(node: Node, name: str, tag: str) -> None:
+    await node.router.register(
+        RegisterBody(
+            endpoint_id=f"agent://{name}", capabilities=[tag], endpoint_url="http://127.0.0.1:9/"
+        )
+    )
+
+
+async def card(edge: A2aEdge, host: str, etag: str | None = None) -> tuple[int, dict, str]:
+    headers = {"Host": host} | ({"If-None-Match": etag} if etag else {})
+    response = await edge.card(make_mocked_request("GET", CARD_PATH, headers=headers))
+    body = json.loads(response.body) if response.status == 200 else {}
+    return response.status, body, response.headers["ETag"]
+
+
+async def test_a_new_host_costs_no_new_build_of_the_skills() -> None:
+    clock = FakeClock()
+    node = Node(GatewaySettings(), clock=clock)
+    await register(node, "a", "weather.query")
+    edge = A2aEdge(node)
+    etags = set()
+    for n in range(40):  # open mode on loopback: any port of a loopback name
+        status, body, etag = await card(edge, f"localhost:{8000 + n}")
+        assert status == 200
+        assert body["supportedInterfaces"][0]["url"] == f"http://localhost:{8000 + n}/a2a"
+        assert [s["id"] for s in body["skills"]] == ["weather.query"]
+        etags.add(etag)
+    assert edge.skill_builds == 1  # it was one build per base URL
+    assert len(etags) == 40
+    assert edge.cards_cleared == 2  # 16 base URLs kept at most
+    # the same base URL, its own ETag: not modified
+    _, _, etag = await card(edge, "localhost:8039")
+    assert (await card(edge, "localhost:8039", etag))[0] == 304
+    # a second on, a new tag is in every card, and the ETags change
+    await register(node, "b", "note.create")
+    clock.advance(CARD_TTL_S)
+    status, body, new_etag = await card(edge, "localhost:8039", etag)
+    assert status == 200 and new_etag != etag
+    assert sorted(s["id"] for s in body["skills"]) == ["note.create", "weather.query"]
+    assert edge.skill_builds == 2
+
+
+async def test_a_build_serves_the_loop_between_chunks_and_concurrent_requests_share_it() -> None:
+    node = Node(GatewaySettings(), clock=FakeClock())
+    tags = 5_000
+    for n in range(tags):
+        await register(node, f"a{n}", f"bulk.tag-{n}")
+    edge = A2aEdge(node)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0)
+    before = ticks
+    answers = await asyncio.gather(*(card(edge, f"localhost:{9000 + n}") for n in range(10)))
+    served = ticks - before
+    ticker.cancel()
+    assert edge.skill_builds == 1  # one build for the ten requests that came while it ran
+    assert all(len(body["skills"]) == tags for _, body, _ in answers)
+    # the loop turned between chunks: judging the tags, describing them, making the skills
+    # (a build in one go turned it once at most)
+    assert served >= 3 * (tags // TAG_CHUNK) - 3, served
