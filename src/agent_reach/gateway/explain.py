@@ -8,11 +8,13 @@ answer names, for each intent refused as ``no_capable_agent``, the nearest known
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from agent_reach.core.model import Status
 from agent_reach.errors import Overloaded
+from agent_reach.gateway.listing import TAG_CHUNK
 from agent_reach.wire.answers import IntentInfo, IntentsAnswer
 
 if TYPE_CHECKING:
@@ -125,10 +127,11 @@ async def with_suggestions(router: Router, answer: dict[str, Any]) -> dict[str, 
     return answer
 
 
-def intents_listing(router: Router, dictionary: IntentDictionary, mode: str) -> IntentsAnswer:
+async def intents_listing(router: Router, dictionary: IntentDictionary, mode: str) -> IntentsAnswer:
     """The ``GET /v1/intents`` answer: the registration mode, every dictionary entry (file
     order) and every registered tag outside it (sorted), each with the endpoints declaring it
-    and those routable (healthy or degraded) now."""
+    and those routable (healthy or degraded) now. Made :data:`TAG_CHUNK` tags at a time, the
+    loop serving others between (at 50,000 tags it held the loop ~180 ms in one go)."""
     registry = router.registry
     now = router.now()
     routable: dict[str, bool] = {}  # endpoint id -> healthy or degraded now
@@ -149,7 +152,9 @@ def intents_listing(router: Router, dictionary: IntentDictionary, mode: str) -> 
         return len(ids), n
 
     out = []
-    for entry in dictionary:
+    for k, entry in enumerate(dictionary):
+        if k % TAG_CHUNK == TAG_CHUNK - 1:
+            await asyncio.sleep(0)
         served, n = counts(entry.tag)
         out.append(
             IntentInfo(
@@ -164,7 +169,9 @@ def intents_listing(router: Router, dictionary: IntentDictionary, mode: str) -> 
                 routable=n,
             )
         )
-    for tag in sorted(t for t in registry.intents() if t not in dictionary):
+    for k, tag in enumerate(sorted(t for t in registry.intents() if t not in dictionary)):
+        if k % TAG_CHUNK == TAG_CHUNK - 1:
+            await asyncio.sleep(0)
         served, n = counts(tag)
         out.append(IntentInfo(tag, served_by=served, routable=n))
     return IntentsAnswer(mode, out)

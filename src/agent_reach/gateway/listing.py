@@ -38,10 +38,13 @@ if TYPE_CHECKING:
     from agent_reach.gateway.cards import Card
     from agent_reach.gateway.router import Router
 
-__all__ = ["DESCRIBE_CHUNK", "SCAN_CHUNK", "AgentListing", "describe"]
+__all__ = ["DESCRIBE_CHUNK", "SCAN_CHUNK", "TAG_CHUNK", "AgentListing", "describe"]
 
 DESCRIBE_CHUNK = 250  # records described and encoded per step (~3.5 µs each)
 SCAN_CHUNK = 1000  # records matched against a page's filters per step (~0.6 µs each)
+# tags judged per step by the listings of every tag (/v1/intents, the A2A card's skills, the
+# MCP watch of reachable tags): their endpoints' health derived, ~2-4 µs a tag
+TAG_CHUNK = 1000
 _ID = attrgetter("endpoint_id")
 _OPENING = b'{"agents":['
 

@@ -42,7 +42,7 @@ from agent_reach.errors import (
 )
 from agent_reach.gateway import explain
 from agent_reach.gateway.forward import HOPS_HEADER, ORIGIN_HEADER
-from agent_reach.gateway.listing import AgentListing
+from agent_reach.gateway.listing import TAG_CHUNK, AgentListing
 from agent_reach.gateway.principal import (
     ENDPOINTS,
     OPERATORS,
@@ -88,7 +88,6 @@ ANONYMOUS_SENDER = "agent://anonymous"
 _HOPS = re.compile(r"[0-9]{1,3}")  # X-Reach-Hops: a small number, ASCII digits only
 MAX_TRACE_DOMAINS = 4  # other domains a trace read fetches events from
 TRACE_FETCH_S = 2.0  # how long it waits for each
-TAG_CHUNK = 1000  # tags judged per turn of the loop by the listings of all tags (~2 µs each)
 
 
 class Caller(NamedTuple):
@@ -316,10 +315,10 @@ class Service:
         self.access.authenticate(caller, READERS, "list agents")
         return AgentListing(self.router, self.node.cards.local, agents_query(query))
 
-    def intents(self, caller: Caller) -> IntentsAnswer:
+    async def intents(self, caller: Caller) -> IntentsAnswer:
         """``GET /v1/intents``: :func:`agent_reach.gateway.explain.intents_listing`."""
         self.access.authenticate(caller, READERS, "list intents")
-        return explain.intents_listing(
+        return await explain.intents_listing(
             self.router, self.node.dictionary, self.settings.effective_intent_mode
         )
 

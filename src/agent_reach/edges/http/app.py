@@ -315,7 +315,7 @@ class HttpEdge:
         return answer
 
     async def intents(self, request: web.BaseRequest, _: str) -> web.Response:
-        return _json(self.service.intents(self._caller(request)))
+        return _json(await self.service.intents(self._caller(request)))
 
     async def agent(self, request: web.BaseRequest, name: str) -> web.Response:
         return _json(self.service.agent(self._caller(request), name))

@@ -89,7 +89,7 @@ class ServiceBackend:
         return page
 
     async def intents(self, caller: Caller | None) -> dict[str, Any]:
-        return _plain(self.service.intents(self._who(caller)))
+        return _plain(await self.service.intents(self._who(caller)))
 
     async def explain(self, caller: Caller | None, query: RouteQuery) -> dict[str, Any]:
         return _plain(await self.service.explain(self._who(caller), query))
