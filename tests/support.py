@@ -22,11 +22,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib import error, request
 
 import pytest
@@ -330,6 +330,29 @@ async def until(
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {bound} s: {what}")
         await asyncio.sleep(interval)
+
+
+T = TypeVar("T")
+
+
+async def turns_during(work: Awaitable[T]) -> tuple[T, int]:
+    """``work``'s result and how often a task beside it got the event loop meanwhile (a work
+    that never gives the loop back: 0 or 1)."""
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0)
+    before = ticks
+    try:
+        return await work, ticks - before
+    finally:
+        ticker.cancel()
 
 
 def metric(gw: Proc, name: str, **labels: str) -> float:

@@ -17,6 +17,7 @@ from agent_reach.gateway.service import TAG_CHUNK
 from agent_reach.settings import GatewaySettings
 from agent_reach.testing import FakeClock
 from agent_reach.wire.bodies import RegisterBody
+from tests.support import turns_during
 
 
 async def register(node: Node, name: str, tag: str) -> None:
@@ -67,20 +68,8 @@ async def test_a_build_serves_the_loop_between_chunks_and_concurrent_requests_sh
     for n in range(tags):
         await register(node, f"a{n}", f"bulk.tag-{n}")
     edge = A2aEdge(node)
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    ticker = asyncio.create_task(tick())
-    await asyncio.sleep(0)
-    before = ticks
-    answers = await asyncio.gather(*(card(edge, f"localhost:{9000 + n}") for n in range(10)))
-    served = ticks - before
-    ticker.cancel()
+    requests = asyncio.gather(*(card(edge, f"localhost:{9000 + n}") for n in range(10)))
+    answers, served = await turns_during(requests)
     assert edge.skill_builds == 1  # one build for the ten requests that came while it ran
     assert all(len(body["skills"]) == tags for _, body, _ in answers)
     # the loop turned between chunks: judging the tags, describing them, making the skills

@@ -6,18 +6,14 @@ A real node on a fake clock; a task beside the listing counts the loop's turns."
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable
-from typing import TypeVar
-
 from agent_reach.gateway.listing import TAG_CHUNK
 from agent_reach.gateway.node import Node
 from agent_reach.gateway.service import Caller
 from agent_reach.settings import GatewaySettings
 from agent_reach.testing import FakeClock
 from agent_reach.wire.bodies import RegisterBody
+from tests.support import turns_during
 
-T = TypeVar("T")
 TAGS = 5_000
 
 
@@ -32,25 +28,6 @@ async def node_with_tags() -> Node:
             )
         )
     return node
-
-
-async def turns_during(work: Awaitable[T]) -> tuple[T, int]:
-    """``work``'s result and how often a task beside it got the loop meanwhile."""
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    ticker = asyncio.create_task(tick())
-    await asyncio.sleep(0)
-    before = ticks
-    result = await work
-    served = ticks - before
-    ticker.cancel()
-    return result, served
 
 
 async def test_the_intents_listing_turns_the_loop_between_chunks() -> None:
