@@ -50,6 +50,9 @@ async def test_a_new_host_costs_no_new_build_of_the_skills() -> None:
     assert edge.skill_builds == 1  # it was one build per base URL
     assert len(etags) == 40
     assert edge.cards_cleared == 2  # 16 base URLs kept at most
+    exported = node.metrics.render().decode()
+    assert 'agent_reach_bound_hits_total{bound="a2a_cards"} 2.0' in exported
+    assert 'agent_reach_bound_hits_total{bound="a2a_owners"} 0.0' in exported  # memory://
     # the same base URL, its own ETag: not modified
     _, _, etag = await card(edge, "localhost:8039")
     assert (await card(edge, "localhost:8039", etag))[0] == 304

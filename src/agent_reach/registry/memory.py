@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable
+from itertools import islice
 
 from agent_reach.clock import SystemClock
 from agent_reach.core.model import EndpointRecord
@@ -45,14 +46,21 @@ class MemoryClaimMap:
 
     An expired entry is invisible at once and dropped when the map has doubled since its last
     pass over them, so that entries nobody reads again do not pile up (amortized O(1) a claim).
+    At most ``max_entries`` are held: past it, after the expired ones, the least recently
+    claimed live ones are dropped, a sixteenth of the bound at once (counted in ``evicted``),
+    so that a caller opening conversations faster than they expire cannot grow the map.
     """
 
     _MIN_PASS = 1024  # no pass over the entries below this many
+    MAX_ENTRIES = 100_000  # ~40 MB of A2A owners (an hour of 28 new conversations a second)
 
-    def __init__(self, now: Callable[[], float]) -> None:
+    def __init__(self, now: Callable[[], float], max_entries: int = MAX_ENTRIES) -> None:
         self._now = now
-        self._values: dict[str, tuple[str, float]] = {}  # key -> (value, expires at)
+        # key -> (value, expires at), least recently claimed first
+        self._values: dict[str, tuple[str, float]] = {}
         self._next_pass = self._MIN_PASS
+        self.max_entries = max_entries
+        self.evicted = 0  # live entries dropped at the bound (a metric)
 
     def _live(self, key: str, now: float) -> str | None:
         found = self._values.get(key)
@@ -71,10 +79,19 @@ class MemoryClaimMap:
         held = self._live(key, now)
         if held is not None and held != value:
             return held
-        self._values[key] = (value, now + ttl_s)
-        if len(self._values) >= self._next_pass:
-            self._values = {k: v for k, v in self._values.items() if v[1] > now}
-            self._next_pass = max(self._MIN_PASS, 2 * len(self._values))
+        values = self._values
+        values.pop(key, None)  # renewed: last in the order
+        values[key] = (value, now + ttl_s)
+        full = len(values) > self.max_entries
+        if full or len(values) >= self._next_pass:
+            values = self._values = {k: v for k, v in values.items() if v[1] > now}
+            keep = self.max_entries - max(1, self.max_entries // 16)
+            if full and len(values) > keep:  # the least recently claimed live ones go: room
+                # for a sixteenth of the bound before the next pass
+                for old in list(islice(values, len(values) - keep)):
+                    del values[old]
+                    self.evicted += 1
+            self._next_pass = max(self._MIN_PASS, 2 * len(values))
         return value
 
     async def delete(self, key: str) -> None:

@@ -167,6 +167,9 @@ class A2aEdge:
         self._building: asyncio.Task[_Skills] | None = None  # the build every request awaits
         self.skill_builds = 0  # times the skills were built
         node.metrics.watch_bound("a2a_cards", lambda: self.cards_cleared)
+        if hasattr(self.owners, "evicted"):  # memory://: bounded here (Redis: by its memory)
+            owners = self.owners
+            node.metrics.watch_bound("a2a_owners", lambda: getattr(owners, "evicted", 0))
 
     # --- the card --------------------------------------------------------------------------
 
