@@ -298,6 +298,7 @@ class GatewaySettings:
     # bounds on what callers can make the gateway hold (docs/operations.md)
     max_connections: int = 0  # open HTTP connections at most (0: the open-files limit - 256)
     idle_timeout: float = 30.0  # seconds a connection may send nothing (before or between)
+    read_timeout: float = 30.0  # seconds a request may take to arrive whole, from its first byte
     max_inflight: int = 1024  # requests in delivery at once across the gateway (admission)
     max_inflight_per_endpoint: int = 64  # attempts open to one endpoint (more wait for a slot)
     max_endpoints: int = 100_000  # records the registry holds at most (down ones count too)
@@ -371,6 +372,8 @@ class GatewaySettings:
             raise ConfigError("max-connections must be 0 (the open-files limit less 256) or more")
         if not 0 < self.idle_timeout < float("inf"):
             raise ConfigError("idle-timeout must be a positive number of seconds")
+        if not 0 < self.read_timeout < float("inf"):
+            raise ConfigError("read-timeout must be a positive number of seconds")
         if self.mcp_max_sessions < 0:
             raise ConfigError("mcp-max-sessions must be 0 (no /mcp) or more")
         if not 0 < self.mcp_session_idle < float("inf"):

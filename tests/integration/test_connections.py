@@ -107,3 +107,84 @@ def test_a_request_sent_during_a_stall_longer_than_the_idle_timeout_is_answered(
             assert quiet.recv(1) == b""
         finally:
             quiet.close()
+
+
+def _trickle_head(path: bytes) -> bytes:
+    return (
+        b"POST " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100000\r\n\r\n{"
+    )
+
+
+def _trickle_until_closed(sock: socket.socket, every_s: float, limit_s: float) -> float | None:
+    """Send a byte of body every ``every_s`` until the gateway closes ``sock``: the seconds
+    that took (None: still open after ``limit_s``)."""
+    started = time.monotonic()
+    sock.settimeout(every_s)
+    while time.monotonic() - started < limit_s:
+        try:
+            sock.sendall(b" ")
+            if sock.recv(1) == b"":
+                return time.monotonic() - started
+        except TimeoutError:
+            continue  # nothing came back: still open
+        except OSError:
+            return time.monotonic() - started
+    return None
+
+
+def test_a_request_trickled_past_the_read_timeout_is_closed_whichever_reader_has_it() -> None:
+    # a byte every 0.2 s keeps --idle-timeout (5 s) from ever firing: only the read deadline
+    # (1 s from the request's first byte) ends it, on the front's route (/v1/send) as on
+    # aiohttp's (/v1/register)
+    flags = ("--matcher", "none", "--idle-timeout", "5", "--read-timeout", "1")
+    with gateway(*flags) as gw:
+        took = {}
+        for path in (b"/v1/send", b"/v1/register"):
+            sock = _connect(gw.url)
+            try:
+                sock.sendall(_trickle_head(path))
+                took[path] = _trickle_until_closed(sock, 0.2, 10.0)
+            finally:
+                sock.close()
+        assert http("GET", f"{gw.url}/healthz")[0] == 200
+        counted = metric(gw, "agent_reach_http_read_timeouts_total")
+        lines = [line for line in gw.log_lines() if line.get("event") == "http.read_timeout"]
+    for path, seconds in took.items():
+        assert seconds is not None and 0.9 <= seconds < 4.0, (path, seconds)
+    assert counted == 2
+    assert lines and lines[0]["read_timeout_s"] == 1.0
+
+
+def _healthz_answered(url: str) -> bool:
+    sock = _connect(url)
+    try:
+        sock.sendall(_HEALTHZ)
+        return _status_line(sock) == b"HTTP/1.1 200 OK"
+    except (AssertionError, OSError):  # closed unanswered: the new connection was refused
+        return False
+    finally:
+        sock.close()
+
+
+def test_at_the_cap_a_connection_trickling_a_request_goes_for_the_new_one() -> None:
+    # every connection holds a request that never finishes arriving (none is idle): before,
+    # each new connection was the one closed, for as long as the bytes kept coming
+    flags = ("--matcher", "none", "--max-connections", "4", "--read-timeout", "60")
+    with gateway(*flags) as gw:
+        held = [_connect(gw.url) for _ in range(4)]
+        try:
+            for sock in held:
+                sock.sendall(_trickle_head(b"/v1/send"))
+            began = time.monotonic()
+            # a request begun less than a second ago is spared: the new connection goes
+            assert not _healthz_answered(gw.url)
+            wait_until(lambda: _healthz_answered(gw.url), 5)
+            took = time.monotonic() - began
+            assert took >= 0.9, took
+            assert sum(_closed(s) for s in held) == 1  # the oldest reader made room
+            evicted = metric(gw, "agent_reach_http_connections_closed_at_bound_total")
+        finally:
+            for sock in held:
+                sock.close()
+    assert evicted >= 2  # the refused new one, then the trickler

@@ -279,6 +279,14 @@ def main() -> None:
     metavar="SECONDS",
 )
 @option(
+    "read-timeout",
+    click.FloatRange(min=0, min_open=True),
+    30.0,
+    "seconds an HTTP request may take to arrive whole (head and body) from its first byte;"
+    " past it the connection is closed (a client trickling bytes cannot hold it)",
+    metavar="SECONDS",
+)
+@option(
     "max-inflight",
     click.IntRange(min=1),
     1024,
@@ -437,6 +445,8 @@ async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None
             access_log=None,
             max_connections=settings.max_connections or default_max_connections(),
             keepalive_timeout=settings.idle_timeout,
+            read_timeout=settings.read_timeout,
+            on_read_timeout=node.metrics.http_read_timeouts.inc,
             fast=http,  # POST /v1/send and /v1/heartbeat read and answered on httptools
             on_malformed=node.metrics.http_malformed.inc,
             on_evicted=node.metrics.http_evicted.inc,

@@ -391,6 +391,12 @@ class GatewayMetrics:
             " (http.connections_full)",
             registry=r,
         )
+        self.http_read_timeouts = Counter(
+            "agent_reach_http_read_timeouts",
+            "Connections closed because a request did not arrive whole within --read-timeout"
+            " of its first byte (http.read_timeout)",
+            registry=r,
+        )
         self.forwards = Counter(
             "agent_reach_forwards",
             "Requests forwarded to another domain's gateway (federation), by domain and the "

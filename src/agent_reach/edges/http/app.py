@@ -27,9 +27,11 @@ from aiohttp import web
 
 from agent_reach.edges.http.front import Answer, Headers
 from agent_reach.edges.http.openapi import openapi_document
+from agent_reach.edges.http.server import ReachServer
 from agent_reach.errors import (
     AgentReachError,
     InternalError,
+    InvalidRequest,
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
@@ -186,12 +188,38 @@ class HttpEdge:
         raise MethodNotAllowed(f"{method} is not allowed on {path}")
 
     async def _body(self, request: web.BaseRequest) -> bytes:
-        """The request body, refused past ``max_body_bytes`` without reading it all."""
+        """The request body, refused past ``max_body_bytes`` without reading it all; read
+        within ``--read-timeout``, else the connection is closed (edges/http/server.py)."""
         limit = self.settings.max_body_bytes
         length = request.content_length
-        if length is not None:
-            if length > limit:
-                raise PayloadTooLarge(f"body over the {limit} byte limit")
+        if length is not None and length > limit:
+            raise PayloadTooLarge(f"body over the {limit} byte limit")
+        protocol = request.protocol
+        began = asyncio.get_running_loop().time()
+        if hasattr(protocol, "reading_since"):  # for the choice at --max-connections
+            protocol.reading_since = began
+        try:
+            async with asyncio.timeout(self.settings.read_timeout):
+                return await self._read(request, limit)
+        except TimeoutError:
+            timed_out = getattr(protocol, "_manager", None)
+            if isinstance(timed_out, ReachServer):
+                timed_out.read_timed_out(
+                    request.remote or "?", asyncio.get_running_loop().time() - began
+                )
+            if request.transport is not None:
+                request.transport.close()
+            raise InvalidRequest(
+                f"the body did not arrive within {self.settings.read_timeout:g} s"
+                " (--read-timeout): the connection is closed"
+            ) from None
+        finally:
+            if hasattr(protocol, "reading_since"):
+                protocol.reading_since = None
+
+    @staticmethod
+    async def _read(request: web.BaseRequest, limit: int) -> bytes:
+        if request.content_length is not None:
             return await request.content.read()  # ends at Content-Length
         chunks: list[bytes] = []  # chunked: count while reading
         size = 0

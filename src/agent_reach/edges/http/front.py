@@ -19,7 +19,10 @@ Invariants:
   that a client still writing it reads the answer), never parsed.
 - The connection counts toward ``--max-connections`` like aiohttp's own, and ``--idle-timeout``
   closes it after that long without a byte (before the first request or between two), unless
-  bytes wait unread in its socket (a stall of the loop: see :mod:`.server`).
+  bytes wait unread in its socket (a stall of the loop: see :mod:`.server`). A request must
+  arrive whole within ``--read-timeout`` of its first byte, or the connection is closed (a
+  client trickling a byte now and then would otherwise hold it for ever); while it arrives,
+  ``reading_since`` says since when, for the server's choice at ``--max-connections``.
 - A request's deadline counts from when its last bytes were read (``read_at``), as aiohttp's
   handler has it.
 """
@@ -88,6 +91,8 @@ class Manager(Protocol):
 
     def handler(self) -> asyncio.Protocol: ...
 
+    def read_timed_out(self, remote: str, began_s_ago: float) -> None: ...
+
 
 class _HandOver(Exception):
     """Raised from a parser callback: this request is aiohttp's."""
@@ -119,10 +124,15 @@ class FrontProtocol(asyncio.Protocol):
         edge: FastEdge,
         idle_timeout: float,
         unread: Callable[[Any], bool],
+        *,
+        read_timeout: float = 30.0,
     ) -> None:
         self.manager = manager
         self.edge = edge
         self.idle_timeout = idle_timeout
+        self.read_timeout = read_timeout
+        # the loop time the request being read began (its first byte read), while it is read
+        self.reading_since: float | None = None
         self._unread = unread
         self.transport: asyncio.Transport | None = None
         self.remote = "?"
@@ -236,6 +246,11 @@ class FrontProtocol(asyncio.Protocol):
     # --- httptools callbacks ----------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        self.reading_since = now = self._loop.time()
+        timer = self._timer
+        if timer is not None and timer.when() > now + self.read_timeout:
+            timer.cancel()  # the check comes at the read deadline, not later
+            self._timer = self._loop.call_at(now + self.read_timeout, self._idle_check)
         self._in_message = True
         self._head_done = False
         self._head_seen = 0
@@ -287,6 +302,7 @@ class FrontProtocol(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._in_message = False
+        self.reading_since = None
         req = self._req
         assert req is not None
         self._req = None
@@ -433,6 +449,16 @@ class FrontProtocol(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         now = loop.time()
         due = self._last + self.idle_timeout
+        began = self.reading_since if self._handing is None and self._refusal is None else None
+        if began is not None and now >= began + self.read_timeout:
+            if self._unread(self.transport):  # its bytes wait unread: the loop was held
+                self._timer = loop.call_at(now + 1.0, self._idle_check)
+                return
+            self.manager.read_timed_out(self.remote, now - began)
+            self._close()
+            return
+        if began is not None:
+            due = min(due, began + self.read_timeout)
         if now < due:
             self._timer = loop.call_at(due, self._idle_check)
         elif self.busy or self._unread(self.transport):

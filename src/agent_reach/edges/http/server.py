@@ -12,13 +12,16 @@ line ``http.malformed`` (the peer, the status, the parser's reason, cut short): 
 :data:`LOG_PER_S` a second, the rest counted in the next line's ``suppressed``.
 
 Connections: at most ``--max-connections`` open (default: the open-files limit less
-:data:`FD_RESERVE`); past it the oldest idle one is closed for the new one (a line
-``http.connections_full``, rate-limited as above), so that a crowd of idle connections cannot
-lock the gateway out of its descriptors; and ``--idle-timeout`` closes one that sends nothing
-for that long, before its first request or between two. A connection with bytes waiting unread
-in its socket is not idle, however long ago it last sent: after a stall of the loop longer
-than the timeout (a SIGSTOP, a paused VM), the idle check runs before the loop reads what
-clients sent meanwhile, and closing then would answer their requests with a reset.
+:data:`FD_RESERVE`); past it the oldest idle one is closed for the new one, or with none idle
+the one whose request has been arriving longest, begun :data:`SLOW_READER_S` ago at least (a
+line ``http.connections_full``, rate-limited as above), so that a crowd of idle or trickling
+connections cannot lock the gateway out of its descriptors; ``--idle-timeout`` closes one that
+sends nothing for that long, before its first request or between two; and ``--read-timeout``
+one whose request has not arrived whole that long after its first byte (on aiohttp's routes:
+after its handler began reading the body). A connection with bytes waiting unread in its socket
+is not idle, however long ago it last sent: after a stall of the loop longer than the timeout
+(a SIGSTOP, a paused VM), the idle check runs before the loop reads what clients sent
+meanwhile, and closing then would answer their requests with a reset.
 
 This overrides ``RequestHandler.handle_error``, ``RequestHandler.connection_made``,
 ``RequestHandler._process_keepalive`` and ``Server.__call__``, and reads
@@ -54,6 +57,9 @@ _REASON_MAX = 120  # characters of the parser's reason kept (it may quote the in
 
 _THROTTLE = Throttle(1.0 / LOG_PER_S)
 FD_RESERVE = 256  # descriptors kept for the agents' pools, Redis, NATS, logs and files
+# at --max-connections with none idle: a connection reading one request for this long goes
+# for the new one (a client trickling bytes), before the new one is refused
+SLOW_READER_S = 1.0
 
 
 def default_max_connections() -> int:
@@ -95,6 +101,8 @@ class _ReachRequestHandler(RequestHandler):
     # when bytes of this connection were last read (monotonic): a request's deadline counts
     # from there, not from when its handler got to run (they differ under load)
     read_at: float | None = None
+    # the loop time its handler began reading a request's body, while it reads it (HttpEdge)
+    reading_since: float | None = None
 
     def data_received(self, data: bytes) -> None:
         self.read_at = time.monotonic()
@@ -184,14 +192,19 @@ class ReachServer(web.Server):
         *,
         max_connections: int,
         fast: FastEdge | None = None,
+        read_timeout: float = 30.0,
         on_malformed: Callable[[], None] = lambda: None,
         on_evicted: Callable[[], None] = lambda: None,
+        on_read_timeout: Callable[[], None] = lambda: None,
         **kwargs: Any,
     ) -> None:
         super().__init__(handler, **kwargs)
         self.max_connections = max_connections
+        self.read_timeout = read_timeout
         self.on_malformed = on_malformed
         self.on_evicted = on_evicted
+        self._on_read_timeout = on_read_timeout
+        self._read_timeouts = Throttle(1.0 / LOG_PER_S)
         self._evictions = Throttle(1.0 / LOG_PER_S)
         self._fast = fast
         self._fronts: dict[FrontProtocol, None] = {}  # in order of arrival
@@ -201,13 +214,40 @@ class ReachServer(web.Server):
 
     def __call__(self) -> asyncio.Protocol:  # type: ignore[override]  # a front, or aiohttp's
         if self._fast is not None:
-            return FrontProtocol(self, self._fast, self._idle_timeout, _unread)
+            return FrontProtocol(
+                self, self._fast, self._idle_timeout, _unread, read_timeout=self.read_timeout
+            )
         return self.handler()
 
     def handler(self) -> RequestHandler:
         """A connection's aiohttp handler (a front's connection goes to one at hand-over)."""
         kwargs: dict[str, Any] = self._kwargs
         return _ReachRequestHandler(self, loop=self._loop, **kwargs)
+
+    def _slowest_reader(
+        self, open_now: list[RequestHandler | FrontProtocol], new: object
+    ) -> RequestHandler | FrontProtocol | None:
+        """The connection whose request has been arriving longest, begun at least
+        :data:`SLOW_READER_S` ago (a client trickling its bytes), or None."""
+        since = self._loop.time() - SLOW_READER_S
+        readers = [
+            (began, n, h)
+            for n, h in enumerate(open_now)
+            if h is not new and (began := getattr(h, "reading_since", None)) is not None
+        ]
+        oldest = min(readers, default=None, key=lambda r: (r[0], r[1]))
+        return oldest[2] if oldest is not None and oldest[0] <= since else None
+
+    def read_timed_out(self, remote: str, began_s_ago: float) -> None:
+        """A connection is closed: its request did not arrive whole within ``read_timeout``."""
+        self._on_read_timeout()
+        self._read_timeouts.log(
+            logging.WARNING,
+            "http.read_timeout",
+            peer=remote,
+            read_timeout_s=self.read_timeout,
+            began_s_ago=round(began_s_ago, 3),
+        )
 
     def front_made(self, front: FrontProtocol) -> None:
         self._fronts[front] = None
@@ -240,13 +280,16 @@ class ReachServer(web.Server):
         # one that never sent a byte goes first (what a flood of idle sockets is), then the
         # oldest idle one: a client's kept-alive connection between two requests goes last
         victim = next((h for h in idle if getattr(h, "read_at", 0.0) is None), None)
+        closed = "the oldest idle connection"
+        if victim is None and idle:
+            victim = idle[0]
+        if victim is None:  # none idle: the one reading a request for longest, past a second
+            victim = self._slowest_reader(open_now, new)
+            closed = "the connection whose request had been arriving longest"
         if victim is None:
-            victim = idle[0] if idle else new
+            victim, closed = new, "the new one"
         self.on_evicted()
         self._evictions.log(
-            logging.WARNING,
-            "http.connections_full",
-            limit=self.max_connections,
-            closed="the oldest idle connection" if victim is not new else "the new one",
+            logging.WARNING, "http.connections_full", limit=self.max_connections, closed=closed
         )
         victim.force_close()
