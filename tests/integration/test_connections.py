@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import signal
 import socket
+import subprocess
 import time
+
+import pytest
 
 from tests.support import gateway, http, metric, wait_until
 
@@ -133,14 +136,17 @@ def _trickle_until_closed(sock: socket.socket, every_s: float, limit_s: float) -
     return None
 
 
+TRICKLED = (b"/v1/send", b"/v1/register", b"/a2a", b"/mcp")
+
+
 def test_a_request_trickled_past_the_read_timeout_is_closed_whichever_reader_has_it() -> None:
     # a byte every 0.2 s keeps --idle-timeout (5 s) from ever firing: only the read deadline
     # (1 s from the request's first byte) ends it, on the front's route (/v1/send) as on
-    # aiohttp's (/v1/register)
+    # aiohttp's (the API's /v1/register, the A2A edge's /a2a, the MCP SDK's /mcp)
     flags = ("--matcher", "none", "--idle-timeout", "5", "--read-timeout", "1")
     with gateway(*flags) as gw:
         took = {}
-        for path in (b"/v1/send", b"/v1/register"):
+        for path in TRICKLED:
             sock = _connect(gw.url)
             try:
                 sock.sendall(_trickle_head(path))
@@ -152,7 +158,7 @@ def test_a_request_trickled_past_the_read_timeout_is_closed_whichever_reader_has
         lines = [line for line in gw.log_lines() if line.get("event") == "http.read_timeout"]
     for path, seconds in took.items():
         assert seconds is not None and 0.9 <= seconds < 4.0, (path, seconds)
-    assert counted == 2
+    assert counted == len(TRICKLED)
     assert lines and lines[0]["read_timeout_s"] == 1.0
 
 
@@ -167,7 +173,21 @@ def _healthz_answered(url: str) -> bool:
         sock.close()
 
 
-def test_at_the_cap_a_connection_trickling_a_request_goes_for_the_new_one() -> None:
+def _read_by_gateway(url: str, n: int) -> bool:
+    """Whether ``n`` connections to the gateway at ``url`` are open and it has read every byte
+    sent on them (nothing waits in its receive queues: ``ss``)."""
+    port = url.rsplit(":", 1)[1]
+    lines = subprocess.run(
+        ["ss", "-tnH", "state", "established", f"( sport = :{port} )"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    return len(lines) >= n and all(line.split()[0] == "0" for line in lines)
+
+
+@pytest.mark.parametrize("path", [b"/v1/send", b"/v1/register"], ids=["front", "aiohttp"])
+def test_at_the_cap_a_connection_trickling_a_request_goes_for_the_new_one(path: bytes) -> None:
     # every connection holds a request that never finishes arriving (none is idle): before,
     # each new connection was the one closed, for as long as the bytes kept coming
     flags = ("--matcher", "none", "--max-connections", "4", "--read-timeout", "60")
@@ -175,16 +195,44 @@ def test_at_the_cap_a_connection_trickling_a_request_goes_for_the_new_one() -> N
         held = [_connect(gw.url) for _ in range(4)]
         try:
             for sock in held:
-                sock.sendall(_trickle_head(b"/v1/send"))
+                sock.sendall(_trickle_head(path))
             began = time.monotonic()
-            # a request begun less than a second ago is spared: the new connection goes
-            assert not _healthz_answered(gw.url)
+            wait_until(lambda: _read_by_gateway(gw.url, 4), 5)
+            # a request begun less than a second ago is spared (the new one is closed), then
+            # the one arriving longest goes
             wait_until(lambda: _healthz_answered(gw.url), 5)
             took = time.monotonic() - began
-            assert took >= 0.9, took
-            assert sum(_closed(s) for s in held) == 1  # the oldest reader made room
-            evicted = metric(gw, "agent_reach_http_connections_closed_at_bound_total")
+            closed = [_closed(s) for s in held]
         finally:
             for sock in held:
                 sock.close()
-    assert evicted >= 2  # the refused new one, then the trickler
+    assert took >= 0.9, took
+    assert closed == [True, False, False, False]  # the oldest reader made room
+
+
+def test_chunk_framing_past_any_body_closes_the_connection() -> None:
+    # chunk extensions are no body bytes: the front kept every byte of them (here 4 MB of
+    # them, fast, well within --read-timeout, against --max-body-bytes 1 MiB)
+    with gateway("--matcher", "none") as gw:
+        sock = _connect(gw.url)
+        try:
+            sock.sendall(
+                b"POST /v1/send HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n1;"
+            )
+            junk = b"a" * 65536
+            sent = 0
+            try:
+                while sent < 4 * 1024 * 1024:
+                    sock.sendall(junk)
+                    sent += len(junk)
+                sock.settimeout(5)
+                closed = sock.recv(1) == b""
+            except TimeoutError:  # still open
+                closed = False
+            except OSError:  # reset while still sending
+                closed = True
+        finally:
+            sock.close()
+        assert closed
+        assert http("GET", f"{gw.url}/healthz")[0] == 200
+        assert metric(gw, "agent_reach_http_malformed_total") >= 1

@@ -11,7 +11,13 @@ import json
 
 from aiohttp.test_utils import make_mocked_request
 
-from agent_reach.edges.a2a.edge import CARD_PATH, CARD_TTL_S, A2aEdge
+from agent_reach.edges.a2a.edge import (
+    CARD_COST_FACTOR,
+    CARD_MAX_TTL_S,
+    CARD_PATH,
+    CARD_TTL_S,
+    A2aEdge,
+)
 from agent_reach.gateway.node import Node
 from agent_reach.gateway.service import TAG_CHUNK
 from agent_reach.settings import GatewaySettings
@@ -58,7 +64,8 @@ async def test_a_new_host_costs_no_new_build_of_the_skills() -> None:
     assert (await card(edge, "localhost:8039", etag))[0] == 304
     # a second on, a new tag is in every card, and the ETags change
     await register(node, "b", "note.create")
-    clock.advance(CARD_TTL_S)
+    edge.cost_clock = lambda: 0.0  # a build that takes no time: held CARD_TTL_S
+    clock.advance(CARD_MAX_TTL_S)
     status, body, new_etag = await card(edge, "localhost:8039", etag)
     assert status == 200 and new_etag != etag
     assert sorted(s["id"] for s in body["skills"]) == ["note.create", "weather.query"]
@@ -78,3 +85,26 @@ async def test_a_build_serves_the_loop_between_chunks_and_concurrent_requests_sh
     # the loop turned between chunks: judging the tags, describing them, making the skills
     # (a build in one go turned it once at most)
     assert served >= 3 * (tags // TAG_CHUNK) - 3, served
+
+
+async def test_a_costly_build_is_held_longer_within_a_bound() -> None:
+    clock = FakeClock()
+    node = Node(GatewaySettings(), clock=clock)
+    await register(node, "a", "weather.query")
+    edge = A2aEdge(node)
+    spent = iter([0.0, 0.5, 10.0, 20.0, 30.0, 30.05])  # builds of 0.5, 10 and 0.05 s
+
+    edge.cost_clock = lambda: next(spent)
+    await card(edge, "localhost:1")
+    clock.advance(CARD_COST_FACTOR * 0.5 - 0.1)  # 10 x 0.5 s: not yet
+    await card(edge, "localhost:2")
+    assert edge.skill_builds == 1
+    clock.advance(0.2)
+    await card(edge, "localhost:3")
+    assert edge.skill_builds == 2
+    clock.advance(CARD_MAX_TTL_S)  # a build of 10 s is held 10 s at most, not 100
+    await card(edge, "localhost:4")
+    assert edge.skill_builds == 3
+    clock.advance(CARD_TTL_S - 0.1)  # a quick one (0.05 s): held CARD_TTL_S
+    await card(edge, "localhost:5")
+    assert edge.skill_builds == 3

@@ -37,6 +37,14 @@ async def test_expired_entries_make_room_before_any_live_one_goes() -> None:
     assert all([await owners.get(f"long:{n}") == "b" for n in range(16)])
 
 
+async def test_a_bound_of_one_keeps_the_claim_just_made() -> None:
+    owners = MemoryClaimMap(FakeClock().monotonic, max_entries=1)
+    await owners.claim("ctx:a", "x", 60.0)
+    assert await owners.claim("ctx:b", "y", 60.0) == "y"
+    assert await owners.get("ctx:b") == "y" and await owners.get("ctx:a") is None
+    assert await owners.claim("ctx:b", "z", 60.0) == "y"  # held: first claim wins still
+
+
 async def test_a_flood_of_new_claims_keeps_the_map_within_its_bound() -> None:
     clock = FakeClock()
     owners = MemoryClaimMap(clock.monotonic, max_entries=1000)

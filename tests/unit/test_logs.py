@@ -51,15 +51,19 @@ def test_the_throttle_holds_a_bounded_number_of_keys() -> None:
     # a library's message may be formatted per request: one key each must not grow forever
     now = [0.0]
     throttle = Throttle(monotonic=lambda: now[0])
-    for n in range(Throttle.max_keys):
+    bound, batch = Throttle.max_keys, Throttle.max_keys // 16
+    for n in range(bound):
         assert throttle.take(f"k{n}") == 0
     assert throttle.take("k0") is None  # within its second: held back, counted
     now[0] = 0.5
-    assert throttle.take("new-1") == 0  # no key's second is over: all forgotten for it
-    assert len(throttle.next_at) == 1 and not throttle.held
-    for n in range(Throttle.max_keys - 1):
+    assert throttle.take("new-1") == 0  # no key's second is over: the oldest sixteenth goes
+    assert len(throttle.next_at) == bound - batch + 1
+    assert "k0" not in throttle.next_at and not throttle.held  # k0 with them, its count too
+    assert f"k{batch}" in throttle.next_at
+    for n in range(batch - 1):  # the next pass is a sixteenth of the bound away
         throttle.take(f"j{n}")
-    now[0] = 1.6  # new-1's second (to 1.5) is over, j's (to 1.5) too
+    assert len(throttle.next_at) == bound
+    now[0] = 2.0  # every key's second is over: all go for the next new one
     assert throttle.take("new-2") == 0
     assert set(throttle.next_at) == {"new-2"}
     assert throttle.take("new-2") is None  # and the throttle still throttles

@@ -56,11 +56,12 @@ MAX_INTENT_LABELS = 1_000
 """Tags with series of their own at once; past it, new tags count under :data:`OTHER_INTENTS`."""
 
 OTHER_INTENTS = "_other"
-# distinct `domain` label values of agent_reach_forwards_total, then `_other` (domains come and
-# go through the directory over a process's life: the label set must not grow with them)
-MAX_DOMAIN_LABELS = 1_024
 """The ``intent`` label of the tags seen past :data:`MAX_INTENT_LABELS` (``other`` is a valid
 tag, so the gateway's own values start with ``_``, as ``_unroutable`` does)."""
+
+MAX_DOMAIN_LABELS = 1_024
+"""Distinct ``domain`` values of ``agent_reach_forwards_total``; past it, new domains count under
+:data:`OTHER_INTENTS` (domains come and go through the directory over a process's life)."""
 
 _LATENCY_BUCKETS = (
     0.001,

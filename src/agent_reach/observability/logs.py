@@ -58,9 +58,12 @@ class Throttle:
         return self.held.pop(key, 0)
 
     def _make_room(self, now: float) -> None:
+        # the keys whose second is over, and the oldest others up to a sixteenth of the bound
+        # (so that the next pass is that many new keys away, not one)
         over = [k for k, at in self.next_at.items() if at <= now]
-        if not over:  # a flood of distinct keys within the second: forget them all
-            over = list(self.next_at)
+        if len(over) < self.max_keys // 16:
+            gone = set(over)
+            over += [k for k in self.next_at if k not in gone][: self.max_keys // 16 - len(over)]
         for k in over:
             del self.next_at[k]
             self.held.pop(k, None)

@@ -85,7 +85,7 @@ class MemoryClaimMap:
         full = len(values) > self.max_entries
         if full or len(values) >= self._next_pass:
             values = self._values = {k: v for k, v in values.items() if v[1] > now}
-            keep = self.max_entries - max(1, self.max_entries // 16)
+            keep = max(1, self.max_entries - max(1, self.max_entries // 16))
             if full and len(values) > keep:  # the least recently claimed live ones go: room
                 # for a sixteenth of the bound before the next pass
                 for old in list(islice(values, len(values) - keep)):

@@ -97,6 +97,7 @@ class HttpTransport:
         self._guard = address_guard
         self._literal: dict[str, str | None] = {}  # url -> refusal of its literal address
         self.literals_cleared = 0  # times _literal was cleared at its bound (a metric)
+        self._closed_counts = (0, 0)  # pool waits and cache clears of clients closed before
         self._client: Client | None = None  # deliveries
         self._session: aiohttp.ClientSession | None = None  # fetches (cards)
 
@@ -124,13 +125,15 @@ class HttpTransport:
 
     def pool_waits(self) -> int:
         """Deliveries that waited for room for a connection (the pool's bounds), since start."""
-        return 0 if self._client is None else self._client.pool_waits
+        client = self._client
+        return self._closed_counts[0] + (0 if client is None else client.pool_waits)
 
     def caches_cleared(self) -> int:
         """Times a cache of this transport (parsed URLs, resolved names, refusals of literal
         addresses) was cleared at its bound of 4,096, since start."""
-        client = 0 if self._client is None else self._client.caches_cleared
-        return client + self.literals_cleared
+        client = self._client
+        cleared = self._closed_counts[1] + (0 if client is None else client.caches_cleared)
+        return cleared + self.literals_cleared
 
     def _resolver(self) -> AbstractResolver | None:
         return None if self._guard is None else GuardedResolver(self._guard)
@@ -167,7 +170,9 @@ class HttpTransport:
         """Close the pools; idempotent."""
         client, session = self._client, self._session
         self._client = self._session = None
-        if client is not None:
+        if client is not None:  # its counts stay counted (they are counters' values)
+            waits, cleared = self._closed_counts
+            self._closed_counts = (waits + client.pool_waits, cleared + client.caches_cleared)
             await client.close()
         if session is not None:
             await session.close()

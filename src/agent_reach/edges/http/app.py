@@ -27,11 +27,9 @@ from aiohttp import web
 
 from agent_reach.edges.http.front import Answer, Headers
 from agent_reach.edges.http.openapi import openapi_document
-from agent_reach.edges.http.server import ReachServer
 from agent_reach.errors import (
     AgentReachError,
     InternalError,
-    InvalidRequest,
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
@@ -96,6 +94,12 @@ def _load_static() -> dict[str, _Static]:
 
 def _json(body: Any, status: int = 200) -> web.Response:
     return web.Response(body=encode(body), status=status, headers=_JSON)
+
+
+def _gone(request: web.BaseRequest) -> bool:
+    """Whether ``request``'s connection is closed or closing."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 class HttpEdge:
@@ -169,6 +173,13 @@ class HttpEdge:
             return answer
         except asyncio.CancelledError:
             raise
+        except ConnectionError as exc:
+            if not _gone(request):
+                raise  # not the caller's connection: handled as any fault, below
+            # the caller's connection closed mid-request (by it, or by --read-timeout):
+            # nobody to answer, nothing to log above DEBUG
+            log(logging.DEBUG, "http.client_gone", path=path, error=repr(exc))
+            return web.Response(status=400)
         except Exception:
             log(logging.ERROR, "http.unhandled", path=path, exc_info=True)
             fault = InternalError("unexpected error; see gateway log")
@@ -188,38 +199,13 @@ class HttpEdge:
         raise MethodNotAllowed(f"{method} is not allowed on {path}")
 
     async def _body(self, request: web.BaseRequest) -> bytes:
-        """The request body, refused past ``max_body_bytes`` without reading it all; read
-        within ``--read-timeout``, else the connection is closed (edges/http/server.py)."""
+        """The request body, refused past ``max_body_bytes`` without reading it all (one that
+        does not arrive within ``--read-timeout`` closes the connection: edges/http/server.py)."""
         limit = self.settings.max_body_bytes
         length = request.content_length
-        if length is not None and length > limit:
-            raise PayloadTooLarge(f"body over the {limit} byte limit")
-        protocol = request.protocol
-        began = asyncio.get_running_loop().time()
-        if hasattr(protocol, "reading_since"):  # for the choice at --max-connections
-            protocol.reading_since = began
-        try:
-            async with asyncio.timeout(self.settings.read_timeout):
-                return await self._read(request, limit)
-        except TimeoutError:
-            timed_out = getattr(protocol, "_manager", None)
-            if isinstance(timed_out, ReachServer):
-                timed_out.read_timed_out(
-                    request.remote or "?", asyncio.get_running_loop().time() - began
-                )
-            if request.transport is not None:
-                request.transport.close()
-            raise InvalidRequest(
-                f"the body did not arrive within {self.settings.read_timeout:g} s"
-                " (--read-timeout): the connection is closed"
-            ) from None
-        finally:
-            if hasattr(protocol, "reading_since"):
-                protocol.reading_since = None
-
-    @staticmethod
-    async def _read(request: web.BaseRequest, limit: int) -> bytes:
-        if request.content_length is not None:
+        if length is not None:
+            if length > limit:
+                raise PayloadTooLarge(f"body over the {limit} byte limit")
             return await request.content.read()  # ends at Content-Length
         chunks: list[bytes] = []  # chunked: count while reading
         size = 0

@@ -93,6 +93,8 @@ class Manager(Protocol):
 
     def read_timed_out(self, remote: str, began_s_ago: float) -> None: ...
 
+    def framing_refused(self, remote: str, size: int) -> None: ...
+
 
 class _HandOver(Exception):
     """Raised from a parser callback: this request is aiohttp's."""
@@ -133,6 +135,10 @@ class FrontProtocol(asyncio.Protocol):
         self.read_timeout = read_timeout
         # the loop time the request being read began (its first byte read), while it is read
         self.reading_since: float | None = None
+        self._graced = False  # its read deadline was put off once (a stall of the loop)
+        # bytes kept for the request being read at most: its head, twice the body limit (the
+        # framing of a chunked body), and requests read ahead of it
+        self._raw_cap = 2 * (_MAX_HEAD + edge.max_body_bytes) + _RAW_TRIM
         self._unread = unread
         self.transport: asyncio.Transport | None = None
         self.remote = "?"
@@ -207,6 +213,12 @@ class FrontProtocol(asyncio.Protocol):
                 # pipelined requests read ahead of the one in progress: keep from its start
                 del self._raw[: _start_of(bytes(self._raw), self._begun - 1)]
                 self._begun = 1
+            if self._in_message and len(self._raw) > self._raw_cap:
+                # more bytes than its head and any body allowed, with room for framing: chunk
+                # extensions (no body bytes) would otherwise be kept without end
+                self.manager.framing_refused(self.remote, self._raw_cap)
+                self._close()
+                return
         self._serve_next()
 
     def eof_received(self) -> bool | None:
@@ -247,6 +259,7 @@ class FrontProtocol(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self.reading_since = now = self._loop.time()
+        self._graced = False
         timer = self._timer
         if timer is not None and timer.when() > now + self.read_timeout:
             timer.cancel()  # the check comes at the read deadline, not later
@@ -393,6 +406,7 @@ class FrontProtocol(asyncio.Protocol):
     def _hand_over_later(self) -> None:
         """The message being read is aiohttp's: stop reading; hand over once the requests
         before it are answered."""
+        self.reading_since = None  # reading is paused: aiohttp's handler reads it on
         if self._handing is None:
             # the message being read, or (bytes no message could begin with) the next one
             self._handing = self._begun - 1 if self._in_message else self._begun
@@ -451,7 +465,10 @@ class FrontProtocol(asyncio.Protocol):
         due = self._last + self.idle_timeout
         began = self.reading_since if self._handing is None and self._refusal is None else None
         if began is not None and now >= began + self.read_timeout:
-            if self._unread(self.transport):  # its bytes wait unread: the loop was held
+            if not self._graced and self._unread(self.transport):
+                # its bytes wait unread: the loop was held; a second more, once a request (a
+                # client that always has bytes in flight would otherwise never time out)
+                self._graced = True
                 self._timer = loop.call_at(now + 1.0, self._idle_check)
                 return
             self.manager.read_timed_out(self.remote, now - began)
@@ -462,7 +479,10 @@ class FrontProtocol(asyncio.Protocol):
         if now < due:
             self._timer = loop.call_at(due, self._idle_check)
         elif self.busy or self._unread(self.transport):
-            self._timer = loop.call_at(now + self.idle_timeout, self._idle_check)
+            later = now + self.idle_timeout
+            if began is not None:
+                later = min(later, began + self.read_timeout)
+            self._timer = loop.call_at(later, self._idle_check)
         else:
             self._close()
 

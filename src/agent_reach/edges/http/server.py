@@ -18,17 +18,18 @@ line ``http.connections_full``, rate-limited as above), so that a crowd of idle 
 connections cannot lock the gateway out of its descriptors; ``--idle-timeout`` closes one that
 sends nothing for that long, before its first request or between two; and ``--read-timeout``
 one whose request has not arrived whole that long after its first byte (on aiohttp's routes:
-after its handler began reading the body). A connection with bytes waiting unread in its socket
-is not idle, however long ago it last sent: after a stall of the loop longer than the timeout
-(a SIGSTOP, a paused VM), the idle check runs before the loop reads what clients sent
-meanwhile, and closing then would answer their requests with a reset.
+after its head was read, whichever handler reads the body). A connection with bytes waiting
+unread in its socket is not idle, however long ago it last sent: after a stall of the loop
+longer than the timeout (a SIGSTOP, a paused VM), the idle check runs before the loop reads
+what clients sent meanwhile, and closing then would answer their requests with a reset.
 
 This overrides ``RequestHandler.handle_error``, ``RequestHandler.connection_made``,
-``RequestHandler._process_keepalive`` and ``Server.__call__``, and reads
-``Server._connections``, ``RequestHandler._current_request``, ``_keepalive_handle``,
-``_keepalive_timeout`` and ``_next_keepalive_close_time``, which aiohttp (3.10 to 3.14)
-uses: check them when upgrading aiohttp (tests/integration/test_malformed_http.py and
-test_connections.py fail if they stop being used).
+``RequestHandler._process_keepalive``, ``RequestHandler._handle_request`` and
+``Server.__call__``, and reads ``Server._connections``, ``RequestHandler._current_request``
+(and its ``content.is_eof()``), ``_keepalive_handle``, ``_keepalive_timeout`` and
+``_next_keepalive_close_time``, which aiohttp (3.10 to 3.14) uses: check them when upgrading
+aiohttp (tests/integration/test_malformed_http.py and test_connections.py fail if they stop
+being used).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import fcntl
 import logging
 import termios
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -101,8 +102,48 @@ class _ReachRequestHandler(RequestHandler):
     # when bytes of this connection were last read (monotonic): a request's deadline counts
     # from there, not from when its handler got to run (they differ under load)
     read_at: float | None = None
-    # the loop time its handler began reading a request's body, while it reads it (HttpEdge)
-    reading_since: float | None = None
+    _began = 0.0  # the loop time the request in hand was read to the end of its head
+
+    @property
+    def reading_since(self) -> float | None:
+        """While the body of the request in hand is still arriving: since when (the loop time
+        its head was read), for the choice at ``--max-connections``; else None."""
+        request = self._current_request
+        if request is None or request.content.is_eof():
+            return None
+        return self._began
+
+    async def _handle_request(
+        self,
+        request: web.BaseRequest,
+        start_time: float | None,
+        request_handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
+    ) -> tuple[web.StreamResponse, bool]:
+        # the body must arrive within --read-timeout of the head, whichever route reads it
+        # (/a2a, /mcp and the rest of aiohttp's): a client trickling it holds nothing longer
+        manager = self._manager
+        deadline = None
+        if isinstance(manager, ReachServer):
+            loop = self._loop
+            self._began = began = loop.time()
+            deadline = loop.call_at(
+                began + manager.read_timeout, self._read_deadline, request, manager, False
+            )
+        try:
+            return await super()._handle_request(request, start_time, request_handler)
+        finally:
+            if deadline is not None:
+                deadline.cancel()
+
+    def _read_deadline(self, request: web.BaseRequest, manager: ReachServer, late: bool) -> None:
+        transport = self.transport
+        if request.content.is_eof() or transport is None or transport.is_closing():
+            return  # arrived whole (or the connection is going anyway)
+        if not late and _unread(transport):  # its bytes wait unread: the loop was held; once
+            self._loop.call_later(1.0, self._read_deadline, request, manager, True)
+            return
+        manager.read_timed_out(request.remote or "?", self._loop.time() - self._began)
+        transport.close()
 
     def data_received(self, data: bytes) -> None:
         self.read_at = time.monotonic()
@@ -237,6 +278,18 @@ class ReachServer(web.Server):
         ]
         oldest = min(readers, default=None, key=lambda r: (r[0], r[1]))
         return oldest[2] if oldest is not None and oldest[0] <= since else None
+
+    def framing_refused(self, remote: str, size: int) -> None:
+        """A connection is closed: the request being read took ``size`` bytes, more than any
+        body within ``--max-body-bytes`` needs (chunk extensions, say, which are no body)."""
+        self.on_malformed()
+        _THROTTLE.log(
+            logging.WARNING,
+            "http.malformed",
+            remote=remote,
+            status=400,
+            reason=f"a request of over {size} bytes with its framing; the connection is closed",
+        )
 
     def read_timed_out(self, remote: str, began_s_ago: float) -> None:
         """A connection is closed: its request did not arrive whole within ``read_timeout``."""
