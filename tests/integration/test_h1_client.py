@@ -319,3 +319,32 @@ async def test_a_closed_connection_leaves_no_garbage_cycles() -> None:
         gc.set_debug(0)
         gc.garbage.clear()
     assert spent == []
+
+
+async def test_the_transports_pool_waits_outlive_its_closed_client() -> None:
+    # agent_reach_bound_hits_total{bound="delivery_pool"} reads them: a counter must not fall
+    from agent_reach.transport.http import HttpTransport
+
+    gate = asyncio.Event()
+
+    async def held(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await gate.wait()
+        writer.write(OK)
+        await writer.drain()
+        await keep_answering(reader, writer)
+
+    transport = HttpTransport(pool_per_host=1)
+    await transport.start()
+    async with server(held) as (url, _):
+        calls = [asyncio.create_task(transport.deliver(url, b"{}", {}, 5.0)) for _ in range(3)]
+        for _ in range(200):  # the two behind the first wait for room
+            if transport.pool_waits() >= 2:
+                break
+            await asyncio.sleep(0)
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(*calls), 5)
+        waits = transport.pool_waits()
+        assert waits >= 2
+        await transport.close()
+    assert transport.pool_waits() == waits

@@ -542,3 +542,37 @@ async def test_the_hedges_slot_is_claimed_when_the_hedge_is_chosen() -> None:
     reply(hedge, 0.01)
     assert isinstance((await done(task))[0], Reply)
     assert set(inflight(reacher).values()) == {0}
+
+
+async def test_a_retry_is_counted_at_the_endpoint_whose_slot_it_got() -> None:
+    # (not a hedge: the retry rules this harness drives too) one attempt at a time per
+    # endpoint. b's slot is held by a request hinted there; the failed attempt at a hands a's
+    # slot to another hinted request waiting for it, so the retry's choice is b (a failover),
+    # and it waits. a frees first: the retry goes to a again, and is counted as what it was
+    # (same_endpoint), not as the failover to b first chosen.
+    reacher, transport, clock = make(None, max_inflight_per_endpoint=1)
+    await register(reacher, "a", "b")
+    on_b = asyncio.create_task(reach(reacher, clock, recipient_hint="agent://b", msg_id="m_b"))
+    (held_b,) = await transport.sent(1)
+    task = asyncio.create_task(reach(reacher, clock, msg_id="msg_retry"))
+    first = (await transport.sent(2))[1]
+    assert (held_b.endpoint_id, first.endpoint_id) == ("agent://b", "agent://a")
+    on_a = asyncio.create_task(reach(reacher, clock, recipient_hint="agent://a", msg_id="m_a"))
+    await until(lambda: reacher.router.slots.waiting == 1, "the hinted request waiting for a")
+    reply(first, 0.01, Outcome.SERVER_ERROR)  # a's slot goes to the hinted request
+    held_a = (await transport.sent(3))[2]
+    assert held_a.endpoint_id == "agent://a"
+    await until(lambda: reacher.router.slots.waiting == 1, "the retry waiting for a slot")
+    reply(held_a, 0.01)  # a frees first
+    retry = (await transport.sent(4))[3]
+    assert retry.endpoint_id == "agent://a"
+    reply(retry, 0.01)
+    reply(held_b, 0.01)
+    for request in (task, on_a, on_b):
+        assert isinstance((await done(request))[0], Reply)
+    samples = reacher.metrics.registry
+    kinds = {
+        kind: samples.get_sample_value("agent_reach_retries_total", {"kind": kind}) or 0.0
+        for kind in ("failover", "same_endpoint")
+    }
+    assert kinds == {"failover": 0.0, "same_endpoint": 1.0}
