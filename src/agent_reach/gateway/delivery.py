@@ -650,6 +650,9 @@ class Reacher:
                 f"deadline is not enough for another attempt ({per_try:.0f} ms per try)"
             )
         wait = min(wait, room)
+        # the budget is spent as the retry is decided: one then refused at the wait queue (or
+        # out of time after waiting for a slot) keeps it spent, though retries_total (counted
+        # by _retried, once the retry has its slot) leaves it out
         if delivery.reached and not router.budget.try_spend(now):
             self.metrics.retry_budget_exhausted.inc()
             raise AllAttemptsFailed(f"{n} attempt(s) failed and the retry budget is used up")
