@@ -258,7 +258,7 @@ class FrontProtocol(asyncio.Protocol):
     # --- httptools callbacks ----------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        self.reading_since = now = self._loop.time()
+        self.reading_since = now = self._last  # the loop time of the read it begins in
         self._graced = False
         timer = self._timer
         if timer is not None and timer.when() > now + self.read_timeout:

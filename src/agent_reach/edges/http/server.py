@@ -270,14 +270,15 @@ class ReachServer(web.Server):
     ) -> RequestHandler | FrontProtocol | None:
         """The connection whose request has been arriving longest, begun at least
         :data:`SLOW_READER_S` ago (a client trickling its bytes), or None."""
-        since = self._loop.time() - SLOW_READER_S
-        readers = [
-            (began, n, h)
-            for n, h in enumerate(open_now)
+        readers = {
+            h: began
+            for h in open_now
             if h is not new and (began := getattr(h, "reading_since", None)) is not None
-        ]
-        oldest = min(readers, default=None, key=lambda r: (r[0], r[1]))
-        return oldest[2] if oldest is not None and oldest[0] <= since else None
+        }
+        oldest = min(readers, key=readers.__getitem__, default=None)  # the first of equals
+        if oldest is None or readers[oldest] > self._loop.time() - SLOW_READER_S:
+            return None
+        return oldest
 
     def framing_refused(self, remote: str, size: int) -> None:
         """A connection is closed: the request being read took ``size`` bytes, more than any
