@@ -23,10 +23,17 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--gateway", required=True)
 parser.add_argument("--id", required=True)
 parser.add_argument("--workers", type=int, default=4)
+parser.add_argument("--max-inflight", type=int, default=None)
 args = parser.parse_args()
 
 logs.configure("INFO")
-agent = Agent(args.id, gateway=args.gateway, workers=args.workers, shutdown_timeout=0.5)
+agent = Agent(
+    args.id,
+    gateway=args.gateway,
+    workers=args.workers,
+    shutdown_timeout=0.5,
+    max_inflight=args.max_inflight,
+)
 runs: Counter[str] = Counter()
 lock = threading.Lock()
 gates: dict[str, threading.Event] = {}
@@ -86,7 +93,7 @@ async def how_often(payload: Any, ctx: ReachContext) -> dict[str, int]:
 def hold(payload: Any, ctx: ReachContext) -> dict[str, Any]:
     n = count(payload)
     logs.log(logging.INFO, "sdk.hold.entered", key=payload["key"], run=n)
-    released = gate(payload["key"]).wait(60)
+    released = gate(payload["key"]).wait(payload.get("hold_s", 60))
     return {"run": n, "released": released, "attempt": ctx.attempt}
 
 

@@ -21,18 +21,17 @@ SDK_AGENT = HERE / "sdk_agent.py"
 ASGI_AGENT = HERE / "asgi_agent.py"
 
 
-def start_sdk_agent(gw: str, endpoint_id: str, *, workers: int = 4) -> Proc:
+def start_sdk_agent(
+    gw: str, endpoint_id: str, *, workers: int = 4, max_inflight: int | None = None
+) -> Proc:
     """tests/agents/sdk_agent.py, started and past its first registration attempt."""
+    cap = () if max_inflight is None else ("--max-inflight", str(max_inflight))
     return _start(
         [
             sys.executable,
             str(SDK_AGENT),
-            "--gateway",
-            gw,
-            "--id",
-            endpoint_id,
-            "--workers",
-            str(workers),
+            *("--gateway", gw, "--id", endpoint_id, "--workers", str(workers)),
+            *cap,
         ]
     )
 

@@ -4,6 +4,7 @@ trace id in the agent's JSON log lines."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -112,6 +113,41 @@ def test_a_retry_while_the_first_run_is_going_joins_it(gw: Proc, agent: Proc) ->
     assert body["result"]["run"] == 1
     assert runs(agent.url, k) == 1
     assert len(events(agent, "sdk.hold.entered", key=k)) == 1
+
+
+def test_runs_left_behind_by_callers_that_gave_up_count_against_max_inflight() -> None:
+    """An agent with two workers and ``max_inflight`` 2 (a gateway of its own, so that no other
+    agent shares its intents). Two holds of 5 s sent through the gateway with a 1 s deadline
+    time out there, and their runs go on (a thread cannot be stopped). A third delivery is
+    answered 503 at once instead of queueing behind them; once they end there is room."""
+    with gateway() as gw:
+        agent = start_sdk_agent(gw.url, "agent://sdk-capped-01", workers=2, max_inflight=2)
+        try:
+            keys = [key(), key()]
+            calls = [
+                Background(
+                    lambda k=k: send(
+                        gw.url, intent="sdk.hold", payload={"key": k, "hold_s": 5}, timeout_ms=1000
+                    )
+                )
+                for k in keys
+            ]
+            for call in calls:
+                status, body = call.join(timeout=10)
+                assert (status, body["error"]) == (504, "deadline_exceeded"), body
+            assert all(events(agent, "sdk.hold.entered", key=k) for k in keys)
+            started = time.monotonic()
+            status, body = deliver(agent.url, "sdk.aecho", {})
+            took = time.monotonic() - started
+            assert (status, body["error"]) == (503, "backend_unavailable"), body
+            assert took < 1.0, took  # not queued behind the holds (about 4 s left of them)
+            (busy,) = events(agent, "agent.busy")
+            assert (busy["max_inflight"], busy["refused"]) == (2, 1)
+            # room again once the holds' threads return (5 s after they began)
+            wait_until(lambda: deliver(agent.url, "sdk.aecho", {})[0] == 200, timeout=10)
+            assert len(events(agent, "sdk.hold.entered")) == 2  # no run of the refused ones
+        finally:
+            agent.stop()
 
 
 def test_a_crash_is_a_500_in_the_error_shape_and_runs_again_when_retried(

@@ -108,3 +108,27 @@ async def test_a_costly_build_is_held_longer_within_a_bound() -> None:
     clock.advance(CARD_TTL_S - 0.1)  # a quick one (0.05 s): held CARD_TTL_S
     await card(edge, "localhost:5")
     assert edge.skill_builds == 3
+
+
+async def test_a_build_that_fails_fails_its_waiters_and_the_next_request_builds_afresh() -> None:
+    node = Node(GatewaySettings(), clock=FakeClock())
+    await register(node, "a", "weather.query")
+    edge = A2aEdge(node)
+    calls = 0
+
+    def failing_clock() -> float:  # the build's first step: the fault lands inside the build
+        nonlocal calls
+        calls += 1
+        raise RuntimeError("build broke")
+
+    edge.cost_clock = failing_clock
+    both = await asyncio.gather(
+        card(edge, "localhost:8000"), card(edge, "localhost:8001"), return_exceptions=True
+    )
+    assert [repr(r) for r in both] == [repr(RuntimeError("build broke"))] * 2
+    assert calls == 1  # the second request awaited the same build
+    assert edge.skill_builds == 0
+    edge.cost_clock = lambda: 0.0
+    status, body, _ = await card(edge, "localhost:8000")  # nothing held: built again
+    assert status == 200 and [s["id"] for s in body["skills"]] == ["weather.query"]
+    assert edge.skill_builds == 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -266,3 +266,91 @@ async def test_the_asgi_adapter_caps_streamed_bodies_and_refuses_other_methods(
     assert await asgi_call(app, [{"type": "http.disconnect"}]) == []  # the client went away
     with pytest.raises(RuntimeError, match="serves HTTP"):
         await app({"type": "websocket"}, None, None)  # type: ignore[arg-type]
+
+
+async def turns_until(done: Callable[[], bool], turns: int = 1000) -> None:
+    """Give the event loop up to ``turns`` turns for ``done`` to come true (no sleeping)."""
+    for _ in range(turns):
+        if done():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"not done after {turns} turns of the loop")
+
+
+def test_max_inflight_defaults_to_the_larger_of_four_runs_a_worker_and_64() -> None:
+    assert Dispatcher("agent://unit-01", {}, workers=2).max_inflight == 64
+    assert Dispatcher("agent://unit-01", {}, workers=32).max_inflight == 128
+    assert Dispatcher("agent://unit-01", {}, max_inflight=3).max_inflight == 3
+    with pytest.raises(ValueError, match="max_inflight"):
+        Dispatcher("agent://unit-01", {}, max_inflight=0)
+
+
+async def test_past_max_inflight_runs_a_new_run_is_refused_at_once_and_a_duplicate_joins() -> None:
+    handlers: dict[str, Handler] = {}
+    dispatcher = Dispatcher("agent://unit-01", handlers, workers=2, max_inflight=2)
+    gate, runs = asyncio.Event(), []
+
+    async def hold(payload: Any, ctx: ReachContext) -> str:
+        runs.append(ctx.msg_id)
+        await gate.wait()
+        return ctx.msg_id
+
+    handlers["t.hold"] = hold
+    try:
+        held = [
+            asyncio.create_task(dispatcher.deliver(body("t.hold", msg_id=m), {}))
+            for m in ("m1", "m2")
+        ]
+        await turns_until(lambda: len(runs) == 2)
+        assert dispatcher.in_hand == 2
+        code, answer = parsed(await dispatcher.deliver(body("t.hold", msg_id="m3"), {}))
+        assert (code, answer["error"]) == (503, "backend_unavailable")
+        assert "agent://unit-01 has 2 runs in hand" in answer["detail"]
+        assert runs == ["m1", "m2"] and dispatcher.busy_answers == 1  # m3 never ran
+        joined = asyncio.create_task(dispatcher.deliver(body("t.hold", msg_id="m1"), {}))
+        gate.set()
+        assert [parsed(await t) for t in (*held, joined)] == [(200, "m1"), (200, "m2"), (200, "m1")]
+        assert dispatcher.in_hand == 0
+        # the refusal was not remembered: m3 delivered again, now with room, runs
+        assert parsed(await dispatcher.deliver(body("t.hold", msg_id="m3"), {})) == (200, "m3")
+    finally:
+        await dispatcher.close()
+
+
+async def test_a_sync_run_whose_caller_gave_up_counts_until_its_thread_returns() -> None:
+    handlers: dict[str, Handler] = {}
+    dispatcher = Dispatcher("agent://unit-01", handlers, workers=1, max_inflight=2)
+    started, gate = threading.Event(), threading.Event()
+
+    def hold(payload: Any, ctx: ReachContext) -> str:
+        started.set()
+        gate.wait(10)
+        return ctx.msg_id
+
+    handlers["t.hold"] = hold
+    raw = b'{"intent": "t.hold"}'  # no msg_id: nothing shields the run from its caller
+    try:
+        running = asyncio.create_task(dispatcher.deliver(raw, {}))
+        assert await asyncio.to_thread(started.wait, 5)
+        queued = asyncio.create_task(dispatcher.deliver(raw, {}))
+        await turns_until(lambda: dispatcher.in_hand == 2)
+        # the queued run's caller gives up: its run never starts, and its room is free again
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        assert dispatcher.in_hand == 1
+        # the running one's caller gives up too: its thread goes on, and so does its count
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        assert dispatcher.in_hand == 1
+        waiting = asyncio.create_task(dispatcher.deliver(raw, {}))
+        await turns_until(lambda: dispatcher.in_hand == 2)
+        code, answer = parsed(await dispatcher.deliver(raw, {}))  # the orphan holds a place
+        assert (code, answer["error"]) == (503, "backend_unavailable")
+        gate.set()
+        assert (await waiting).status == 200
+        assert dispatcher.in_hand == 0
+    finally:
+        gate.set()
+        await dispatcher.close()

@@ -149,7 +149,9 @@ def test_without_nats_py_serving_over_nats_names_the_extra_to_install(
 
 
 def test_max_inflight_defaults_to_a_few_times_the_workers_and_must_be_positive() -> None:
-    assert Agent("agent://w-01", serve=NATS, workers=3).max_inflight == 12
+    assert Agent("agent://w-01", serve=NATS, workers=3).max_inflight == 64  # the floor
+    assert Agent("agent://w-01", serve=NATS, workers=20).max_inflight == 80
+    assert Agent("agent://w-01", workers=20).max_inflight == 80  # over HTTP the same
     assert Agent("agent://w-01", serve=NATS, max_inflight=1).max_inflight == 1
     with pytest.raises(ValueError, match="max_inflight"):
         Agent("agent://w-01", serve=NATS, max_inflight=0)

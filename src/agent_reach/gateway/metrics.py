@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import NamedTuple, Protocol
 
 from prometheus_client import (
@@ -62,6 +62,8 @@ tag, so the gateway's own values start with ``_``, as ``_unroutable`` does)."""
 MAX_DOMAIN_LABELS = 1_024
 """Distinct ``domain`` values of ``agent_reach_forwards_total``; past it, new domains count under
 :data:`OTHER_INTENTS` (domains come and go through the directory over a process's life)."""
+
+LAST_SEEN_CHUNK = 10_000  # heartbeat ages read per turn of the loop by a scrape (~0.5 ms)
 
 _LATENCY_BUCKETS = (
     0.001,
@@ -244,6 +246,17 @@ class _Series:
         self.attempts: dict[str, Counter] = {}  # outcome -> child
 
 
+async def _last_seen(records: Iterable[EndpointRecord]) -> list[float]:
+    """The records' ``last_seen``, ``LAST_SEEN_CHUNK`` per turn of the loop (of the records
+    registered when called: a registration meanwhile must not break the iteration)."""
+    held = list(records)
+    seen: list[float] = []
+    for start in range(0, len(held), LAST_SEEN_CHUNK):
+        seen += [record.last_seen for record in held[start : start + LAST_SEEN_CHUNK]]
+        await asyncio.sleep(0)  # the loop serves others between chunks
+    return seen
+
+
 class GatewayMetrics:
     """Counters and histograms of requests, attempts, retries and heartbeats.
 
@@ -255,6 +268,8 @@ class GatewayMetrics:
         self,
         status_counts: Callable[[], dict[str, int]],
         registry_state: Callable[[], RegistryState] | None = None,
+        *,
+        status_counts_chunked: Callable[[], Awaitable[dict[str, int]]] | None = None,
     ) -> None:
         r = self.registry = CollectorRegistry(auto_describe=False)
         # python_gc_*: the cyclic collector's runs and what they found; garbage in cycles made
@@ -422,6 +437,8 @@ class GatewayMetrics:
         self.heartbeats_ok = self.heartbeats.labels("ok")
         self.heartbeats_unknown = self.heartbeats.labels("unknown")
         self._status_counts = status_counts
+        # a scrape counts statuses with this when given: a chunk per turn of the loop
+        self._status_counts_chunked = status_counts_chunked
         self._registry_state = registry_state
         self._watched: _Watched | None = None
         self._nats_state: Callable[[], NatsLinkState] | None = None
@@ -572,7 +589,7 @@ class GatewayMetrics:
         Scrapes run one at a time; a scrape cancelled (the client went away) ends when its
         thread does, so that abandoned scrapes cannot pile up threads."""
         async with self._scraping:
-            exposition = _Exposition(self.registry, self._state())
+            exposition = _Exposition(self.registry, await self._read_state())
             work = asyncio.ensure_future(asyncio.to_thread(generate_latest, exposition))
             try:
                 body = await asyncio.shield(work)
@@ -592,19 +609,34 @@ class GatewayMetrics:
             self._drop_orphans()
         return body
 
-    def _state(self) -> _State:
-        """The gateway state a scrape exports, read now (on the loop: O(endpoints))."""
+    async def _read_state(self) -> _State:
+        """:meth:`_state`, its reads of every endpoint a chunk per turn of the loop (at 50,000
+        endpoints the statuses took ~50 ms in one go, the heartbeat ages ~2.5 ms)."""
+        chunked = self._status_counts_chunked
+        counts = await chunked() if chunked is not None else self._status_counts()
+        watched = self._watched
+        last_seen = None if watched is None else await _last_seen(watched.records())
+        return self._state(counts, last_seen)
+
+    def _state(
+        self, status_counts: dict[str, int] | None = None, last_seen: list[float] | None = None
+    ) -> _State:
+        """The gateway state a scrape exports, read now (on the loop: O(endpoints)), with
+        ``status_counts`` and ``last_seen`` when they were read already (``now`` is read after
+        them: no age comes out negative)."""
+        if status_counts is None:
+            status_counts = self._status_counts()
         registry = self._registry_state() if self._registry_state is not None else None
         nats = self._nats_state() if self._nats_state is not None else None
         hits = {name: read() for name, read in sorted(self._bounds.items())}
         watched = self._watched
         if watched is None:
-            return _State(self._status_counts(), registry, 0.0, None, 0.0, 0, nats, hits)
+            return _State(status_counts, registry, 0.0, None, 0.0, 0, nats, hits)
         return _State(
-            self._status_counts(),
+            status_counts,
             registry,
             watched.now(),
-            [record.last_seen for record in watched.records()],
+            [record.last_seen for record in watched.records()] if last_seen is None else last_seen,
             watched.interval_s,
             watched.trace_count(),
             nats,

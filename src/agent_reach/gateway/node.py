@@ -110,7 +110,11 @@ class Node:
         # the fallback matcher of --matcher (None: none); the note says what it fell back to
         matcher, self.matcher_note = matcher_for(settings.matcher)
         self.router = Router(settings, self.registry, clock, rng=rng, matcher=matcher)
-        self.metrics = GatewayMetrics(self.router.status_counts, self.registry.state)
+        self.metrics = GatewayMetrics(
+            self.router.status_counts,
+            self.registry.state,
+            status_counts_chunked=self.router.status_counts_chunked,
+        )
         self.metrics.follow(self.registry)  # drops the series of tags no longer declared
         self.traces = TraceStore(settings.trace_capacity)
         self.metrics.watch(

@@ -21,6 +21,7 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import random
@@ -57,6 +58,7 @@ STALL_TICK_S = 0.25
 _JUST_SEEN = Health(Status.HEALTHY, "healthy", math.inf)  # only its status is read
 FAILURE_PENALTY_MS = 2000.0  # what a failed attempt costs in the load-aware score
 RECHECK_S = 0.25  # a request waiting for a slot looks again at least this often
+STATUS_CHUNK = 1000  # healths derived per turn of the loop when a scrape counts statuses
 _ROUTABLE = (Status.HEALTHY, Status.DEGRADED)
 
 
@@ -310,6 +312,20 @@ class Router:
         counts = {s.value: 0 for s in Status}
         for record in self.registry.records():
             counts[self.health(record, now).status.value] += 1
+        return counts
+
+    async def status_counts_chunked(self, chunk: int = STATUS_CHUNK) -> dict[str, int]:
+        """:meth:`status_counts` of the records registered when called, at that time, with
+        ``chunk`` healths derived per turn of the loop (~1 µs each: 50 ms in one go at 50,000
+        endpoints, on every scrape)."""
+        now = self.now()
+        records = list(self.registry.records())  # a registration meanwhile must not break it
+        counts = {s.value: 0 for s in Status}
+        health = self.health
+        for start in range(0, len(records), chunk):
+            for record in records[start : start + chunk]:
+                counts[health(record, now).status.value] += 1
+            await asyncio.sleep(0)  # the loop serves others between chunks
         return counts
 
     # --- routing ---------------------------------------------------------------------------

@@ -16,6 +16,7 @@ handler returned a value    200     the value as JSON
 handler raised ``Reject``   4xx     ``{"ok": false, "error": code, "detail": ...}`` (final)
 an onward reach refused     424     ``unauthorized`` / ``forbidden`` (final: token mode)
 handler raised anything     500     ``handler_failed`` (retryable, not cached)
+past ``max_inflight`` runs  503     ``backend_unavailable`` at once (retryable, not cached)
 answer is not JSON          500     ``bad_answer`` (retryable, not cached)
 body not JSON / bad shape   400/422 ``invalid_request`` naming the field
 body over the size limit    413     ``payload_too_large`` (decided by the adapter)
@@ -33,6 +34,7 @@ import functools
 import inspect
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +45,7 @@ import msgspec
 
 from agent_reach.errors import (
     AgentReachError,
+    BackendUnavailable,
     Forbidden,
     InvalidRequest,
     MethodNotAllowed,
@@ -64,9 +67,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_WORKERS",
+    "INFLIGHT_FLOOR",
+    "INFLIGHT_PER_WORKER",
     "Answer",
     "Dispatcher",
     "Handler",
+    "busy",
     "error_answer",
     "from_error",
     "not_allowed",
@@ -76,6 +82,12 @@ __all__ = [
 Handler = Callable[[Any, ReachContext], Any]
 # the standard library's default for I/O-bound pools: handlers mostly wait on other services
 DEFAULT_WORKERS = min(32, (os.cpu_count() or 1) + 4)
+# max_inflight's default: max(INFLIGHT_PER_WORKER x workers, INFLIGHT_FLOOR) runs in hand. The
+# floor is the gateway's default --max-inflight-per-endpoint: one gateway on its defaults is
+# never refused for its own live attempts, only for runs whose callers have gone (or for other
+# gateways' attempts); past 4 x workers, sync runs wait three rounds of the pool at most.
+INFLIGHT_PER_WORKER = 4
+INFLIGHT_FLOOR = 64
 _encode = msgspec.json.Encoder().encode
 
 
@@ -115,6 +127,14 @@ def from_error(exc: AgentReachError) -> Answer:
     """The error answer of one of our errors (its code and fields; the status from the one
     table of :mod:`agent_reach.wire.status`)."""
     return Answer(status_for(exc), _encode(exc.to_body()))
+
+
+def busy(detail: str, refused: int, **fields: Any) -> Answer:
+    """503 ``backend_unavailable`` for a delivery refused for want of room (the ``refused``-th
+    so far), logged as ``agent.busy`` the first time and then one in a thousand."""
+    if refused == 1 or refused % 1000 == 0:  # no flood of lines
+        log(logging.WARNING, "agent.busy", refused=refused, **fields)
+    return from_error(BackendUnavailable(detail))
 
 
 def too_large(limit: int) -> Answer:
@@ -177,6 +197,15 @@ class Dispatcher:
     contextvars (the trace id) copied in; async handlers run on the caller's event loop.
     ``tracer`` makes the OpenTelemetry spans; by default `observability.otel.agent_tracer`
     decides from the environment (None: off).
+
+    Runs in hand (``in_hand``) are handler runs begun and not ended, whether or not their
+    caller still waits (a run outlives its caller: dedup shields it, and a sync handler's
+    thread cannot be stopped). Past ``max_inflight`` of them (default: the larger of 4 x
+    ``workers`` and 64) a delivery that would begin a run is answered 503
+    ``backend_unavailable`` at once, so that the gateway tries another agent rather than
+    queue behind this one's backlog; one joining a run in hand or answered from the dedup
+    memory is not refused. So neither the worker pool's queue nor the runs left behind by
+    callers that gave up grow without bound.
     """
 
     def __init__(
@@ -192,12 +221,24 @@ class Dispatcher:
         now: Callable[[], float] = time.monotonic,
         tracer: AgentTracer | None = None,
         verifier: DeliveryVerifier | None = None,
+        max_inflight: int | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
+        if max_inflight is not None and max_inflight < 1:
+            raise ValueError("max_inflight must be at least 1")
         self.endpoint_id = endpoint_id
         self.handlers = handlers
         self.workers = workers
+        self.max_inflight = (
+            max(INFLIGHT_PER_WORKER * workers, INFLIGHT_FLOOR)
+            if max_inflight is None
+            else max_inflight
+        )
+        self.busy_answers = 0  # deliveries refused with 503 past max_inflight
+        self._in_hand = 0
+        # a sync run ends on its worker thread (or wherever its future is cancelled)
+        self._in_hand_lock = threading.Lock()
         self._owner = owner
         self._now = now
         self.once: RunOnce[Answer] = RunOnce(
@@ -342,7 +383,36 @@ class Dispatcher:
             span.note("duplicate", how)
         return dataclasses.replace(await result, reused=how)
 
+    @property
+    def in_hand(self) -> int:
+        """Handler runs begun and not ended (their callers may have gone)."""
+        return self._in_hand
+
+    def _begin_run(self) -> bool:
+        with self._in_hand_lock:
+            if self._in_hand >= self.max_inflight:
+                return False
+            self._in_hand += 1
+            return True
+
+    def _end_run(self, _: object = None) -> None:
+        with self._in_hand_lock:
+            self._in_hand -= 1
+
+    def _busy(self, ctx: ReachContext) -> Answer:
+        self.busy_answers += 1
+        return busy(
+            f"{self.endpoint_id} has {self.max_inflight} runs in hand",
+            self.busy_answers,
+            max_inflight=self.max_inflight,
+            endpoint_id=self.endpoint_id,
+            intent=ctx.intent,
+            msg_id=ctx.msg_id,
+        )
+
     async def _call(self, handler: Handler, payload: Any, ctx: ReachContext) -> Answer:
+        if not self._begin_run():
+            return self._busy(ctx)
         started = self._now()
         answer = await self._run(handler, payload, ctx, started)
         return dataclasses.replace(answer, handle_ms=round((self._now() - started) * 1000.0, 3))
@@ -350,13 +420,25 @@ class Dispatcher:
     async def _run(
         self, handler: Handler, payload: Any, ctx: ReachContext, started: float
     ) -> Answer:
+        """Run the handler (one run in hand, begun by the caller: ended here, or for a sync
+        handler when its thread returns or its queued future is cancelled)."""
         try:
             if inspect.iscoroutinefunction(handler):
-                result = await handler(payload, ctx)
+                try:
+                    result = await handler(payload, ctx)
+                finally:
+                    self._end_run()
             else:
                 run = contextvars.copy_context().run  # the trace id, into the worker thread
-                loop = asyncio.get_running_loop()
-                result = await loop.run_in_executor(self._executor(), run, handler, payload, ctx)
+                try:
+                    future = self._executor().submit(run, handler, payload, ctx)
+                except BaseException:
+                    self._end_run()
+                    raise
+                # when the thread returns, not when this await is cancelled: a run whose
+                # caller gave up still holds its worker
+                future.add_done_callback(self._end_run)
+                result = await asyncio.wrap_future(future)
                 if inspect.isawaitable(result):
                     result = await result
         except Reject as exc:

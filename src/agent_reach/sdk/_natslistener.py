@@ -38,9 +38,9 @@ from collections.abc import Mapping, Sequence
 from nats import errors as nats_errors
 from nats.aio.msg import Msg
 
-from agent_reach.errors import BackendUnavailable, InternalError
+from agent_reach.errors import InternalError
 from agent_reach.observability.logs import log
-from agent_reach.sdk._delivery import Answer, Dispatcher, from_error, too_large
+from agent_reach.sdk._delivery import Answer, Dispatcher, busy, from_error, too_large
 from agent_reach.settings import DEFAULT_NATS_PREFIX
 from agent_reach.transport.nats import subject_refusal
 from agent_reach.transport.natslink import Answer as Reply
@@ -204,14 +204,7 @@ class NatsListener:
 
     def _busy(self) -> Reply:
         self.busy_answers += 1
-        n = self.busy_answers
-        if n == 1 or n % 1000 == 0:  # the first, then one in a thousand: no flood of lines
-            log(
-                logging.WARNING,
-                "agent.busy",
-                subject=self.subject,
-                max_inflight=self.max_inflight,
-                refused=n,
-            )
         detail = f"{self.queue} has {self.max_inflight} deliveries in hand"
-        return render(from_error(BackendUnavailable(detail)))
+        return render(
+            busy(detail, self.busy_answers, max_inflight=self.max_inflight, subject=self.subject)
+        )

@@ -69,7 +69,6 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
-INFLIGHT_PER_WORKER = 4  # max_inflight's default: this many deliveries in hand per worker
 
 
 class Agent:
@@ -85,7 +84,10 @@ class Agent:
     remembered for ``dedup_ttl_s`` seconds, ``dedup_size`` messages and ``dedup_max_bytes``
     bytes of answers at most (0 turns the memory off; runs in flight are still joined). Bodies over
     ``max_body_bytes`` get 413. ``shutdown_timeout`` bounds how long :meth:`stop` waits for
-    deliveries in flight. Calls to the gateway time out after ``request_timeout_s``; while it
+    deliveries in flight. Past ``max_inflight`` handler runs in hand (default: the larger of
+    4 x ``workers`` and 64; a run whose caller has gone counts until it ends) a delivery is
+    answered 503 ``backend_unavailable`` at once, on every transport: the gateway tries
+    another agent. Calls to the gateway time out after ``request_timeout_s``; while it
     cannot be reached, the agent retries with a backoff of up to ``retry_max_s``.
 
     Token mode (docs/security.md): ``token`` is the agent's enrollment token (default
@@ -101,8 +103,8 @@ class Agent:
     no port: it answers requests to ``subject`` (default ``agents.NAME``, with ``.`` in NAME
     mapped to ``~``: :func:`agent_reach.sdk._natslistener.agent_subject`) in the queue group
     named by its endpoint id, so that replicas share the load, and registers
-    ``nats:<subject>``. Past ``max_inflight`` deliveries in hand (default ``4 x workers``) a
-    request is answered 503 at once; ``host``, ``port`` and ``path`` are not used. A bad
+    ``nats:<subject>``. Past ``max_inflight`` deliveries in hand a request is answered 503 at
+    once, before it is read; ``host``, ``port`` and ``path`` are not used. A bad
     ``subject`` is a ValueError here; ``subject`` without NATS too.
     """
 
@@ -146,9 +148,6 @@ class Agent:
             self.subject = agent_subject(endpoint_id) if subject is None else check_subject(subject)
         elif subject is not None:
             raise ValueError("subject is for an agent that serves over NATS (serve='nats://...')")
-        if max_inflight is not None and max_inflight < 1:
-            raise ValueError("max_inflight must be at least 1")
-        self.max_inflight = INFLIGHT_PER_WORKER * workers if max_inflight is None else max_inflight
         self.gateways = gateway_urls(gateway)
         self.description = description
         self.host, self.port, self.path = host, port, path
@@ -170,7 +169,10 @@ class Agent:
             dedup_max_bytes=dedup_max_bytes,
             owner=self,
             verifier=DeliveryVerifier(endpoint_id, self._fetch_keys) if verify_deliveries else None,
+            max_inflight=max_inflight,
         )
+        # handler runs in hand past which a delivery is answered 503 at once (every transport)
+        self.max_inflight = self._dispatcher.max_inflight
         self._lifeline: Lifeline | None = None
         self._runner: web.AppRunner | None = None
         self._listener: NatsListener | None = None
