@@ -1,9 +1,14 @@
 """What the gateway's Agent Card costs at a large registry, by what the request names.
 
-``python benchmarks/card_bench.py [--tags 50000] [--requests 200] [--rounds 5]``
+``python benchmarks/card_bench.py [--tags 50000] [--shape one|mixed] [--requests 200]
+[--rounds 5]``
 
-A real node with ``--tags`` registered tags (one endpoint each) and the real A2A edge, in
-process. Three kinds of card request, interleaved round after round, each timed on the calling
+A real node with ``--tags`` registered endpoints and the real A2A edge, in process. Shape
+``one``: each endpoint declares a tag of its own (``bench.tag-N``, registered in N's order: a
+sort of input in long sorted runs, the kind case). Shape ``mixed``: each declares a tag of its
+own named by a hash (no order to help a sort) and one of ``--tags`` / 10 shared tags (ten
+endpoints each): ``--tags`` x 1.1 tags in all. Three kinds of card request, interleaved round
+after round, each timed on the calling
 thread (wall and CPU ms a request, median of the rounds):
 
 - ``same``: the same ``Host`` again and again: served from the card kept for that base URL;
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import statistics
 import sys
 import time
@@ -81,21 +87,29 @@ async def main() -> None:
     parser.add_argument("--tags", type=int, default=50_000)
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--shape", choices=["one", "mixed"], default="one")
     args = parser.parse_args()
     clock = FakeClock()
     # no fallback matcher: its index build (a thread) would share the CPU with what is timed
     node = Node(GatewaySettings(max_endpoints=args.tags + 1, matcher="none"), clock=clock)
+    shared = max(1, args.tags // 10)
     for n in range(args.tags):
+        if args.shape == "one":
+            caps = [f"bench.tag-{n}"]
+        else:
+            own = hashlib.sha1(str(n).encode()).hexdigest()[:10]
+            caps = [f"bench.own-{own}", f"bench.shared-{n % shared}"]
         await node.router.register(
             RegisterBody(
                 endpoint_id=f"agent://bench-{n}",
-                capabilities=[f"bench.tag-{n}"],
+                capabilities=caps,
                 endpoint_url="http://127.0.0.1:9/reach",
             )
         )
     edge = A2aEdge(node)
     size = len((await edge.card(make_mocked_request("GET", CARD_PATH))).body)
-    print(f"{args.tags} tags, a card of {size / 1e6:.1f} MB; ms a request (wall / CPU)")
+    tags = len(node.registry.intents())
+    print(f"{tags} tags ({args.shape}), a card of {size / 1e6:.1f} MB; ms a request (wall / CPU)")
     results: dict[str, list[tuple[float, float]]] = {"same": [], "new host": [], "build": []}
     holds = []
     port = 1024

@@ -132,3 +132,19 @@ async def test_a_build_that_fails_fails_its_waiters_and_the_next_request_builds_
     status, body, _ = await card(edge, "localhost:8000")  # nothing held: built again
     assert status == 200 and [s["id"] for s in body["skills"]] == ["weather.query"]
     assert edge.skill_builds == 1
+
+
+async def test_the_skills_are_encoded_a_chunk_at_a_time_into_one_json_list_and_its_digest() -> None:
+    import hashlib
+
+    node = Node(GatewaySettings(), clock=FakeClock())
+    tags = 2 * TAG_CHUNK + 7  # two full chunks and a short one
+    for n in range(tags):
+        await register(node, f"a{n}", f"bulk.tag-{n:05d}")
+    edge = A2aEdge(node)
+    status, body, _ = await card(edge, "localhost:8000")
+    assert status == 200
+    assert [s["id"] for s in body["skills"]] == [f"bulk.tag-{n:05d}" for n in range(tags)]
+    assert edge._skills is not None
+    _, skills, digest = edge._skills
+    assert digest == hashlib.sha256(bytes(skills)).hexdigest()  # the digest of those bytes

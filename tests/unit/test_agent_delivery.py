@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -317,9 +318,15 @@ async def test_past_max_inflight_runs_a_new_run_is_refused_at_once_and_a_duplica
         await dispatcher.close()
 
 
-async def test_a_sync_run_whose_caller_gave_up_counts_until_its_thread_returns() -> None:
+async def test_a_sync_run_whose_caller_gave_up_counts_until_its_thread_returns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="agent_reach")
+    clock = FakeClock()
     handlers: dict[str, Handler] = {}
-    dispatcher = Dispatcher("agent://unit-01", handlers, workers=1, max_inflight=2)
+    dispatcher = Dispatcher(
+        "agent://unit-01", handlers, workers=1, max_inflight=2, now=clock.monotonic
+    )
     started, gate = threading.Event(), threading.Event()
 
     def hold(payload: Any, ctx: ReachContext) -> str:
@@ -330,7 +337,7 @@ async def test_a_sync_run_whose_caller_gave_up_counts_until_its_thread_returns()
     handlers["t.hold"] = hold
     raw = b'{"intent": "t.hold"}'  # no msg_id: nothing shields the run from its caller
     try:
-        running = asyncio.create_task(dispatcher.deliver(raw, {}))
+        running = asyncio.create_task(dispatcher.deliver(raw, {"x-reach-deadline-ms": "1000"}))
         assert await asyncio.to_thread(started.wait, 5)
         queued = asyncio.create_task(dispatcher.deliver(raw, {}))
         await turns_until(lambda: dispatcher.in_hand == 2)
@@ -346,11 +353,56 @@ async def test_a_sync_run_whose_caller_gave_up_counts_until_its_thread_returns()
         assert dispatcher.in_hand == 1
         waiting = asyncio.create_task(dispatcher.deliver(raw, {}))
         await turns_until(lambda: dispatcher.in_hand == 2)
+        clock.advance(2.0)  # the orphan's deadline has passed: the refusal's line says so
         code, answer = parsed(await dispatcher.deliver(raw, {}))  # the orphan holds a place
         assert (code, answer["error"]) == (503, "backend_unavailable")
+        (busy,) = [r for r in caplog.records if r.getMessage() == "agent.busy"]
+        assert busy.data == {  # type: ignore[attr-defined]
+            "refused": 1,
+            "max_inflight": 2,
+            "endpoint_id": "agent://unit-01",
+            "intent": "t.hold",
+            "msg_id": "",
+            "late": 1,  # the orphan, past its deadline; the queued one has none
+        }
         gate.set()
         assert (await waiting).status == 200
         assert dispatcher.in_hand == 0
+    finally:
+        gate.set()
+        await dispatcher.close()
+
+
+async def test_a_queued_sync_run_with_a_msg_id_outlives_its_caller_and_keeps_its_place() -> None:
+    """A gateway's deliveries carry a msg_id: their runs are shielded for a retry to join, so
+    a run still queued for a worker when its caller goes keeps its place, and then runs."""
+    handlers: dict[str, Handler] = {}
+    dispatcher = Dispatcher("agent://unit-01", handlers, workers=1, max_inflight=2)
+    started, gate, ran = threading.Event(), threading.Event(), []
+
+    def hold(payload: Any, ctx: ReachContext) -> str:
+        started.set()
+        gate.wait(10)
+        ran.append(ctx.msg_id)
+        return ctx.msg_id
+
+    handlers["t.hold"] = hold
+    try:
+        first = asyncio.create_task(dispatcher.deliver(body("t.hold", msg_id="m1"), {}))
+        assert await asyncio.to_thread(started.wait, 5)
+        queued = asyncio.create_task(dispatcher.deliver(body("t.hold", msg_id="m2"), {}))
+        await turns_until(lambda: dispatcher.in_hand == 2)
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        assert dispatcher.in_hand == 2  # its run goes on
+        code, _ = parsed(await dispatcher.deliver(body("t.hold", msg_id="m3"), {}))
+        assert code == 503
+        gate.set()
+        assert parsed(await first) == (200, "m1")
+        # the retry of m2 joins (or finds) the run its first caller left: it ran once
+        assert parsed(await dispatcher.deliver(body("t.hold", msg_id="m2"), {})) == (200, "m2")
+        assert ran == ["m1", "m2"] and dispatcher.in_hand == 0
     finally:
         gate.set()
         await dispatcher.close()

@@ -154,7 +154,8 @@ async def test_a_scrape_reads_every_endpoint_a_chunk_per_turn_of_the_loop() -> N
     from tests.support import turns_during
 
     n = 5_000
-    node = Node(GatewaySettings(matcher="none"), clock=FakeClock())
+    clock = FakeClock()
+    node = Node(GatewaySettings(matcher="none"), clock=clock)
 
     def body(i: int) -> RegisterBody:
         return RegisterBody(
@@ -166,6 +167,7 @@ async def test_a_scrape_reads_every_endpoint_a_chunk_per_turn_of_the_loop() -> N
 
     async def churn() -> None:  # beside the scrape, between its chunks
         for i in range(n, n + 50):
+            clock.advance(0.01)
             await node.router.register(body(i))
             await node.router.deregister(f"agent://s{i - n}")
             await asyncio.sleep(0)
@@ -177,6 +179,7 @@ async def test_a_scrape_reads_every_endpoint_a_chunk_per_turn_of_the_loop() -> N
     assert served >= n // STATUS_CHUNK - 1, served
     assert state.status_counts["healthy"] == sum(state.status_counts.values()) == n
     assert state.last_seen is not None and len(state.last_seen) == n  # the records at its start
+    assert max(state.last_seen) <= state.now  # no age comes out negative
     text = (await node.metrics.scrape()).decode()  # the next one sees the churn's result
     families = {f.name: f for f in text_string_to_metric_families(text)}
     counted = {s.labels["status"]: s.value for s in families["agent_reach_endpoints"].samples}

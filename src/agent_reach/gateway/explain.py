@@ -8,13 +8,12 @@ answer names, for each intent refused as ``no_capable_agent``, the nearest known
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from agent_reach.core.model import Status
 from agent_reach.errors import Overloaded
-from agent_reach.gateway.listing import TAG_CHUNK
+from agent_reach.gateway.listing import Routable, sorted_in_turns
 from agent_reach.wire.answers import IntentInfo, IntentsAnswer
 
 if TYPE_CHECKING:
@@ -130,32 +129,13 @@ async def with_suggestions(router: Router, answer: dict[str, Any]) -> dict[str, 
 async def intents_listing(router: Router, dictionary: IntentDictionary, mode: str) -> IntentsAnswer:
     """The ``GET /v1/intents`` answer: the registration mode, every dictionary entry (file
     order) and every registered tag outside it (sorted), each with the endpoints declaring it
-    and those routable (healthy or degraded) now. Made :data:`TAG_CHUNK` tags at a time, the
-    loop serving others between (at 50,000 tags it held the loop ~180 ms in one go)."""
-    registry = router.registry
-    now = router.now()
-    routable: dict[str, bool] = {}  # endpoint id -> healthy or degraded now
-
-    def counts(tag: str) -> tuple[int, int]:
-        ids = registry.by_intent(tag)
-        n = 0
-        for endpoint_id in ids:
-            ok = routable.get(endpoint_id)
-            if ok is None:
-                record = registry.get(endpoint_id)
-                ok = record is not None and router.health(record, now).status in (
-                    Status.HEALTHY,
-                    Status.DEGRADED,
-                )
-                routable[endpoint_id] = ok
-            n += ok
-        return len(ids), n
-
+    and those routable (healthy or degraded) now. Made :data:`JUDGE_CHUNK` endpoints at a time
+    (:class:`Routable`), the loop serving others between (at 50,000 tags it held the loop
+    ~180 ms in one go; a chunk of tags ~30 ms with ten endpoints a tag)."""
+    routable = Routable(router)
     out = []
-    for k, entry in enumerate(dictionary):
-        if k % TAG_CHUNK == TAG_CHUNK - 1:
-            await asyncio.sleep(0)
-        served, n = counts(entry.tag)
+    for entry in dictionary:
+        served, n = await routable.count(entry.tag)
         out.append(
             IntentInfo(
                 entry.tag,
@@ -169,9 +149,8 @@ async def intents_listing(router: Router, dictionary: IntentDictionary, mode: st
                 routable=n,
             )
         )
-    for k, tag in enumerate(sorted(t for t in registry.intents() if t not in dictionary)):
-        if k % TAG_CHUNK == TAG_CHUNK - 1:
-            await asyncio.sleep(0)
-        served, n = counts(tag)
+    tags = await sorted_in_turns(t for t in router.registry.intents() if t not in dictionary)
+    for tag in tags:
+        served, n = await routable.count(tag)
         out.append(IntentInfo(tag, served_by=served, routable=n))
     return IntentsAnswer(mode, out)

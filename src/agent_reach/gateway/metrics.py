@@ -63,8 +63,6 @@ MAX_DOMAIN_LABELS = 1_024
 """Distinct ``domain`` values of ``agent_reach_forwards_total``; past it, new domains count under
 :data:`OTHER_INTENTS` (domains come and go through the directory over a process's life)."""
 
-LAST_SEEN_CHUNK = 10_000  # heartbeat ages read per turn of the loop by a scrape (~0.5 ms)
-
 _LATENCY_BUCKETS = (
     0.001,
     0.0025,
@@ -246,17 +244,6 @@ class _Series:
         self.attempts: dict[str, Counter] = {}  # outcome -> child
 
 
-async def _last_seen(records: Iterable[EndpointRecord]) -> list[float]:
-    """The records' ``last_seen``, ``LAST_SEEN_CHUNK`` per turn of the loop (of the records
-    registered when called: a registration meanwhile must not break the iteration)."""
-    held = list(records)
-    seen: list[float] = []
-    for start in range(0, len(held), LAST_SEEN_CHUNK):
-        seen += [record.last_seen for record in held[start : start + LAST_SEEN_CHUNK]]
-        await asyncio.sleep(0)  # the loop serves others between chunks
-    return seen
-
-
 class GatewayMetrics:
     """Counters and histograms of requests, attempts, retries and heartbeats.
 
@@ -269,7 +256,7 @@ class GatewayMetrics:
         status_counts: Callable[[], dict[str, int]],
         registry_state: Callable[[], RegistryState] | None = None,
         *,
-        status_counts_chunked: Callable[[], Awaitable[dict[str, int]]] | None = None,
+        scan: Callable[[], Awaitable[tuple[dict[str, int], list[float]]]] | None = None,
     ) -> None:
         r = self.registry = CollectorRegistry(auto_describe=False)
         # python_gc_*: the cyclic collector's runs and what they found; garbage in cycles made
@@ -437,8 +424,9 @@ class GatewayMetrics:
         self.heartbeats_ok = self.heartbeats.labels("ok")
         self.heartbeats_unknown = self.heartbeats.labels("unknown")
         self._status_counts = status_counts
-        # a scrape counts statuses with this when given: a chunk per turn of the loop
-        self._status_counts_chunked = status_counts_chunked
+        # what a scrape reads of every endpoint when given (statuses counted, heartbeat ages),
+        # a chunk per turn of the loop
+        self._scan = scan
         self._registry_state = registry_state
         self._watched: _Watched | None = None
         self._nats_state: Callable[[], NatsLinkState] | None = None
@@ -610,12 +598,11 @@ class GatewayMetrics:
         return body
 
     async def _read_state(self) -> _State:
-        """:meth:`_state`, its reads of every endpoint a chunk per turn of the loop (at 50,000
-        endpoints the statuses took ~50 ms in one go, the heartbeat ages ~2.5 ms)."""
-        chunked = self._status_counts_chunked
-        counts = await chunked() if chunked is not None else self._status_counts()
-        watched = self._watched
-        last_seen = None if watched is None else await _last_seen(watched.records())
+        """:meth:`_state`, its reads of every endpoint (``scan``) a chunk per turn of the loop
+        (at 50,000 endpoints the statuses took ~50 ms in one go, the heartbeat ages ~2.5 ms)."""
+        if self._scan is None:
+            return self._state()
+        counts, last_seen = await self._scan()
         return self._state(counts, last_seen)
 
     def _state(

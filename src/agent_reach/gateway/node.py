@@ -113,7 +113,7 @@ class Node:
         self.metrics = GatewayMetrics(
             self.router.status_counts,
             self.registry.state,
-            status_counts_chunked=self.router.status_counts_chunked,
+            scan=self.router.scan_for_scrape,
         )
         self.metrics.follow(self.registry)  # drops the series of tags no longer declared
         self.traces = TraceStore(settings.trace_capacity)

@@ -314,19 +314,25 @@ class Router:
             counts[self.health(record, now).status.value] += 1
         return counts
 
-    async def status_counts_chunked(self, chunk: int = STATUS_CHUNK) -> dict[str, int]:
-        """:meth:`status_counts` of the records registered when called, at that time, with
-        ``chunk`` healths derived per turn of the loop (~1 µs each: 50 ms in one go at 50,000
-        endpoints, on every scrape)."""
+    async def scan_for_scrape(
+        self, chunk: int = STATUS_CHUNK
+    ) -> tuple[dict[str, int], list[float]]:
+        """How many endpoints are in each status, and each one's ``last_seen``: of the records
+        registered when called (one snapshot for both), at that time, with ``chunk`` records
+        per turn of the loop (~1 µs each: 50 ms in one go at 50,000 endpoints, on every
+        scrape)."""
         now = self.now()
         records = list(self.registry.records())  # a registration meanwhile must not break it
         counts = {s.value: 0 for s in Status}
+        seen: list[float] = []
         health = self.health
         for start in range(0, len(records), chunk):
-            for record in records[start : start + chunk]:
+            part = records[start : start + chunk]
+            for record in part:
                 counts[health(record, now).status.value] += 1
+            seen += [record.last_seen for record in part]
             await asyncio.sleep(0)  # the loop serves others between chunks
-        return counts
+        return counts, seen
 
     # --- routing ---------------------------------------------------------------------------
 

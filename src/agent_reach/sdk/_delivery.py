@@ -32,6 +32,7 @@ import contextvars
 import dataclasses
 import functools
 import inspect
+import itertools
 import logging
 import os
 import threading
@@ -72,7 +73,6 @@ __all__ = [
     "Answer",
     "Dispatcher",
     "Handler",
-    "busy",
     "error_answer",
     "from_error",
     "not_allowed",
@@ -127,14 +127,6 @@ def from_error(exc: AgentReachError) -> Answer:
     """The error answer of one of our errors (its code and fields; the status from the one
     table of :mod:`agent_reach.wire.status`)."""
     return Answer(status_for(exc), _encode(exc.to_body()))
-
-
-def busy(detail: str, refused: int, **fields: Any) -> Answer:
-    """503 ``backend_unavailable`` for a delivery refused for want of room (the ``refused``-th
-    so far), logged as ``agent.busy`` the first time and then one in a thousand."""
-    if refused == 1 or refused % 1000 == 0:  # no flood of lines
-        log(logging.WARNING, "agent.busy", refused=refused, **fields)
-    return from_error(BackendUnavailable(detail))
 
 
 def too_large(limit: int) -> Answer:
@@ -235,8 +227,10 @@ class Dispatcher:
             if max_inflight is None
             else max_inflight
         )
-        self.busy_answers = 0  # deliveries refused with 503 past max_inflight
-        self._in_hand = 0
+        self.busy_answers = 0  # deliveries refused with 503 for want of room
+        # runs in hand: key -> the deadline of the delivery that began it (None: none given)
+        self._in_hand: dict[int, float | None] = {}
+        self._run_keys = itertools.count()
         # a sync run ends on its worker thread (or wherever its future is cancelled)
         self._in_hand_lock = threading.Lock()
         self._owner = owner
@@ -386,58 +380,78 @@ class Dispatcher:
     @property
     def in_hand(self) -> int:
         """Handler runs begun and not ended (their callers may have gone)."""
-        return self._in_hand
+        return len(self._in_hand)
 
-    def _begin_run(self) -> bool:
+    def _begin_run(self, ctx: ReachContext) -> int | None:
+        """A place for ``ctx``'s run (its key, for :meth:`_end_run`), or None past the bound."""
         with self._in_hand_lock:
-            if self._in_hand >= self.max_inflight:
-                return False
-            self._in_hand += 1
-            return True
+            if len(self._in_hand) >= self.max_inflight:
+                return None
+            key = next(self._run_keys)
+            self._in_hand[key] = ctx.deadline_at
+            return key
 
-    def _end_run(self, _: object = None) -> None:
+    def _end_run(self, key: int, _: object = None) -> None:
         with self._in_hand_lock:
-            self._in_hand -= 1
+            del self._in_hand[key]
 
     def _busy(self, ctx: ReachContext) -> Answer:
-        self.busy_answers += 1
-        return busy(
+        now = self._now()
+        with self._in_hand_lock:  # runs in hand whose deadline has passed: a hint of hangs
+            late = sum(1 for at in self._in_hand.values() if at is not None and at < now)
+        return self.refuse(
             f"{self.endpoint_id} has {self.max_inflight} runs in hand",
-            self.busy_answers,
-            max_inflight=self.max_inflight,
             endpoint_id=self.endpoint_id,
             intent=ctx.intent,
             msg_id=ctx.msg_id,
+            late=late,
         )
 
+    def refuse(self, detail: str, **fields: Any) -> Answer:
+        """503 ``backend_unavailable`` for a delivery refused for want of room (here, or by a
+        transport before it reached the dispatcher), counted in ``busy_answers`` and logged as
+        ``agent.busy`` the first time and then one in a thousand."""
+        self.busy_answers += 1
+        refused = self.busy_answers
+        if refused == 1 or refused % 1000 == 0:  # no flood of lines
+            log(
+                logging.WARNING,
+                "agent.busy",
+                refused=refused,
+                max_inflight=self.max_inflight,
+                **fields,
+            )
+        return from_error(BackendUnavailable(detail))
+
     async def _call(self, handler: Handler, payload: Any, ctx: ReachContext) -> Answer:
-        if not self._begin_run():
+        key = self._begin_run(ctx)
+        if key is None:
             return self._busy(ctx)
         started = self._now()
-        answer = await self._run(handler, payload, ctx, started)
+        answer = await self._run(handler, payload, ctx, started, key)
         return dataclasses.replace(answer, handle_ms=round((self._now() - started) * 1000.0, 3))
 
     async def _run(
-        self, handler: Handler, payload: Any, ctx: ReachContext, started: float
+        self, handler: Handler, payload: Any, ctx: ReachContext, started: float, key: int
     ) -> Answer:
-        """Run the handler (one run in hand, begun by the caller: ended here, or for a sync
-        handler when its thread returns or its queued future is cancelled)."""
+        """Run the handler (the run in hand ``key``, begun by the caller: ended here, or for a
+        sync handler when its thread returns or its queued future is cancelled)."""
         try:
             if inspect.iscoroutinefunction(handler):
                 try:
                     result = await handler(payload, ctx)
                 finally:
-                    self._end_run()
+                    self._end_run(key)
             else:
                 run = contextvars.copy_context().run  # the trace id, into the worker thread
                 try:
                     future = self._executor().submit(run, handler, payload, ctx)
                 except BaseException:
-                    self._end_run()
+                    self._end_run(key)
                     raise
                 # when the thread returns, not when this await is cancelled: a run whose
                 # caller gave up still holds its worker
-                future.add_done_callback(self._end_run)
+                future.add_done_callback(functools.partial(self._end_run, key))
                 result = await asyncio.wrap_future(future)
                 if inspect.isawaitable(result):
                     result = await result

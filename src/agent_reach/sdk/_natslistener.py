@@ -40,7 +40,7 @@ from nats.aio.msg import Msg
 
 from agent_reach.errors import InternalError
 from agent_reach.observability.logs import log
-from agent_reach.sdk._delivery import Answer, Dispatcher, busy, from_error, too_large
+from agent_reach.sdk._delivery import Answer, Dispatcher, from_error, too_large
 from agent_reach.settings import DEFAULT_NATS_PREFIX
 from agent_reach.transport.nats import subject_refusal
 from agent_reach.transport.natslink import Answer as Reply
@@ -133,7 +133,6 @@ class NatsListener:
         self.link = NatsLink(
             list(servers), connect_timeout_s=connect_timeout_s, name=f"agent-reach {queue}"
         )
-        self.busy_answers = 0  # requests refused with 503 for want of room
         self._responder: Responder | None = None
 
     async def start(self) -> None:
@@ -203,8 +202,6 @@ class NatsListener:
         return render(answer)
 
     def _busy(self) -> Reply:
-        self.busy_answers += 1
+        # counted and logged with the dispatcher's own refusals: one count of them all
         detail = f"{self.queue} has {self.max_inflight} deliveries in hand"
-        return render(
-            busy(detail, self.busy_answers, max_inflight=self.max_inflight, subject=self.subject)
-        )
+        return render(self.dispatcher.refuse(detail, subject=self.subject))

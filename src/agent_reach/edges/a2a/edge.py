@@ -221,13 +221,19 @@ class A2aEdge:
 
     async def _build_skills(self) -> _Skills:
         """The card's skills (one per routable tag), encoded, until when they hold, and their
-        digest (in every base URL's ETag); made :data:`TAG_CHUNK` tags at a time."""
+        digest (in every base URL's ETag); made and encoded :data:`TAG_CHUNK` tags at a time
+        (encoded in one go at 50,000 tags, they held the loop ~12 ms more)."""
         started = self.cost_clock()
-        skills = []
-        for n, (tag, description, examples) in enumerate(await self.service.routable_skills()):
-            if n % TAG_CHUNK == TAG_CHUNK - 1:
-                await asyncio.sleep(0)
-            skills.append(
+        pieces: list[bytes] = []  # each chunk's skills, encoded, without the list's brackets
+        digest = hashlib.sha256(b"[")  # of the body, taken as its pieces come
+        chunk: list[dict[str, Any]] = []
+
+        def add(piece: bytes) -> None:
+            digest.update(b"," + piece if pieces else piece)
+            pieces.append(piece)
+
+        for tag, description, examples in await self.service.routable_skills():
+            chunk.append(
                 {
                     "id": tag,
                     "name": tag,
@@ -236,13 +242,20 @@ class A2aEdge:
                     **({"examples": examples} if examples else {}),
                 }
             )
-        body = encode(skills)
+            if len(chunk) == TAG_CHUNK:
+                add(encode(chunk)[1:-1])
+                chunk = []
+                await asyncio.sleep(0)
+        if chunk:
+            add(encode(chunk)[1:-1])
+        body = b"[" + b",".join(pieces) + b"]"
+        digest.update(b"]")
         took = self.cost_clock() - started
         self.skill_builds += 1
         # at most once a second, and at most a tenth of the time under a flood of requests
         hold = min(CARD_MAX_TTL_S, max(CARD_TTL_S, CARD_COST_FACTOR * took))
         until = self._monotonic() + hold
-        return until, msgspec.Raw(body), hashlib.sha256(body).hexdigest()
+        return until, msgspec.Raw(body), digest.hexdigest()
 
     def _card(self, base: str, skills: msgspec.Raw) -> dict[str, Any]:
         card: dict[str, Any] = {
