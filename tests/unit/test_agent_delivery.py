@@ -360,10 +360,10 @@ async def test_a_sync_run_whose_caller_gave_up_counts_until_its_thread_returns(
         assert busy.data == {  # type: ignore[attr-defined]
             "refused": 1,
             "max_inflight": 2,
+            "late": 1,  # the orphan, past its deadline; the queued one has none
             "endpoint_id": "agent://unit-01",
             "intent": "t.hold",
             "msg_id": "",
-            "late": 1,  # the orphan, past its deadline; the queued one has none
         }
         gate.set()
         assert (await waiting).status == 200

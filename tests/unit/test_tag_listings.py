@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from agent_reach.gateway.listing import JUDGE_CHUNK, TAG_CHUNK
+from agent_reach.gateway.listing import JUDGE_CHUNK, TAG_CHUNK, Routable
 from agent_reach.gateway.node import Node
 from agent_reach.gateway.service import Caller
 from agent_reach.settings import GatewaySettings
@@ -121,3 +121,21 @@ async def test_the_intents_answer_in_pieces_is_the_answer_encoded_whole(tags: in
     pieces = [piece async for piece in _intents_pieces(answer)]
     assert b"".join(pieces) == encode(answer)
     assert len(pieces) == 2 + -(-tags // TAG_CHUNK)  # opening, a piece a chunk, closing
+
+
+async def test_a_big_tag_after_small_ones_starts_with_what_is_left_of_the_turn() -> None:
+    """998 endpoints of one tag leave 2 of the turn's 1,000 (a tag counts one more); a tag of
+    2,000 then goes 2, 1,000, 998 a turn: three turns, never 1,002 in one."""
+    node = Node(GatewaySettings(matcher="none"), clock=FakeClock())
+    for n in range(998 + 2_000):
+        tag = "bulk.small" if n < 998 else "bulk.big"
+        await node.router.register(
+            RegisterBody(
+                endpoint_id=f"agent://r{n}", capabilities=[tag], endpoint_url="http://127.0.0.1:9/"
+            )
+        )
+    routable = Routable(node.router)
+    assert await routable.count("bulk.small") == (998, 998)
+    counted, served = await turns_during(routable.count("bulk.big"))
+    assert counted == (2_000, 2_000)
+    assert served >= 3, served

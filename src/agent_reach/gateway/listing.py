@@ -107,12 +107,16 @@ class Routable:
             if self._left <= 0:
                 await self._turn()
             return len(ids), n
-        held, n = list(ids), 0
-        for start in range(0, len(held), JUDGE_CHUNK):
-            n += self._judge(held[start : start + JUDGE_CHUNK], any_one)
+        held = list(ids)
+        # the rest of this turn's chunk first, then whole chunks, a turn after each
+        start, end = 0, max(0, self._left)
+        n = 0
+        while start < len(held):
+            n += self._judge(held[start:end], any_one)
             await self._turn()
             if any_one and n:
                 break
+            start, end = end, end + JUDGE_CHUNK
         return len(held), n
 
     def _judge(self, ids: Iterable[str], any_one: bool) -> int:

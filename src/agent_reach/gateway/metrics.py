@@ -425,7 +425,8 @@ class GatewayMetrics:
         self.heartbeats_unknown = self.heartbeats.labels("unknown")
         self._status_counts = status_counts
         # what a scrape reads of every endpoint when given (statuses counted, heartbeat ages),
-        # a chunk per turn of the loop
+        # a chunk per turn of the loop: the records it reads stand for those of watch() (the
+        # node gives both from its one registry)
         self._scan = scan
         self._registry_state = registry_state
         self._watched: _Watched | None = None

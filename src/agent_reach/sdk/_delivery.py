@@ -396,21 +396,25 @@ class Dispatcher:
             del self._in_hand[key]
 
     def _busy(self, ctx: ReachContext) -> Answer:
-        now = self._now()
-        with self._in_hand_lock:  # runs in hand whose deadline has passed: a hint of hangs
-            late = sum(1 for at in self._in_hand.values() if at is not None and at < now)
         return self.refuse(
             f"{self.endpoint_id} has {self.max_inflight} runs in hand",
+            self.max_inflight,
             endpoint_id=self.endpoint_id,
             intent=ctx.intent,
             msg_id=ctx.msg_id,
-            late=late,
         )
 
-    def refuse(self, detail: str, **fields: Any) -> Answer:
-        """503 ``backend_unavailable`` for a delivery refused for want of room (here, or by a
-        transport before it reached the dispatcher), counted in ``busy_answers`` and logged as
-        ``agent.busy`` the first time and then one in a thousand."""
+    def _late(self) -> int:
+        """Runs in hand whose delivery's deadline has passed (a hint of hangs)."""
+        now = self._now()
+        with self._in_hand_lock:
+            return sum(1 for at in self._in_hand.values() if at is not None and at < now)
+
+    def refuse(self, detail: str, bound: int, **fields: Any) -> Answer:
+        """503 ``backend_unavailable`` for a delivery refused at ``bound`` for want of room
+        (here, or by a transport before it reached the dispatcher), counted in
+        ``busy_answers`` and logged as ``agent.busy`` the first time and then one in a
+        thousand, with how many runs in hand are ``late``."""
         self.busy_answers += 1
         refused = self.busy_answers
         if refused == 1 or refused % 1000 == 0:  # no flood of lines
@@ -418,7 +422,8 @@ class Dispatcher:
                 logging.WARNING,
                 "agent.busy",
                 refused=refused,
-                max_inflight=self.max_inflight,
+                max_inflight=bound,
+                late=self._late(),
                 **fields,
             )
         return from_error(BackendUnavailable(detail))

@@ -204,4 +204,4 @@ class NatsListener:
     def _busy(self) -> Reply:
         # counted and logged with the dispatcher's own refusals: one count of them all
         detail = f"{self.queue} has {self.max_inflight} deliveries in hand"
-        return render(self.dispatcher.refuse(detail, subject=self.subject))
+        return render(self.dispatcher.refuse(detail, self.max_inflight, subject=self.subject))
