@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from agent_reach.errors import ConfigError
 
-__all__ = ["EndpointRecord", "Outcome", "Status", "Thresholds"]
+__all__ = ["ROUTABLE", "EndpointRecord", "Outcome", "Status", "Thresholds"]
 
 
 class Status(enum.StrEnum):
@@ -24,6 +24,9 @@ class Status(enum.StrEnum):
     DEGRADED = "degraded"
     SUSPECT = "suspect"
     DOWN = "down"
+
+
+ROUTABLE = (Status.HEALTHY, Status.DEGRADED)  # the statuses intent routing sends to
 
 
 class Outcome(enum.StrEnum):

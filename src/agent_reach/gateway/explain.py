@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-from agent_reach.core.model import Status
+from agent_reach.core.model import ROUTABLE, Status
 from agent_reach.errors import Overloaded
 from agent_reach.gateway.listing import Routable, sorted_in_turns
 from agent_reach.wire.answers import IntentInfo, IntentsAnswer
@@ -74,7 +74,7 @@ def candidates(router: Router, plan: RoutePlan, chosen: str | None) -> list[dict
             eligible = h.status is not Status.DOWN
             reason = f"named by recipient_hint; {h.reason}" if eligible else f"down: {h.reason}"
         else:
-            eligible = h.status in (Status.HEALTHY, Status.DEGRADED)
+            eligible = h.status in ROUTABLE
             reason = h.reason if eligible else f"{h.status.value}: {h.reason}"
             if h.status is Status.SUSPECT:
                 reason += " (reachable only through recipient_hint)"

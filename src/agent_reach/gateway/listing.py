@@ -33,7 +33,7 @@ from itertools import islice
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from agent_reach.core.model import EndpointRecord, Status
+from agent_reach.core.model import ROUTABLE, EndpointRecord
 from agent_reach.wire.bodies import AgentsQuery, encode, next_cursor
 
 if TYPE_CHECKING:
@@ -53,14 +53,13 @@ __all__ = [
 
 DESCRIBE_CHUNK = 250  # records described and encoded per step (~3.5 µs each)
 SCAN_CHUNK = 1000  # records matched against a page's filters per step (~0.6 µs each)
-# tags judged per step by the listings of every tag (/v1/intents, the A2A card's skills, the
-# MCP watch of reachable tags): their endpoints' health derived, ~2-4 µs a tag
+# tags per step of the listings of every tag (/v1/intents, the A2A card's skills): sorted or
+# merged, described, encoded
 TAG_CHUNK = 1000
 # endpoints looked at per step by those listings (a tag's endpoints are not a bounded number:
 # one tag of 50,000 replicas, or 1,000 tags of 10, is ~30-100 ms of derivations in one go)
 JUDGE_CHUNK = 1000
 _ID = attrgetter("endpoint_id")
-_ROUTABLE = (Status.HEALTHY, Status.DEGRADED)
 _OPENING = b'{"agents":['
 
 
@@ -127,7 +126,7 @@ class Routable:
             if ok is None:
                 record = registry.get(endpoint_id)
                 ok = known[endpoint_id] = (
-                    record is not None and router.health(record, now).status in _ROUTABLE
+                    record is not None and router.health(record, now).status in ROUTABLE
                 )
             if ok:
                 n += 1

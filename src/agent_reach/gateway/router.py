@@ -31,7 +31,7 @@ from typing import Any
 
 from agent_reach.clock import Clock
 from agent_reach.core.health import EndpointStats, Health, LivenessClock, derive
-from agent_reach.core.model import EndpointRecord, Outcome, Status
+from agent_reach.core.model import ROUTABLE, EndpointRecord, Outcome, Status
 from agent_reach.core.retry import Deadline, RetryBudget, max_retries, per_try_timeout_ms
 from agent_reach.core.routing import PROBE_SHARE, Tiers, at_bound, build_tiers, pick
 from agent_reach.errors import (
@@ -59,7 +59,6 @@ _JUST_SEEN = Health(Status.HEALTHY, "healthy", math.inf)  # only its status is r
 FAILURE_PENALTY_MS = 2000.0  # what a failed attempt costs in the load-aware score
 RECHECK_S = 0.25  # a request waiting for a slot looks again at least this often
 STATUS_CHUNK = 1000  # healths derived per turn of the loop when a scrape counts statuses
-_ROUTABLE = (Status.HEALTHY, Status.DEGRADED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -520,7 +519,7 @@ class Router:
         if choice is None and tried:  # every eligible one was tried: the latest still eligible
             for endpoint_id in reversed(list(tried)):
                 h = tiers.placed.get(endpoint_id)
-                routable = h is not None and h.status in _ROUTABLE
+                routable = h is not None and h.status in ROUTABLE
                 if routable and not (bounded and self.full(endpoint_id)):
                     return endpoint_id
         return choice
@@ -660,7 +659,7 @@ class Router:
             endpoint_id,
             record.capabilities,
             room,
-            routable=status in _ROUTABLE,
+            routable=status in ROUTABLE,
             hintable=status is not Status.DOWN,
         )
 

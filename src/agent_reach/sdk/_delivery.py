@@ -194,10 +194,10 @@ class Dispatcher:
     caller still waits (a run outlives its caller: dedup shields it, and a sync handler's
     thread cannot be stopped). Past ``max_inflight`` of them (default: the larger of 4 x
     ``workers`` and 64) a delivery that would begin a run is answered 503
-    ``backend_unavailable`` at once, so that the gateway tries another agent rather than
-    queue behind this one's backlog; one joining a run in hand or answered from the dedup
-    memory is not refused. So neither the worker pool's queue nor the runs left behind by
-    callers that gave up grow without bound.
+    ``backend_unavailable`` at once, so that the gateway retries (on another agent when it
+    can) rather than queue behind this one's backlog; one joining a run in hand or answered
+    from the dedup memory is not refused. So neither the worker pool's queue nor the runs left
+    behind by callers that gave up grow without bound.
     """
 
     def __init__(
