@@ -1,6 +1,11 @@
 """Scenario 15: hostile input, each part while a legitimate caller sends 50 requests a second to
-a fast agent: its p99 must stay within 1.5x its quiet p99 (the same gateway before the hostile
-part), and the gateway's memory bounded.
+a fast agent: its p99 must stay within 1.5x its quiet p99, and the gateway's memory bounded.
+
+The quiet and the hostile phases take turns on the same gateway, under one legitimate load
+(:func:`interleaved`: rounds of a quiet phase and a hostile one, in the order QH HQ QH ...), and
+the figure is the p99 of every hostile phase's legitimate requests against that of every quiet
+phase's: a spell of the machine's own noise (a two-core VM's neighbours) then falls on both
+sides, not on one, and each side's p99 is a pool of several phases' samples.
 
 - the fuzz of every route (those of ``/openapi.json``, ``/mcp``, ``/a2a``, the agent card, and
   wrong methods): random bodies, broken valid ones, random bytes, random query strings; zero 5xx
@@ -19,16 +24,19 @@ import json
 import random
 import resource
 import socket
+import statistics
 import string
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
 import pytest
 
+from agent_reach.settings import GatewaySettings
 from tests.chaos.support import (
     FULL,
     Load,
@@ -47,6 +55,7 @@ from tests.chaos.support import (
     report,
     rss_mb,
     stopping,
+    window,
 )
 from tests.fuzz_support import ROUTING_5XX
 from tests.support import Proc, gateway, http
@@ -61,8 +70,77 @@ def legit(gw: Proc, seconds: float) -> Load:
     return Load(gw.url, echo(LEGIT, timeout_ms=3000), rate=RATE, duration=seconds).start()
 
 
+ROUNDS = pick(2, 5)
+PHASE_S = pick(1.0, 6.0)  # each phase; full: ~300 legitimate requests a phase, 1,500 a side
+# a quiet phase's first requests are not counted: those started as the hostile phase before it
+# ended may still be answered in its wake (a conservative cut: it keeps the quiet side quiet)
+QUIET_WAKE_S = 0.25
+
+
 def p99(results: list[Sent]) -> float:
     return pct(latencies(results), 99)
+
+
+@dataclass
+class Phases:
+    """What :func:`interleaved` measured: the legitimate requests of every quiet phase and of
+    every hostile one, and each round's pair of p99s."""
+
+    quiet: list[Sent] = field(default_factory=list)
+    loud: list[Sent] = field(default_factory=list)
+    rounds: list[tuple[float, float]] = field(default_factory=list)  # (quiet, loud) p99s
+    sent: list[Sent] = field(default_factory=list)  # every legitimate request
+
+    def figures(self) -> dict[str, Any]:
+        ratios = [loud / quiet for quiet, loud in self.rounds]
+        return {
+            "rounds": len(self.rounds),
+            "phase_s": PHASE_S,
+            "legit_per_side": [len(self.quiet), len(self.loud)],
+            "round_p99s_ms": [[r3(q), r3(loud)] for q, loud in self.rounds],
+            "round_ratio_median": r3(statistics.median(ratios)) if ratios else None,
+        }
+
+
+def interleaved(gw: Proc, hostile: Callable[[int], float | None], rounds: int = ROUNDS) -> Phases:
+    """Rounds of a quiet phase (:data:`PHASE_S`) and a hostile one (``hostile(round)``, which
+    returns when its phase is over: with the instant it began when that was not at the call,
+    say after a helper process of the test's started), in the order QH HQ QH ..., under one
+    legitimate load; each request counted in the phase it started in."""
+    windows: list[tuple[bool, float, float]] = []  # (hostile?, from, until)
+
+    def quiet() -> None:
+        began = time.monotonic()
+        time.sleep(PHASE_S)  # the quiet phase is a measuring window: nothing to wait for
+        windows.append((False, began + QUIET_WAKE_S, time.monotonic()))
+
+    def loud(r: int) -> None:
+        called = time.monotonic()
+        began = hostile(r)
+        windows.append((True, called if began is None else began, time.monotonic()))
+
+    load = legit(gw, 3600)
+    try:
+        for r in range(rounds):
+            if r % 2 == 0:
+                quiet()
+                loud(r)
+            else:
+                loud(r)
+                quiet()
+    finally:
+        load.stop()
+    phases = Phases(sent=load.join())
+    pair: list[float] = []
+    for is_loud, since, until in windows:
+        part = window(phases.sent, since, until)
+        (phases.loud if is_loud else phases.quiet).extend(part)
+        pair.append(p99(part))
+        if len(pair) == 2:  # a round's two phases, in either order: (quiet, loud)
+            first_loud = windows[len(phases.rounds) * 2][0]
+            phases.rounds.append((pair[1], pair[0]) if first_loud else (pair[0], pair[1]))
+            pair = []
+    return phases
 
 
 def worst(results: list[Sent], n: int = 5) -> list[list[float | None]]:
@@ -155,7 +233,6 @@ def fuzz_case(rng: random.Random, routes: list[tuple[str, str]]) -> tuple[str, s
 
 @bounded(60, 300)
 def test_15_fuzz_every_route() -> None:
-    cases = pick(400, 20_000)  # full: ~15 s of fuzz, so that the p99 is not one sample
     rng = random.Random(15)
     flags = ("--heartbeat-interval", "2", "--endpoint-networks", "127.0.0.0/8")
     with gateway(*flags) as gw, legit_agent(gw):
@@ -168,21 +245,25 @@ def test_15_fuzz_every_route() -> None:
             ("GET", "/.well-known/agent-card.json"),
             ("GET", "/nowhere"),
         ]
-        quiet = legit(gw, pick(1.5, 10.0)).join()
         rss_before = rss_mb(gw.popen.pid)
-        load = legit(gw, 3600)
-        bad: list[tuple[str, str, int, Any]] = []
-        statuses: Counter[int] = Counter()
-        try:
-            # every route visited once before the fuzz: a first visit builds what the gateway
-            # builds lazily (the MCP server at the first /mcp request, docs/mcp.md), a one-time
-            # cost any first client pays; measured apart from what the fuzz costs
-            visits = time.monotonic()
+        # every route visited once before the fuzz: a first visit builds what the gateway
+        # builds lazily (the MCP server at the first /mcp request, docs/mcp.md), a one-time
+        # cost any first client pays; measured apart from what the fuzz costs
+        with Load(gw.url, echo(LEGIT, timeout_ms=3000), rate=RATE, duration=3600) as visits:
+            visited = time.monotonic()
             for method, path in routes:
                 url = gw.url + path.replace("{name}", "x").replace("{trace_id}", "x")
                 http(method, url, raw=None if method == "GET" else b"{}", timeout=15)
-            fuzzing = time.monotonic()
-            for _ in range(cases):
+            visits_s = time.monotonic() - visited
+            visits.stop()
+        bad: list[tuple[str, str, int, Any]] = []
+        statuses: Counter[int] = Counter()
+        fuzz_s = 0.0
+
+        def fuzz(_: int) -> None:  # a phase of fuzz: cases back to back for PHASE_S
+            nonlocal fuzz_s
+            began = time.monotonic()
+            while time.monotonic() - began < PHASE_S:
                 method, path, body = fuzz_case(rng, routes)
                 code, answer = http(method, gw.url + path, raw=body, timeout=15)
                 statuses[code] += 1
@@ -190,15 +271,13 @@ def test_15_fuzz_every_route() -> None:
                     error = answer.get("error") if isinstance(answer, dict) else None
                     if error not in ALLOWED_5XX.get(code, ()):
                         bad.append((method, path, code, str(answer)[:200]))
-            fuzz_s = time.monotonic() - fuzzing
-        finally:
-            load.stop()
-        sent = load.join()
+            fuzz_s += time.monotonic() - began
+
+        phases = interleaved(gw, fuzz)
         rss_after = rss_mb(gw.popen.pid)
         assert http("GET", f"{gw.url}/healthz")[0] == 200
-    first = [r for r in sent if r.start < fuzzing]
-    loud = [r for r in sent if r.start >= fuzzing]
-    q, loud_p99, ratio = judge(quiet, loud)
+    cases = statuses.total()
+    q, loud_p99, ratio = judge(phases.quiet, phases.loud)
     met = not bad and ratio <= 1.5
     report(
         "15",
@@ -212,11 +291,11 @@ def test_15_fuzz_every_route() -> None:
             "legit_quiet_p99_ms": r3(q),
             "legit_p99_ms": r3(loud_p99),
             "legit_p99_ratio": r3(ratio),
-            "legit_worst_client_gateway_ms": worst(loud),
-            "legit_during_fuzz": len(loud),
+            **phases.figures(),
+            "legit_worst_client_gateway_ms": worst(phases.loud),
             "fuzz_per_s": r3(cases / fuzz_s),
-            "first_visits_s": r3(fuzzing - visits),
-            "first_visits_legit_max_ms": r3(max(latencies(first), default=0.0)),
+            "first_visits_s": r3(visits_s),
+            "first_visits_legit_max_ms": r3(max(latencies(visits.results), default=0.0)),
             "rss_before_mb": r3(rss_before),
             "rss_after_mb": r3(rss_after),
         },
@@ -224,12 +303,13 @@ def test_15_fuzz_every_route() -> None:
         met,
     )
     assert not bad, bad[:10]
+    assert cases >= pick(200, 20_000), cases  # the fuzz ran, at about its usual pace
     if FULL:
         check_ratio(ratio, q, loud_p99)
     else:
-        # a fraction of a second of fuzz, 10-15 legitimate requests: the p99 is one
+        # a second or two of fuzz, some 100 legitimate requests a side: the p99 is one
         # sample. The p90 still shows a route that costs the loop every time it is called.
-        p90_quiet, p90_loud = pct(latencies(quiet), 90), pct(latencies(loud), 90)
+        p90_quiet, p90_loud = pct(latencies(phases.quiet), 90), pct(latencies(phases.loud), 90)
         assert p90_loud <= 5 * p90_quiet + 20, (p90_quiet, p90_loud)
 
 
@@ -259,9 +339,9 @@ def closed(sock: socket.socket) -> bool:
         return True
 
 
-@bounded(60, 240)
+@bounded(60, 300)
 def test_15_a_thousand_idle_connections_under_1024_open_files() -> None:
-    idle_count, held = 1000, pick(2.5, 40.0)
+    idle_count = 1000
     with open_files_limit(1024):
         started = gateway("--heartbeat-interval", "2")
         gw = started.__enter__()
@@ -269,23 +349,37 @@ def test_15_a_thousand_idle_connections_under_1024_open_files() -> None:
         with legit_agent(gw):
             pid = gw.popen.pid
             host, port = gw.url.removeprefix("http://").split(":")
-            quiet = legit(gw, pick(1.5, 10.0)).join()
             rss_before, fds_before = rss_mb(pid), open_fds(pid)
             socks: list[socket.socket] = []
+
+            def idle(r: int) -> None:  # a phase: 1,000 connections that never send a byte
+                began = time.monotonic()
+                for _ in range(idle_count):
+                    socks.append(socket.create_connection((host, int(port)), timeout=5))
+                time.sleep(max(0.0, began + PHASE_S - time.monotonic()))  # held
+                if r < ROUNDS - 1:  # the last round's are left for the gateway to close
+                    while socks:
+                        socks.pop().close()
+
             try:
                 with Poller(lambda: (rss_mb(pid), open_fds(pid)), every=0.25) as usage:
-                    load = legit(gw, held + 2)
-                    for _ in range(idle_count):  # they never send a byte
-                        socks.append(socket.create_connection((host, int(port)), timeout=5))
-                    loud = load.join()
-                gone = sum(closed(s) for s in socks)
+                    phases = interleaved(gw, idle)
+                    # the gateway closes connections silent for --idle-timeout (30 s): the
+                    # last round's, waited for (full run; the smoke run only counts them)
+                    waited = time.monotonic()
+                    while FULL and time.monotonic() - waited < 45:
+                        if all(closed(s) for s in socks):
+                            break
+                        time.sleep(0.5)
+                    gone = sum(closed(s) for s in socks)
+                    closing_s = time.monotonic() - waited
             finally:
                 for s in socks:
                     s.close()
             healthy = http("GET", f"{gw.url}/healthz", timeout=5)[0] == 200
     finally:
         started.__exit__(None, None, None)
-    q, loud_p99, ratio = judge(quiet, loud)
+    q, loud_p99, ratio = judge(phases.quiet, phases.loud)
     peak_rss = max(v[0] for _, v in usage.samples)
     peak_fds = max(v[1] for _, v in usage.samples)
     met = healthy and ratio <= 1.5 and peak_rss - rss_before <= 50
@@ -294,14 +388,15 @@ def test_15_a_thousand_idle_connections_under_1024_open_files() -> None:
         "hostile: 1,000 idle connections, 1,024 open files",
         {
             "idle_connections": idle_count,
-            "held_s": held,
             "closed_by_gateway": gone,
+            "s_until_closed": r3(closing_s),
             "gateway_fds_before": fds_before,
             "gateway_fds_peak": peak_fds,
             "legit_quiet_p99_ms": r3(q),
             "legit_p99_ms": r3(loud_p99),
             "legit_p99_ratio": r3(ratio),
-            "legit_worst_client_gateway_ms": worst(loud),
+            **phases.figures(),
+            "legit_worst_client_gateway_ms": worst(phases.loud),
             "rss_before_mb": r3(rss_before),
             "rss_peak_mb": r3(peak_rss),
         },
@@ -311,6 +406,8 @@ def test_15_a_thousand_idle_connections_under_1024_open_files() -> None:
     assert healthy
     assert peak_fds < 1024
     assert peak_rss - rss_before <= 50
+    if FULL:
+        assert gone == idle_count, gone
     check_ratio(ratio, q, loud_p99)
 
 
@@ -329,11 +426,12 @@ UNKNOWN = [{"intent": "flood.q{i}.unknown", "timeout_ms": 2000, "_kind": "flood"
 # core to build (it never finishes within the test), too heavy for `make test`
 @pytest.mark.parametrize("matcher", [pytest.param("semantic", marks=full_only), "lexical"])
 def test_15_unknown_intent_flood_at_50000_tags(matcher: str) -> None:
-    quiet_s, tagged_s, flood_s = pick((1.5, 1.0, 2.5), (10.0, 10.0, 30.0))
+    """The quiet phases have the 50,000 tags too: the hostile input is the flood. The p99
+    before the tags were registered is reported beside (``legit_p99_ms_no_tags``)."""
     flags = ("--heartbeat-interval", "60", "--register-rate-limit", "0", "--matcher", matcher)
     with gateway(*flags) as gw, legit_agent(gw):
         pid = gw.popen.pid
-        quiet = legit(gw, quiet_s).join()
+        no_tags = legit(gw, pick(1.5, 10.0)).join()
         rss_before = rss_mb(pid)
         started = time.monotonic()
         for e in range(TAGS // PER_ENDPOINT):
@@ -346,12 +444,16 @@ def test_15_unknown_intent_flood_at_50000_tags(matcher: str) -> None:
             code, answer = http("POST", f"{gw.url}/v1/register", record, timeout=30)
             assert code == 200, answer
         registering = time.monotonic() - started
-        tagged = legit(gw, tagged_s).join()
-        load = legit(gw, flood_s)
-        flood = Load(gw.url, UNKNOWN, rate=100, duration=flood_s).start()
-        loud, flooded = load.join(), flood.join()
+        flooded: list[Sent] = []
+
+        def flood(_: int) -> float:  # a phase: 100 unknown intents a second
+            load = Load(gw.url, UNKNOWN, rate=100, duration=PHASE_S).start()
+            flooded.extend(load.join())
+            return load.started_at  # its driver's start-up (a Python process) not counted
+
+        phases = interleaved(gw, flood)
         rss_after = rss_mb(pid)
-    q, loud_p99, ratio = judge(quiet, loud)
+    q, loud_p99, ratio = judge(phases.quiet, phases.loud)
     flood_codes = Counter(s.error or "ok" for s in flooded)
     met = ratio <= 1.5
     report(
@@ -364,17 +466,23 @@ def test_15_unknown_intent_flood_at_50000_tags(matcher: str) -> None:
             "flood_per_s": 100,
             "flood_answers": dict(flood_codes),
             "flood_p50_ms": r3(pct(latencies(flooded), 50)),
+            "legit_p99_ms_no_tags": r3(p99(no_tags)),
             "legit_quiet_p99_ms": r3(q),
-            "legit_p99_ms_with_tags": r3(p99(tagged)),
             "legit_p99_ms_flood": r3(loud_p99),
             "legit_p99_ratio": r3(ratio),
-            "legit_worst_client_gateway_ms": worst(loud),
+            # against the p99 before the tags (not interleaved): what the registrations' own
+            # work (the matcher's index builds) and the flood cost together
+            "legit_p99_ratio_to_no_tags": r3(loud_p99 / p99(no_tags)),
+            **phases.figures(),
+            "legit_worst_client_gateway_ms": worst(phases.loud),
             "rss_before_mb": r3(rss_before),
             "rss_after_mb": r3(rss_after),
         },
-        {"legit_p99_ratio": "<= 1.5 (flood vs no tags, no flood)"},
+        {"legit_p99_ratio": "<= 1.5 (flood vs no flood, both at 50,000 tags)"},
         met,
     )
+    assert not errors(no_tags), errors(no_tags)
+    assert len(flooded) >= ROUNDS * PHASE_S * 100 * 0.9, len(flooded)  # the flood was sent
     # the flood is refused as it should be: no tag that close, or the matcher busy
     assert set(flood_codes) <= {"no_capable_agent", "overloaded", "deadline_exceeded"}
     check_ratio(ratio, q, loud_p99)
@@ -389,33 +497,65 @@ def metric_lines(gw: Proc) -> int:
     return sum(1 for line in str(text).splitlines() if line and not line.startswith("#"))
 
 
+TRACE_CAPACITY = GatewaySettings().trace_capacity  # the trace store's bound (docs/operations.md)
+
+
+def traces_kept(gw: Proc) -> int:
+    code, text = http("GET", f"{gw.url}/metrics", timeout=10)
+    assert code == 200
+    for line in str(text).splitlines():
+        if line.startswith("agent_reach_trace_store_traces "):
+            return int(float(line.split()[1]))
+    raise AssertionError("no agent_reach_trace_store_traces in /metrics")
+
+
+def fill_trace_store(gw: Proc) -> None:
+    """Legitimate requests, 8 callers at once, until the trace store holds its bound: from
+    there on it only replaces traces, and the RSS no longer grows with the requests sent
+    (~5 KB a trace: 10,000 of them are more than the churn's own growth by far)."""
+    for _ in range(30):  # bounded: ~1,000 requests a second, 10,000 needed
+        if traces_kept(gw) >= TRACE_CAPACITY:
+            return
+        Load(gw.url, echo(LEGIT, timeout_ms=3000), callers=8, duration=2.0).start().join()
+    raise AssertionError(f"the trace store holds {traces_kept(gw)} traces after 60 s of load")
+
+
 @bounded(60, 300)
 def test_15_metric_labels_under_register_deregister_cycles() -> None:
-    cycles = pick(300, 5000)
     flags = ("--heartbeat-interval", "60", "--register-rate-limit", "0")
     with gateway(*flags) as gw, legit_agent(gw) as agent:
         pid = gw.popen.pid
-        quiet = legit(gw, pick(1.5, 10.0)).join()
+        if FULL:
+            fill_trace_store(gw)
         rss_before, lines_before = rss_mb(pid), metric_lines(gw)
-        load = legit(gw, 3600)
-        sizes = []
-        try:
-            for i in range(cycles):
-                name, tag = f"agent://churn-{i:05d}", f"churn.t{i}"
+        sizes: list[int] = []
+        # 5,000 cycles in all (full), as fast as they go: ~2 s of each hostile phase; the
+        # memory's bound below is for that many (they fill the trace store's 10,000 past it)
+        cycles, per_phase = 0, pick(150, 1000)
+
+        def churn(_: int) -> None:  # a phase: cycles back to back, a new tag each
+            nonlocal cycles
+            began, until = time.monotonic(), cycles + per_phase
+            while cycles < until and time.monotonic() - began < PHASE_S:
+                name, tag = f"agent://churn-{cycles:05d}", f"churn.t{cycles}"
                 record = {"endpoint_id": name, "capabilities": [tag], "endpoint_url": agent.url}
                 assert http("POST", f"{gw.url}/v1/register", record)[0] == 200
                 code, answer = http("POST", f"{gw.url}/v1/send", {"intent": tag})
                 assert code == 200, answer
                 assert http("POST", f"{gw.url}/v1/deregister", {"endpoint_id": name})[0] == 200
-                if i % max(1, cycles // 5) == 0:
-                    sizes.append(metric_lines(gw))
-        finally:
-            load.stop()
-        loud = load.join()
+                cycles += 1
+            sizes.append(metric_lines(gw))
+
+        phases = interleaved(gw, churn)
         rss_after, lines_after = rss_mb(pid), metric_lines(gw)
-    q, loud_p99, ratio = judge(quiet, loud)
+    q, loud_p99, ratio = judge(phases.quiet, phases.loud)
     growth = lines_after - lines_before
-    met = ratio <= 1.5 and growth <= 200 and rss_after - rss_before <= 30
+    # full: after the trace store is full, what the churn adds: ~160 bytes a cycle measured
+    # (the exact matches kept, bounded at 65,536 tags), 10 MB fails a leak of 2 KB a cycle.
+    # Smoke: from a cold gateway (its first requests' pools and the matcher's model, its
+    # traces): a loose bound, the full run's is the figure
+    rss_bound = pick(60, 10)
+    met = ratio <= 1.5 and growth <= 200 and rss_after - rss_before <= rss_bound
     report(
         "15",
         f"hostile: {cycles} register/deregister cycles, a new tag each",
@@ -429,11 +569,17 @@ def test_15_metric_labels_under_register_deregister_cycles() -> None:
             "legit_quiet_p99_ms": r3(q),
             "legit_p99_ms": r3(loud_p99),
             "legit_p99_ratio": r3(ratio),
-            "legit_worst_client_gateway_ms": worst(loud),
+            **phases.figures(),
+            "legit_worst_client_gateway_ms": worst(phases.loud),
         },
-        {"metric_lines": "bounded (<= +200)", "rss": "<= +30 MB", "legit_p99_ratio": "<= 1.5"},
+        {
+            "metric_lines": "bounded (<= +200)",
+            "rss": f"<= +{rss_bound} MB" + (" (trace store full)" if FULL else ""),
+            "legit_p99_ratio": "<= 1.5",
+        },
         met,
     )
+    assert cycles >= pick(20, 4000), cycles  # the churn ran, at about its usual pace
     assert growth <= 200, sizes
-    assert rss_after - rss_before <= 30
+    assert rss_after - rss_before <= rss_bound, (rss_before, rss_after)
     check_ratio(ratio, q, loud_p99)
