@@ -73,7 +73,7 @@ test-slow: $(VENV)/.installed-test
 ## chaos: the reliability suite in full (docs/reliability.md): every scenario of tests/chaos
 ## with its full durations (AGENT_REACH_CHAOS=full; `make test` runs their seconds-long smoke
 ## versions), one at a time, each printing its figures as a line `CHAOS {...}`, also appended to
-## benchmarks/out/chaos.jsonl; about 45 minutes
+## benchmarks/out/chaos.jsonl; about 47 minutes
 chaos: $(VENV)/.installed-test
 	@mkdir -p benchmarks/out
 	AGENT_REACH_CHAOS=full AGENT_REACH_CHAOS_OUT=$${AGENT_REACH_CHAOS_OUT:-benchmarks/out/chaos.jsonl} \

@@ -21,6 +21,7 @@ sides, not on one, and each side's p99 is a pool of several phases' samples.
 from __future__ import annotations
 
 import json
+import math
 import random
 import resource
 import socket
@@ -72,9 +73,11 @@ def legit(gw: Proc, seconds: float) -> Load:
 
 ROUNDS = pick(2, 5)
 PHASE_S = pick(1.0, 6.0)  # each phase; full: ~300 legitimate requests a phase, 1,500 a side
-# a quiet phase's first requests are not counted: those started as the hostile phase before it
-# ended may still be answered in its wake (a conservative cut: it keeps the quiet side quiet)
-QUIET_WAKE_S = 0.25
+# a quiet phase's first second is not counted: requests started as the hostile phase before it
+# ended may still be answered in its wake, and work it left queued may still run (the matcher
+# starts a build up to 0.5 s after the last change). A conservative cut: the quiet side quiet.
+# Smoke: a quarter of its 1 s phases (no more of them to spare; its bound is a loose one)
+QUIET_WAKE_S = pick(0.25, 1.0)
 
 
 def p99(results: list[Sent]) -> float:
@@ -128,9 +131,16 @@ def interleaved(gw: Proc, hostile: Callable[[int], float | None], rounds: int = 
             else:
                 loud(r)
                 quiet()
-    finally:
+    except BaseException:
         load.stop()
+        load.join()  # the driver ended and its files gone, whatever the test does next
+        raise
+    load.stop()
     phases = Phases(sent=load.join())
+    # every legitimate request must succeed, counted in a window or not (a quiet phase's
+    # first second, a hostile one's set-up)
+    failed = errors(phases.sent)
+    assert not failed, failed
     pair: list[float] = []
     for is_loud, since, until in windows:
         part = window(phases.sent, since, until)
@@ -151,7 +161,7 @@ def worst(results: list[Sent], n: int = 5) -> list[list[float | None]]:
 
 
 def judge(quiet: list[Sent], loud: list[Sent]) -> tuple[float, float, float]:
-    """The quiet and the loud p99 and their ratio; every legitimate request must succeed."""
+    """The quiet and the loud p99 and their ratio; every request of them must succeed."""
     failed = errors(quiet) + errors(loud)
     assert not failed, failed
     q, loud_p99 = p99(quiet), p99(loud)
@@ -349,30 +359,31 @@ def test_15_a_thousand_idle_connections_under_1024_open_files() -> None:
         with legit_agent(gw):
             pid = gw.popen.pid
             host, port = gw.url.removeprefix("http://").split(":")
-            rss_before, fds_before = rss_mb(pid), open_fds(pid)
             socks: list[socket.socket] = []
 
+            gone, closing_s = 0, math.nan
+
             def idle(r: int) -> None:  # a phase: 1,000 connections that never send a byte
+                nonlocal gone, closing_s
                 began = time.monotonic()
                 for _ in range(idle_count):
                     socks.append(socket.create_connection((host, int(port)), timeout=5))
                 time.sleep(max(0.0, began + PHASE_S - time.monotonic()))  # held
-                if r < ROUNDS - 1:  # the last round's are left for the gateway to close
-                    while socks:
-                        socks.pop().close()
+                if FULL and r == ROUNDS - 1 and r % 2 == 0:
+                    # the last phase of the run: held until the gateway closes them, as it
+                    # does connections silent for --idle-timeout (30 s), under measurement
+                    while time.monotonic() - began < 45 and not all(closed(s) for s in socks):
+                        time.sleep(0.5)
+                    gone, closing_s = sum(closed(s) for s in socks), time.monotonic() - began
+                while socks:
+                    socks.pop().close()
 
             try:
+                if FULL:
+                    fill_trace_store(gw)  # its growth is the legitimate load's, not theirs
+                rss_before, fds_before = rss_mb(pid), open_fds(pid)
                 with Poller(lambda: (rss_mb(pid), open_fds(pid)), every=0.25) as usage:
                     phases = interleaved(gw, idle)
-                    # the gateway closes connections silent for --idle-timeout (30 s): the
-                    # last round's, waited for (full run; the smoke run only counts them)
-                    waited = time.monotonic()
-                    while FULL and time.monotonic() - waited < 45:
-                        if all(closed(s) for s in socks):
-                            break
-                        time.sleep(0.5)
-                    gone = sum(closed(s) for s in socks)
-                    closing_s = time.monotonic() - waited
             finally:
                 for s in socks:
                     s.close()
@@ -389,7 +400,7 @@ def test_15_a_thousand_idle_connections_under_1024_open_files() -> None:
         {
             "idle_connections": idle_count,
             "closed_by_gateway": gone,
-            "s_until_closed": r3(closing_s),
+            "s_opened_until_closed": r3(closing_s),
             "gateway_fds_before": fds_before,
             "gateway_fds_peak": peak_fds,
             "legit_quiet_p99_ms": r3(q),
@@ -482,7 +493,8 @@ def test_15_unknown_intent_flood_at_50000_tags(matcher: str) -> None:
         met,
     )
     assert not errors(no_tags), errors(no_tags)
-    assert len(flooded) >= ROUNDS * PHASE_S * 100 * 0.9, len(flooded)  # the flood was sent
+    answered = sum(1 for s in flooded if s.status)
+    assert answered >= ROUNDS * PHASE_S * 100 * 0.9, answered  # the flood went, and was answered
     # the flood is refused as it should be: no tag that close, or the matcher busy
     assert set(flood_codes) <= {"no_capable_agent", "overloaded", "deadline_exceeded"}
     check_ratio(ratio, q, loud_p99)
@@ -517,7 +529,8 @@ def fill_trace_store(gw: Proc) -> None:
         if traces_kept(gw) >= TRACE_CAPACITY:
             return
         Load(gw.url, echo(LEGIT, timeout_ms=3000), callers=8, duration=2.0).start().join()
-    raise AssertionError(f"the trace store holds {traces_kept(gw)} traces after 60 s of load")
+    kept = traces_kept(gw)
+    assert kept >= TRACE_CAPACITY, f"the trace store holds {kept} traces after 60 s of load"
 
 
 @bounded(60, 300)

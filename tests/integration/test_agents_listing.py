@@ -337,8 +337,9 @@ BIG = 20_000
 # and two pages that scan every record for their status
 LISTINGS = ("", "", "", "", "?status=healthy,degraded&limit=1000", "?status=down&limit=1000")
 # alone, the slowest /healthz is 24-50 ms; beside the suite's other worker it was once 172 ms
-# under a bound of 100 ms. 150 ms still fails the listings built in one go (~230 ms, alone)
-HEALTHZ_BOUND_S = 0.15
+# (under a bound of 100 ms then). 200 ms still fails the listings built in one go, which held
+# it ~230 ms alone, more beside other work
+HEALTHZ_BOUND_S = 0.2
 
 
 @pytest.fixture
@@ -352,7 +353,7 @@ def big() -> Iterator[Proc]:
 
 async def test_healthz_answers_while_big_listings_are_built(big: Proc) -> None:
     """While listings of 20,000 agents are built and sent (the v1 answer, 5 MB each, and
-    filtered pages), every /healthz is answered within 150 ms: a listing gives the loop back a
+    filtered pages), every /healthz is answered within 200 ms: a listing gives the loop back a
     chunk at a time. (Built in one go, as before, the four v1 ones held it ~230 ms.)"""
     async with aiohttp.ClientSession() as session:
 
