@@ -313,11 +313,12 @@ def test_15_fuzz_every_route() -> None:
         met,
     )
     assert not bad, bad[:10]
+    assert not errors(visits.results), errors(visits.results)
     assert cases >= pick(200, 20_000), cases  # the fuzz ran, at about its usual pace
     if FULL:
         check_ratio(ratio, q, loud_p99)
     else:
-        # a second or two of fuzz, some 100 legitimate requests a side: the p99 is one
+        # two seconds of fuzz, 75-100 legitimate requests a side: the p99 is one
         # sample. The p90 still shows a route that costs the loop every time it is called.
         p90_quiet, p90_loud = pct(latencies(phases.quiet), 90), pct(latencies(phases.loud), 90)
         assert p90_loud <= 5 * p90_quiet + 20, (p90_quiet, p90_loud)
