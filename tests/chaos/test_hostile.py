@@ -259,13 +259,16 @@ def test_15_fuzz_every_route() -> None:
         # every route visited once before the fuzz: a first visit builds what the gateway
         # builds lazily (the MCP server at the first /mcp request, docs/mcp.md), a one-time
         # cost any first client pays; measured apart from what the fuzz costs
-        with Load(gw.url, echo(LEGIT, timeout_ms=3000), rate=RATE, duration=3600) as visits:
+        visits = legit(gw, 3600)
+        try:
             visited = time.monotonic()
             for method, path in routes:
                 url = gw.url + path.replace("{name}", "x").replace("{trace_id}", "x")
                 http(method, url, raw=None if method == "GET" else b"{}", timeout=15)
             visits_s = time.monotonic() - visited
+        finally:
             visits.stop()
+            visits.join()
         bad: list[tuple[str, str, int, Any]] = []
         statuses: Counter[int] = Counter()
         fuzz_s = 0.0
@@ -504,19 +507,21 @@ def test_15_unknown_intent_flood_at_50000_tags(matcher: str) -> None:
 # --- metric labels -------------------------------------------------------------------------
 
 
-def metric_lines(gw: Proc) -> int:
+def metrics_text(gw: Proc) -> str:
     code, text = http("GET", f"{gw.url}/metrics", timeout=10)
     assert code == 200
-    return sum(1 for line in str(text).splitlines() if line and not line.startswith("#"))
+    return str(text)
+
+
+def metric_lines(gw: Proc) -> int:
+    return sum(1 for line in metrics_text(gw).splitlines() if line and not line.startswith("#"))
 
 
 TRACE_CAPACITY = GatewaySettings().trace_capacity  # the trace store's bound (docs/operations.md)
 
 
 def traces_kept(gw: Proc) -> int:
-    code, text = http("GET", f"{gw.url}/metrics", timeout=10)
-    assert code == 200
-    for line in str(text).splitlines():
+    for line in metrics_text(gw).splitlines():
         if line.startswith("agent_reach_trace_store_traces "):
             return int(float(line.split()[1]))
     raise AssertionError("no agent_reach_trace_store_traces in /metrics")
