@@ -310,6 +310,86 @@ def test_an_agent_alternating_fast_and_slow_around_the_threshold_does_not_flap()
     assert changes <= 1
 
 
+def test_samples_ageing_out_do_not_turn_a_recovered_endpoint_slow_again() -> None:
+    """No delivery after the fifth: as the samples age out one by one the mean goes 2160 ->
+    1450 (clearly under: healthy) -> 1600 (in the band). Time alone must not bring "slow"
+    back: the band keeps what the endpoint was, and it was healthy (a review found it flip)."""
+    t = Thresholds(sample_ttl=60.0)
+    s = EndpointStats()
+    for k, ms in enumerate([5000.0, 1000.0, 1000.0, 1900.0, 1900.0]):
+        s.observe(ms, T0 + k, t=t)
+    seen = []
+    for now in [T0 + 4.5, T0 + 60.5, T0 + 61.5, T0 + 62.5, T0 + 63.5, T0 + 64.5]:
+        h = derive(now - 1.0, s, now, t)  # heartbeats fresh throughout
+        seen.append((h.status, s.is_slow(now, t)))
+    assert seen == [
+        (Status.DEGRADED, True),  # 2160
+        (Status.HEALTHY, False),  # 1450
+        (Status.HEALTHY, False),  # 1600: in the band, and it had recovered
+        (Status.HEALTHY, False),  # 1900
+        (Status.HEALTHY, False),  # 1900 (one sample)
+        (Status.HEALTHY, False),  # none left
+    ]
+
+
+def test_samples_ageing_out_can_make_an_endpoint_slow() -> None:
+    """The other way: fast samples ageing out leave the slow ones, over the threshold."""
+    t = Thresholds(sample_ttl=60.0)
+    s = EndpointStats()
+    for k, ms in enumerate([100.0, 100.0, 100.0, 2600.0, 2600.0]):  # mean 1100: healthy
+        s.observe(ms, T0 + k, t=t)
+    assert not s.is_slow(T0 + 4.5, t)
+    assert s.is_slow(T0 + 62.5, t)  # 2600, 2600: slow
+    assert derive(T0 + 62, s, T0 + 62.5, t).status is Status.DEGRADED
+    assert not s.is_slow(T0 + 64.5, t)  # none left
+
+
+def _reference_slow(samples: list[tuple[int, float]], now: float, t: Thresholds) -> bool:
+    """The hysteresis walked through time: at each sample (one by one, also at the same
+    instant) and each instant a sample ages out (just after its time + ttl: an eighth of a
+    second after), the state moves on the window of that moment."""
+    ttl = t.sample_ttl
+    # (time, samples taken by then): a sample's arrival, or an ageing out
+    events = [(float(when), i + 1) for i, (when, _) in enumerate(samples)]
+    events += [(when + ttl + 0.125, len(samples)) for when, _ in samples]
+    slow = False
+    for at, taken in sorted(events):
+        if at > now:
+            break
+        kept = [ms for when, ms in samples[:taken] if when <= at and at - when <= ttl][-5:]
+        slow = slow_after(slow, sum(kept) / len(kept) if kept else None, t.slow_threshold_ms)
+    return slow
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    gaps=st.lists(st.integers(0, 40), min_size=1, max_size=12),
+    latencies=st.lists(
+        st.sampled_from([100.0, 1500.0, 1700.0, 1900.0, 2500.0, 6000.0]), min_size=12, max_size=12
+    ),
+    later=st.lists(st.integers(0, 150), min_size=1, max_size=6),
+)
+def test_slowness_follows_the_hysteresis_through_time(
+    gaps: list[int], latencies: list[float], later: list[int]
+) -> None:
+    """Against the reference walk: samples at whole seconds (ageing out just after a whole
+    second), the state read between them (at quarters), samples observed as they come."""
+    t = Thresholds(sample_ttl=60.0)
+    s = EndpointStats()
+    samples: list[tuple[int, float]] = []
+    at = 0
+    for gap, ms in zip(gaps, latencies, strict=False):
+        at += gap
+        if gap:  # (time does not go back: not read before a sample already taken)
+            assert s.is_slow(at - 0.25, t) is _reference_slow(samples, at - 0.25, t)
+        s.observe(ms, float(at), t=t)
+        samples.append((at, ms))
+        assert s.is_slow(float(at), t) is _reference_slow(samples, float(at), t)
+    for extra in sorted(later):
+        now = at + extra + 0.25
+        assert s.is_slow(now, t) is _reference_slow(samples, now, t), (samples, now)
+
+
 # --- recovery: probes after a failure ---------------------------------------------------------
 
 

@@ -8,7 +8,9 @@ Invariants:
   within the sample window is over ``slow_threshold_ms``, and stops being slow only when that
   mean is under ``SLOW_RECOVERY x slow_threshold_ms`` (or no sample is left in the window), so
   that an endpoint near the threshold does not flap. The only state kept is whether it was slow
-  after its last sample (:attr:`EndpointStats.slow`).
+  after its last sample (:attr:`EndpointStats.slow`); from there the hysteresis moves on each
+  smaller window as the samples age out (:meth:`EndpointStats.slowness`), so that time alone
+  never turns a recovered endpoint slow again.
 - Recovery: a failed attempt (timeout, 5xx, connection error) penalizes the endpoint; a refused
   or reset connection also ejects it. A penalized or ejected endpoint is *recovering*: it becomes
   probe-eligible (``Health.probe``) at ``probe_at``, a backoff after its last failure that grows
@@ -177,7 +179,72 @@ class EndpointStats:
 
     def is_slow(self, now: float, t: Thresholds) -> bool:
         """Whether the endpoint is slow at ``now``: the hysteresis over its recent mean."""
-        return slow_after(self.slow, self.recent_mean(now, t.sample_ttl)[0], t.slow_threshold_ms)
+        return self.slowness(now, t)[0]
+
+    def slowness(self, now: float, t: Thresholds) -> tuple[bool, float | None, float]:
+        """Whether the endpoint is slow at ``now``, the mean of its recent samples (None: none
+        left) and when the oldest of them ages out.
+
+        The hysteresis moves on every window the endpoint had since its last sample, not only
+        on the one of ``now``: as its older samples age out the window shrinks, one sample at a
+        time, and its mean moves without a new delivery. A mean that went under the recovery
+        line on the way is a recovery, even if a later, smaller window is back in the band
+        (5000, 1000, 1000, 1900, 1900 ms at a 2000 ms threshold: slow, then 1450 ms, healthy,
+        then 1600 ms: still healthy, not slow again).
+        """
+        samples = self._samples
+        if not samples:
+            return False, None, INF
+        ttl = t.sample_ttl
+        total = 0.0
+        n = 0
+        oldest = INF
+        for at, ms, _ in reversed(samples):  # the usual case first: none aged out since the last
+            if n == SLOW_WINDOW:
+                break
+            if now - at > ttl:
+                if samples[-1][0] - at <= ttl:  # one has: the windows between (below)
+                    return self._slowness_aged(now, t)
+                break
+            total += ms
+            n += 1
+            oldest = at
+        if n == 0:
+            return False, None, INF
+        mean = total / n
+        return slow_after(self.slow, mean, t.slow_threshold_ms), mean, oldest + ttl
+
+    def _slowness_aged(self, now: float, t: Thresholds) -> tuple[bool, float | None, float]:
+        """:meth:`slowness` when samples of the last sample's window aged out since."""
+        samples = self._samples
+        ttl = t.sample_ttl
+        last_at = samples[-1][0]
+        sums: list[float] = []  # sums[k - 1]: of the newest k samples of the last sample's window
+        times: list[float] = []  # times[k - 1]: when the k-th newest was taken
+        total = 0.0
+        n = 0  # of them still in the window at now
+        oldest = INF
+        for at, ms, _ in reversed(samples):
+            if len(sums) == SLOW_WINDOW or last_at - at > ttl:
+                break
+            total += ms
+            sums.append(total)
+            times.append(at)
+            if now - at <= ttl:
+                n, oldest = len(sums), at
+        slow = self.slow  # after the last sample, over its window (all of sums)
+        threshold = t.slow_threshold_ms
+        # that window again (a no-op when the flag was set from it), then each smaller one
+        # there was since, as its samples aged out (samples taken at one instant age out
+        # together: no window between)
+        for k in range(len(sums), n - 1, -1):
+            if k == 0:
+                slow = False
+            elif k == len(sums) or times[k - 1] != times[k]:
+                slow = slow_after(slow, sums[k - 1] / k, threshold)
+        if n == 0:
+            return False, None, INF
+        return slow, sums[n - 1] / n, oldest + ttl
 
     def fail(self, now: float) -> None:
         """A failed attempt (timeout, 5xx, connection error): penalized, one more strike, and
@@ -328,10 +395,10 @@ def derive(last_seen: float, stats: EndpointStats | None, now: float, t: Thresho
             probe = True
         else:
             changes_at = min(changes_at, stats.probe_at)
-    mean, ages_out = stats.recent_mean(now, t.sample_ttl)
+    slow, mean, ages_out = stats.slowness(now, t)
     if mean is not None:
         changes_at = min(changes_at, ages_out)
-        if slow_after(stats.slow, mean, t.slow_threshold_ms):
+        if slow:
             return Health(
                 Status.DEGRADED,
                 f"slow: mean {mean:.0f} ms over its last deliveries (threshold"
