@@ -137,6 +137,11 @@ def test_two_workers_share_one_port_survive_a_killed_worker_and_stop_together(
     workers = children(proc.popen.pid)
     assert _pids_of(line) == workers, line  # the listening line names the 2 workers
     assert "2 workers" in line
+    for pid in workers:  # the gateway's bounds shared: half of each (defaults 1024 and 64)
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        assert argv[argv.index("--max-inflight") + 1] == "512", argv
+        assert argv[argv.index("--max-inflight-per-endpoint") + 1] == "32", argv
+        assert argv.count("--max-inflight") == 1, argv
 
     agent = start_agent(url, "agent://workers-echo-01")  # registered through one of them
     try:

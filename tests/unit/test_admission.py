@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agent_reach.core.admission import Admission
+from agent_reach.core.routing import wait_limit
 
 
 def fill(admission: Admission, priority: str) -> int:
@@ -45,3 +46,13 @@ def test_a_refusal_changes_no_count() -> None:
         a.done()
     assert a.inflight == 0
     assert fill(a, "low") == 7
+
+
+def test_shares_are_exact_at_every_bound() -> None:
+    """low is refused at 70 % of the bound rounded down, normal at 90 %, not one early: with
+    float shares int(90 * 0.7) was 62 (a review found 34 such bounds up to 2,000)."""
+    for bound in range(1, 2001):
+        expected = {"low": bound * 7 // 10, "normal": bound * 9 // 10, "high": bound}
+        for priority, count in expected.items():
+            assert Admission(bound).limit(priority) == max(1, count), (bound, priority)
+            assert wait_limit(bound, priority) == max(1, count), (bound, priority)

@@ -12,9 +12,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["SHARES", "Admission"]
+__all__ = ["SHARES", "Admission", "share_of"]
 
-SHARES = {"low": 0.7, "normal": 0.9, "high": 1.0}  # of the bound, where each is refused
+# per cent of the bound, where each is refused: whole numbers, so that the count is exact
+# (int(90 * 0.7) is 62, not 63: floats would refuse low a request early at 34 bounds of 2,000)
+SHARES = {"low": 70, "normal": 90, "high": 100}
+
+
+def share_of(bound: int, priority: str | None) -> int:
+    """The count at which a request of ``priority`` (None or unknown: ``normal``) is refused,
+    of ``bound``: its share, rounded down, at least 1."""
+    return max(1, bound * SHARES.get(priority or "normal", SHARES["normal"]) // 100)
 
 
 @dataclass(slots=True)
@@ -27,8 +35,7 @@ class Admission:
 
     def limit(self, priority: str) -> int:
         """The count at which a request of ``priority`` is refused (at least 1)."""
-        share = SHARES.get(priority, SHARES["normal"])
-        return max(1, int(self.max_inflight * share))
+        return share_of(self.max_inflight, priority)
 
     def admit(self, priority: str) -> bool:
         """Take one request of ``priority`` in (True), or refuse it (False: count unchanged)."""

@@ -30,7 +30,7 @@ import random
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from agent_reach.core.admission import SHARES
+from agent_reach.core.admission import share_of
 from agent_reach.core.health import INF, EndpointStats, Health, derive
 from agent_reach.core.model import EndpointRecord, Status, Thresholds
 
@@ -60,8 +60,7 @@ def rank_of(priority: str | None) -> int:
 def wait_limit(bound: int, priority: str | None) -> int:
     """How many may wait in a queue of at most ``bound`` when a request of ``priority`` comes:
     ``low`` up to 70 % of it, ``normal`` 90 %, ``high`` 100 % (at least 1)."""
-    share = SHARES.get(priority or "normal", SHARES["normal"])
-    return max(1, int(bound * share))
+    return share_of(bound, priority)
 
 
 def wait_admits(waiting: int, bound: int, priority: str | None) -> bool:

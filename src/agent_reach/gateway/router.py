@@ -136,7 +136,8 @@ class Router:
         """Re-place ``endpoint_id`` in the cached tiers of ``intents`` after an event."""
         record = self.registry.get(endpoint_id)
         if record is None and self.slots.waiting:
-            self.slots.kick(intents)  # gone: a waiter left with no candidate answers at once
+            # gone: a waiter left with no candidate (its hinted ones too) answers at once
+            self.slots.kick(intents, endpoint_id)
         h: Health | None = None
         for intent in intents:
             tiers = self._tiers.get(intent)

@@ -62,12 +62,13 @@ def _time_up(future: asyncio.Future[None]) -> None:
 class Waiter:
     """One request waiting for a slot."""
 
-    __slots__ = ("endpoint", "future", "gone", "queue", "rank", "seq", "woken")
+    __slots__ = ("endpoint", "future", "gone", "in_heap", "queue", "rank", "seq", "woken")
 
     def __init__(self, queue: _Queue, rank: int, seq: int) -> None:
         self.queue = queue
         self.rank = rank
         self.seq = seq
+        self.in_heap = True  # its entry is in its queue's heap (one at most)
         self.woken = False  # holds a reservation on ``endpoint``
         self.endpoint: str | None = None
         self.gone = False
@@ -90,7 +91,14 @@ class _Queue:
             if not waiter.gone and not waiter.woken:
                 return waiter
             heapq.heappop(heap)
+            waiter.in_heap = False
         return None
+
+    def pop(self) -> Waiter:
+        """Take the head (:meth:`head` found it) out of the heap."""
+        waiter = heapq.heappop(self.heap)[2]
+        waiter.in_heap = False
+        return waiter
 
 
 class Slots:
@@ -205,9 +213,12 @@ class Slots:
         return endpoint
 
     def requeue(self, waiter: Waiter) -> None:
-        """A woken waiter that found nothing after all goes back to its place in line."""
-        if waiter.gone or waiter.woken:
+        """A waiter that found nothing after all goes back to its place in line (woken, its
+        entry left the heap; one that looked again on its timeout is still there: one entry a
+        waiter, however many times it looks)."""
+        if waiter.gone or waiter.woken or waiter.in_heap:
             return
+        waiter.in_heap = True
         heapq.heappush(waiter.queue.heap, (waiter.rank, waiter.seq, waiter))
 
     def leave(self, waiter: Waiter, *, served: bool = False) -> str | None:
@@ -302,7 +313,7 @@ class Slots:
                     best = head
             if best is None:
                 break
-            heapq.heappop(best.queue.heap)  # best is its queue's head
+            best.queue.pop()  # best is its queue's head
             best.woken = True
             best.endpoint = endpoint_id
             self.reserved[endpoint_id] = self.reserved.get(endpoint_id, 0) + 1
@@ -312,20 +323,24 @@ class Slots:
         self.wakeups += woken
         return woken
 
-    def kick(self, intents: Iterable[str]) -> int:
-        """Wake every waiter of ``intents`` without a slot, to look again (an endpoint went
-        away: those left with no candidate answer at once); returns how many were woken."""
+    def kick(self, intents: Iterable[str], endpoint_id: str | None = None) -> int:
+        """Wake every waiter of ``intents`` (and of the hint ``endpoint_id``) without a slot,
+        to look again (an endpoint went away: those left with no candidate answer at once);
+        returns how many were woken."""
+        queues = [
+            self._queues[key] for intent in intents for key in self._by_intent.get(intent, ())
+        ]
+        if endpoint_id is not None and (hinted := self._queues.get(("hint", endpoint_id))):
+            queues.append(hinted)
         woken = 0
-        for intent in intents:
-            for key in list(self._by_intent.get(intent, ())):
-                queue = self._queues[key]
-                while (head := queue.head()) is not None:
-                    heapq.heappop(queue.heap)
-                    head.woken = True
-                    head.endpoint = None
-                    if head.future is not None and not head.future.done():
-                        head.future.set_result(None)
-                    woken += 1
+        for queue in queues:
+            while (head := queue.head()) is not None:
+                queue.pop()
+                head.woken = True
+                head.endpoint = None
+                if head.future is not None and not head.future.done():
+                    head.future.set_result(None)
+                woken += 1
         self.wakeups += woken
         return woken
 

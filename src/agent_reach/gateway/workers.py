@@ -6,11 +6,15 @@ kernel spreads connections across them), prints one line when all of them listen
 worker that dies (at most one restart a second), and passes SIGINT/SIGTERM (and SIGHUP: reload
 the dictionary) on to all of them.
 Each worker is a whole gateway with its own local view of the shared registry; nothing else is
-shared between them.
+shared between them. The gateway's bounds of work in delivery (``--max-inflight``,
+``--max-inflight-per-endpoint``) are the gateway's, not each process's: every worker gets its
+share, the bound divided by N rounded up (at least 1), so that N workers together open at most
+about what one gateway would (CONTRACT.md v1.1: "across the gateway").
 """
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import socket
@@ -38,8 +42,18 @@ def _reserve(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _worker_argv(argv: Sequence[str], port: int) -> list[str]:
-    """The supervisor's own ``serve`` arguments, with one worker on the reserved port."""
+# the flags the supervisor sets for each worker itself (their own values dropped)
+_SET = ("--workers", "--port", "--max-inflight", "--max-inflight-per-endpoint")
+
+
+def share(bound: int, workers: int) -> int:
+    """One worker's part of a gateway-wide ``bound`` shared by ``workers``: rounded up, >= 1."""
+    return max(1, math.ceil(bound / workers))
+
+
+def _worker_argv(argv: Sequence[str], port: int, settings: GatewaySettings) -> list[str]:
+    """The supervisor's own ``serve`` arguments, with one worker on the reserved port and its
+    share of the gateway's bounds."""
     args = list(argv[1:])
     out: list[str] = []
     skip = False
@@ -47,12 +61,13 @@ def _worker_argv(argv: Sequence[str], port: int) -> list[str]:
         if skip:
             skip = False
             continue
-        if arg in ("--workers", "--port"):
+        if arg in _SET:
             skip = i + 1 < len(args)
             continue
-        if arg.startswith(("--workers=", "--port=")):
+        if arg.startswith(tuple(f"{flag}=" for flag in _SET)):
             continue
         out.append(arg)
+    n = settings.workers
     return [
         sys.executable,
         "-m",
@@ -63,6 +78,10 @@ def _worker_argv(argv: Sequence[str], port: int) -> list[str]:
         "--port",
         str(port),
         "--reuse-port",
+        "--max-inflight",
+        str(share(settings.max_inflight, n)),
+        "--max-inflight-per-endpoint",
+        str(share(settings.max_inflight_per_endpoint, n)),
     ]
 
 
@@ -84,7 +103,7 @@ def supervise(settings: GatewaySettings, argv: Sequence[str]) -> int:
         )
         return 1
     port = holder.getsockname()[1]
-    cmd = _worker_argv(argv, port)
+    cmd = _worker_argv(argv, port, settings)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
