@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -308,3 +309,54 @@ def test_a_closed_connection_leaves_no_garbage_cycles(gw: Proc) -> None:
     runs_after, found_after = gc_counts(gw)
     # ~80,000 objects in cycles before (16 a connection): gen 0 (at 50,000) ran and found them
     assert found_after - found_before < n // 5, (runs_before, runs_after, found_before, found_after)
+
+
+def test_pipelined_megabyte_bodies_do_not_hold_the_loop() -> None:
+    """One connection pipelines sends of ~1 MB bodies without waiting for answers while
+    another asks /healthz: the front cuts what it keeps to the request being read, and
+    finding where that request begins took a parser fed one byte at a time (0.3 s of the loop
+    a megabyte: /healthz waited 3 s at the median in a review's run). Now: a few ms."""
+    body = json.dumps({"intent": "nobody.serves", "payload": {"x": "y" * 1_000_000}}).encode()
+    request = post("/v1/send", body)
+    n = 12
+    with gateway("--matcher", "none") as gw:
+        answers: list[int] = []
+        with connect(gw) as sock:
+            sock.settimeout(30)
+
+            def read_all() -> None:
+                read = Reader(sock)
+                answers.extend(read.answer()[0] for _ in range(n))
+
+            reader = threading.Thread(target=read_all)
+            reader.start()
+            writer = threading.Thread(target=lambda: sock.sendall(request * n))
+            writer.start()
+            slowest = 0.0
+            while writer.is_alive() or reader.is_alive():
+                began = time.monotonic()
+                assert http("GET", f"{gw.url}/healthz", timeout=30)[0] == 200
+                slowest = max(slowest, time.monotonic() - began)
+            writer.join()
+            reader.join()
+    assert answers == [404] * n  # every send read whole and answered (no agent for it)
+    assert slowest < 0.3, slowest
+
+
+def test_empty_lines_are_not_a_sign_of_life() -> None:
+    """A client dripping CRLFs (which a parser skips before a request) is closed at
+    --idle-timeout like a silent one: every byte used to count as activity."""
+    with gateway("--matcher", "none", "--idle-timeout", "1") as gw, connect(gw) as sock:
+        sock.settimeout(0.3)
+        began = time.monotonic()
+        closed = None
+        while closed is None and time.monotonic() - began < 5.0:
+            try:
+                sock.sendall(b"\r\n")
+                if sock.recv(1) == b"":
+                    closed = time.monotonic() - began
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                closed = time.monotonic() - began
+    assert closed is not None and closed < 2.5, closed

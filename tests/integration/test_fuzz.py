@@ -199,6 +199,31 @@ def test_oversized_bodies_get_payload_too_large(gw: Proc, path: str) -> None:
             )
             for host in (b"127.1", b"2130706433", b"017700000001", b"0x7f.0.0.1")
         ),
+        # what is shown must be what is dialled: a NUL ends the name the resolver sees, a tab
+        # is dropped by urlsplit, a percent-encoded host is dialled as those characters, an
+        # IPvFuture literal as a DNS name (a review registered all four)
+        *(
+            (
+                b'{"endpoint_id": "agent://ok", "capabilities": ["a.b"], '
+                b'"endpoint_url": "' + url + b'"}',
+                422,
+                "endpoint_url",
+            )
+            for url in (
+                b"http://127.0.0.1\\u0000.evil.example:9/x",
+                b"http://metadata.google.internal\\u0000.x/",
+                b"http://127.0.0.1\\t:9/x",
+                b"http://127.0.0.1:9/a b",
+                b"http://%31%36%39.254.169.254/",
+                b"http://[v1.x]:9/",
+                b"nats:agents.\\u0001",
+            )
+        ),
+        (
+            b'{"endpoint_id": "agent://ok", "a2a_card_url": "http://127.0.0.1\\u0000.x:9/"}',
+            422,
+            "a2a_card_url",
+        ),
         (
             b'{"endpoint_id": "agent://ok", "capabilities": ["a.b"], '
             b'"endpoint_url": "http://127.0.0.1:9/", "colour": 1}',

@@ -324,12 +324,28 @@ def test_nat64_of_an_allowed_ipv4_is_allowed() -> None:
         "64:ff9b:1:abcd::a9fe:a9fe",
         "::a9fe:a9fe",  # IPv4-compatible (deprecated, still routed by some stacks)
         "::169.254.169.254",
+        # the local-use prefix's other RFC 6052 layouts (a review found the /64 one let in)
+        "64:ff9b:1:ffff:a9:fea9:fe00:0",  # /64: bits 72-103
+        "64:ff9b:1:ffa9:fe:a9fe::",  # /56: bits 56-63, then 72-95
+        "64:ff9b:1:a9fe:a9:fe00::",  # /48: bits 48-63, then 72-87
+        # Teredo (RFC 4380): the client's address, its bits inverted, in the last 32
+        "2001:0:4136:e378:8000:63bf:5601:5601",
     ],
 )
 def test_the_metadata_address_is_refused_in_every_ipv6_dress(address: str) -> None:
     refusal = AddressGuard().refusal_for_address(address)
     assert refusal is not None and "169.254.0.0/16" in refusal, refusal
     assert "(169.254.169.254)" in refusal
+
+
+def test_a_local_use_nat64_address_is_read_only_in_the_layouts_its_bits_allow() -> None:
+    """The /96 layout (every local-use deployment we know): its IPv4 address alone, not the
+    0.0.0.0 its bits would read as in the /64 layout (bits 104-127 are not zero there)."""
+    guard = AddressGuard(allowed=["10.0.0.0/8"])
+    assert guard.refusal_for_address("64:ff9b:1::a00:1") is None  # 10.0.0.1
+    # a /64-layout 10.0.0.1: read as 1.0.0.0 in the /96 one too; each reading must be allowed
+    refusal = guard.refusal_for_address("64:ff9b:1:0:a:0:100:0")
+    assert refusal is not None and "(1.0.0.0) is outside the allowed networks" in refusal
 
 
 def test_the_ipv6_loopback_and_unspecified_are_themselves() -> None:

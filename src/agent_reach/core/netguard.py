@@ -116,30 +116,63 @@ def _networks(cidrs: Sequence[str], what: str) -> tuple[IPNetwork, ...]:
 
 
 # IPv6 prefixes whose last 32 bits an IPv4 address rides in, where a network may take a packet
-# to that IPv4 address: RFC 6052's well-known NAT64 prefix, RFC 8215's local-use NAT64 prefix
-# (its /96s: the layout every NAT64 deployment uses), SIIT's IPv4-translated addresses
+# to that IPv4 address: RFC 6052's well-known NAT64 prefix, SIIT's IPv4-translated addresses
 # (RFC 2765, ``::ffff:0:a.b.c.d``), and the deprecated IPv4-compatible ones (``::a.b.c.d``)
 _LAST_32 = (
     ipaddress.IPv6Network("64:ff9b::/96"),
-    ipaddress.IPv6Network("64:ff9b:1::/48"),
     ipaddress.IPv6Network("::ffff:0:0:0/96"),
     ipaddress.IPv6Network("::/96"),
 )
+# RFC 8215's local-use NAT64 prefix: a network picks a prefix of 48, 56, 64 or 96 bits inside
+# it, and RFC 6052 places the IPv4 address differently for each (bits 64-71 skipped)
+_LOCAL_NAT64 = ipaddress.IPv6Network("64:ff9b:1::/48")
 
 
-def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
-    """The IPv4 address an IPv6 address carries, where a network may deliver it to that IPv4
-    address: IPv4-mapped (``::ffff:a.b.c.d``), NAT64 (``64:ff9b::a.b.c.d``, and the local-use
-    ``64:ff9b:1::/48``), SIIT (``::ffff:0:a.b.c.d``), IPv4-compatible (``::a.b.c.d``), 6to4
-    (``2002:AABB:CCDD::``). Judged as that IPv4 address, so that 169.254.169.254 is refused in
-    any dress."""
+def _bits(value: int, start: int, n: int) -> int:
+    """``n`` bits of a 128-bit ``value`` from bit ``start`` (0: the most significant)."""
+    return (value >> (128 - start - n)) & ((1 << n) - 1)
+
+
+def _rfc6052(value: int) -> list[int]:
+    """The IPv4 addresses an address of a local-use NAT64 prefix may carry (RFC 6052, section
+    2.2): those of the /48, /56 and /64 layouts its bits allow (bits 64-71 zero, and every bit
+    after the IPv4 address's: the likelier readings, first), then its /96 reading."""
+    out = []
+    if _bits(value, 64, 8) == 0:
+        if _bits(value, 88, 40) == 0:
+            out.append(_bits(value, 48, 16) << 16 | _bits(value, 72, 16))
+        if _bits(value, 96, 32) == 0:
+            out.append(_bits(value, 56, 8) << 24 | _bits(value, 72, 24))
+        if _bits(value, 104, 24) == 0:
+            out.append(_bits(value, 72, 32))
+    out.append(_bits(value, 96, 32))
+    return out
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address carries, where a network may deliver it to that
+    IPv4 address, the likeliest first: IPv4-mapped (``::ffff:a.b.c.d``), NAT64
+    (``64:ff9b::a.b.c.d``; in the local-use ``64:ff9b:1::/48`` every RFC 6052 layout), SIIT
+    (``::ffff:0:a.b.c.d``), IPv4-compatible (``::a.b.c.d``), 6to4 (``2002:AABB:CCDD::``),
+    Teredo (``2001::/32``: its client's address). Judged as those IPv4 addresses, so that
+    169.254.169.254 is refused in any dress."""
     if ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped
-    if int(ip) > 1 and any(ip in net for net in _LAST_32):  # (:: and ::1 are themselves)
-        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        return [ip.ipv4_mapped]
+    value = int(ip)
+    if ip in _LOCAL_NAT64:
+        return [ipaddress.IPv4Address(v) for v in _rfc6052(value)]
+    if value > 1 and any(ip in net for net in _LAST_32):  # (:: and ::1 are themselves)
+        return [ipaddress.IPv4Address(value & 0xFFFFFFFF)]
     if ip.sixtofour is not None:
-        return ip.sixtofour
-    return None
+        return [ip.sixtofour]
+    if ip.teredo is not None:
+        return [ip.teredo[1]]
+    return []
+
+
+def _label(shown: str, form: IPAddress) -> str:
+    """``shown`` as a refusal names it: with the address it was judged as, when another."""
+    return shown if str(form) == shown else f"{shown} ({form})"
 
 
 class AddressGuard:
@@ -197,21 +230,20 @@ class AddressGuard:
         return None
 
     def _refusal(self, shown: str, ip: IPAddress) -> str | None:
-        forms: list[IPAddress] = [ip]
+        # an IPv6 address that carries IPv4 ones is judged as each of them (every one allowed,
+        # none denied) and as itself (not denied)
+        embedded: list[IPAddress] = []
         if isinstance(ip, ipaddress.IPv6Address):
-            embedded = _embedded_ipv4(ip)
-            if embedded is not None:
-                forms.insert(0, embedded)
-        effective = forms[0]
-        label = shown if str(effective) == shown else f"{shown} ({effective})"
-        for form in forms:
+            embedded.extend(_embedded_ipv4(ip))
+        for form in [*embedded, ip]:
             for net in self.denied:
                 if form in net:
                     why = _WHY_DENIED.get(str(net))
-                    return f"{label} is in {net}, which this gateway never delivers to" + (
-                        f" ({why})" if why else ""
+                    return f"{_label(shown, form)} is in {net}, which this gateway never" + (
+                        f" delivers to ({why})" if why else " delivers to"
                     )
-        if not any(effective in net for net in self.allowed):
-            allowed = ", ".join(map(str, self.allowed)) or "(none)"
-            return f"{label} is outside the allowed networks {allowed}"
+        for form in embedded or [ip]:
+            if not any(form in net for net in self.allowed):
+                allowed = ", ".join(map(str, self.allowed)) or "(none)"
+                return f"{_label(shown, form)} is outside the allowed networks {allowed}"
         return None

@@ -52,6 +52,24 @@ _EMPTY_OBJECT = msgspec.Raw(b"{}")  # a send's payload when none is given
 
 
 _ENDPOINT_SCHEMES = ("http", "https", "a2a+http", "a2a+https")
+_CONTROL = re.compile(r"[\x00-\x20\x7f]")  # controls and spaces: no URL carries them raw
+
+
+def _url_refusal(url: str, host: str | None, netloc: str) -> str | None:
+    """Why ``url`` (its ``host`` and ``netloc`` as urlsplit reads them) is not one the
+    gateway shows and dials as the same thing, or None. A control character or a space would
+    be cut or dropped on the way (a NUL ends the name the resolver sees: "127.0.0.1\0.x" was
+    dialled as 127.0.0.1 and shown as it came; urlsplit drops a tab); a percent-encoded host is
+    dialled as those characters, not as what they encode; a bracketed host that is not an IPv6
+    address (RFC 3986's IPvFuture, "[v1.x]") is dialled as a DNS name."""
+    bad = _CONTROL.search(url)
+    if bad is not None:
+        return f"must not hold a space or a control character (U+{ord(bad[0]):04X})"
+    if host is not None and "%" in host:
+        return "must not percent-encode its host"
+    if "[" in netloc and host is not None and ":" not in host:
+        return "a bracketed host must be an IPv6 address"
+    return None
 
 
 class RegisterBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -71,6 +89,11 @@ class RegisterBody(msgspec.Struct, forbid_unknown_fields=True):
                 "must be ASCII: percent-encode the path and write an international host name"
                 " in its punycode (xn--) form - at `$.endpoint_url`"
             )
+        if (bad := _CONTROL.search(self.endpoint_url)) is not None:
+            raise ValueError(
+                f"must not hold a space or a control character (U+{ord(bad[0]):04X})"
+                " - at `$.endpoint_url`"
+            )
         if self.endpoint_url.startswith("nats:"):
             # a NATS subject (CONTRACT v1.1): whether this gateway has NATS, and whether the
             # subject may be used, is the node's to say at registration (422 otherwise)
@@ -87,6 +110,9 @@ class RegisterBody(msgspec.Struct, forbid_unknown_fields=True):
             parts.hostname.encode("idna")  # raises on a host no resolver takes ("a..b")
         except (ValueError, UnicodeError) as exc:
             raise ValueError(f"{exc} - at `$.endpoint_url`") from None
+        refusal = _url_refusal(self.endpoint_url, parts.hostname, parts.netloc)
+        if refusal is not None:
+            raise ValueError(f"{refusal} - at `$.endpoint_url`")
         if parts.username is not None or parts.password is not None:
             # it would go to the agent as Basic auth and be shown by /v1/agents to any reader
             raise ValueError(
@@ -121,6 +147,9 @@ class CardRegisterBody(msgspec.Struct, forbid_unknown_fields=True):
             or not self.a2a_card_url.isascii()
         ):
             raise ValueError("must be an ASCII http or https URL with a host - at `$.a2a_card_url`")
+        refusal = _url_refusal(self.a2a_card_url, parts.hostname, parts.netloc)
+        if refusal is not None:
+            raise ValueError(f"{refusal} - at `$.a2a_card_url`")
         if parts.username is not None or parts.password is not None:
             raise ValueError("must not carry user:password@ (it is shown) - at `$.a2a_card_url`")
         if self.capabilities is not None:
