@@ -383,6 +383,68 @@ async def test_a_hedge_never_runs_past_the_deadline() -> None:
     assert [a.outcome for a in result.fields["attempts"]] == ["timeout", "timeout"]
 
 
+async def test_a_hedge_whose_endpoint_goes_away_before_it_starts_leaves_the_first_alone() -> None:
+    """The hedge's endpoint is deregistered in the loop turn between its choice and its
+    task's start: nothing was sent to it, so the first attempt runs on and answers (a review
+    found the request failing `all_attempts_failed` with its healthy first attempt
+    cancelled)."""
+    reacher, transport, clock = make("50")
+    await register(reacher, "a", "b")
+    router = reacher.router
+    choose = router.choose
+
+    def choose_then_deregister(*args: Any, **kwargs: Any) -> str | None:
+        chosen = choose(*args, **kwargs)
+        if kwargs.get("free_only") and chosen is not None:  # the hedge's choice
+            asyncio.get_running_loop().create_task(router.deregister(chosen))
+        return chosen
+
+    router.choose = choose_then_deregister  # type: ignore[method-assign]
+    task = asyncio.create_task(reach(reacher, clock))
+    (first,) = await transport.sent(1)
+    await until(lambda: events(reacher, "hedge"), "the hedge was chosen")
+    await until(lambda: len(events(reacher, "hedge")) == 2, "the hedge was dropped")
+    reply(first, 0.08)
+    result, _ = await done(task)
+    assert isinstance(result, Reply), result
+    assert result.endpoint_id == first.endpoint_id and not first.cancelled
+    assert result.attempts == [Attempt(first.endpoint_id, "ok", 80.0)]
+    assert len(transport.calls) == 1  # nothing went to the deregistered endpoint
+    chosen, dropped = events(reacher, "hedge")
+    assert chosen["sent"] is True
+    assert dropped["sent"] is False and "deregistered" in dropped["reason"]
+    assert inflight(reacher) == {first.endpoint_id: 0}
+    assert reacher.router.slots.reserved == {}
+
+
+async def test_a_timeout_cut_below_the_endpoints_p95_does_not_count_against_it() -> None:
+    """b answers in 200 ms; a hedge sent with 95 ms of the deadline left times out there. The
+    caller's deadline cut it short: b is not penalized, has no strike and no timeout sample,
+    and stays first in line (a review found it penalized, with a strike)."""
+    auto = {"http://b/reach": Answer(0.2)}
+    reacher, transport, clock = make("1400", auto=auto)
+    await register(reacher, "a", "b")
+    router = reacher.router
+    for _ in range(5):  # b's history: 200 ms answers
+        assert isinstance((await reach(reacher, clock, recipient_hint="agent://b"))[0], Reply)
+    b = router.stats["agent://b"]
+    assert b.p95_ms() == pytest.approx(200.0)
+    router.rng = random.Random(0)
+    task = asyncio.create_task(reach(reacher, clock, timeout_ms=1500))
+    await until(lambda: any(c.endpoint_id == "agent://a" for c in transport.calls), "a's attempt")
+    first = next(c for c in transport.calls if c.endpoint_id == "agent://a")
+    await until(lambda: first.cancelled or len(transport.calls) >= 7, "the hedge to b")
+    hedge = transport.calls[-1]
+    assert hedge.endpoint_id == "agent://b" and hedge.timeout_s < 0.2
+    reply(first, 5.0)
+    result, _ = await done(task)
+    assert isinstance(result, DeadlineExceeded), result
+    assert not b.penalized and b.strikes == 0
+    assert b.p95_ms() == pytest.approx(200.0)
+    a = router.stats["agent://a"]  # a had its whole 1.5 s, far past its (unknown) p95
+    assert a.penalized and a.strikes == 1
+
+
 async def test_a_4xx_from_the_hedge_is_the_answer_and_the_first_is_cancelled() -> None:
     reacher, transport, clock = make("50")
     await register(reacher, "a", "b")

@@ -40,7 +40,7 @@ from agent_reach.errors import (
 )
 from agent_reach.gateway.destination import FORWARDED, destination
 from agent_reach.gateway.forward import Forwarder
-from agent_reach.gateway.hedge import Hedger
+from agent_reach.gateway.hedge import AttemptNotStarted, Hedger
 from agent_reach.gateway.matching import Match, match_by_meaning
 from agent_reach.gateway.metrics import GatewayMetrics
 from agent_reach.gateway.router import RoutePlan, Router, RouteScope
@@ -511,7 +511,7 @@ class Reacher:
         clock = self.clock
         record = router.registry.get(target)
         if record is None:
-            raise AllAttemptsFailed(f"{target} was deregistered during the request")
+            raise AttemptNotStarted(f"{target} was deregistered during the request")
         run.started += 1
         n = run.started
         hedged = {"hedge": True} if hedge else {}  # in the trace's events, as in the answer
@@ -564,14 +564,18 @@ class Reacher:
         outcome = delivery.outcome.value
         if attempt_span is not None:
             attempt_span.end(outcome, latency_ms, delivery.status, delivery.detail)
-        router.attempt_finished(
-            target,
-            stats,
-            delivery.outcome,
-            latency_ms,
-            reached=delivery.reached,
-            eject=delivery.eject,
-        )
+        p95 = stats.p95_ms() if delivery.outcome is Outcome.TIMEOUT else None
+        if p95 is not None and timeout_s * 1000.0 < p95:  # given less than it usually takes
+            router.attempt_cut_short(target, stats, latency_ms)
+        else:
+            router.attempt_finished(
+                target,
+                stats,
+                delivery.outcome,
+                latency_ms,
+                reached=delivery.reached,
+                eject=delivery.eject,
+            )
         rounded = round3(latency_ms)
         attempts.append(Attempt(target, outcome, rounded, hedge=hedge))
         if delivery.resent:

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from agent_reach.core.health import P95_WINDOW
 from agent_reach.core.model import Outcome
 from agent_reach.core.retry import Deadline
+from agent_reach.errors import AllAttemptsFailed
 from agent_reach.observability.logs import log
 from agent_reach.transport.base import Delivery
 from agent_reach.wire.answers import Attempt
@@ -54,11 +55,25 @@ if TYPE_CHECKING:
     from agent_reach.gateway.tracing import OpenTrace
     from agent_reach.intents.dictionary import IntentDictionary
 
-__all__ = ["AnswerTimes", "Attempter", "Hedger", "Hedging", "Request", "hedge_delay_ms"]
+__all__ = [
+    "AnswerTimes",
+    "AttemptNotStarted",
+    "Attempter",
+    "Hedger",
+    "Hedging",
+    "Request",
+    "hedge_delay_ms",
+]
 
 Attempter = Callable[[str, float, list[Attempt], bool], Coroutine[Any, Any, Delivery]]
 """``(endpoint_id, timeout_s, attempts, hedge)`` -> the delivery: one attempt, appended to
-``attempts`` (cancelled too) and learnt from by the delivery loop; AgentError for a 4xx."""
+``attempts`` (cancelled too) and learnt from by the delivery loop; AgentError for a 4xx;
+:class:`AttemptNotStarted` when its endpoint went away before it began."""
+
+
+class AttemptNotStarted(AllAttemptsFailed):
+    """An attempt's endpoint was deregistered before the attempt began: nothing was sent. A
+    hedge that meets it is dropped and the attempt it raced runs on alone."""
 
 
 class Request(Protocol):
@@ -211,6 +226,22 @@ class Hedging:
                 done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 for task in [t for t in racing if t in done]:  # the first attempt first
                     endpoint_id, _ = racing.pop(task)
+                    if (
+                        task is not first
+                        and not task.cancelled()
+                        and isinstance(task.exception(), AttemptNotStarted)
+                    ):
+                        # its endpoint went away between the choice and the task's start (a
+                        # deregistration in between): no hedge after all, the first runs on
+                        self._trace(
+                            "hedge",
+                            racing=target,
+                            after_ms=round(delay_ms, 3),
+                            sent=False,
+                            reason="its endpoint was deregistered before it started",
+                            endpoint_id=endpoint_id,
+                        )
+                        continue
                     decided = endpoint_id  # also when it raises (a 4xx)
                     delivery = task.result()
                     if delivery.outcome is Outcome.OK:

@@ -703,6 +703,16 @@ class Router:
         stats.inflight -= 1
         self._offer(endpoint_id)
 
+    def attempt_cut_short(self, endpoint_id: str, stats: EndpointStats, latency_ms: float) -> None:
+        """An attempt that timed out with less time than its endpoint usually takes (its
+        p95): the caller's deadline cut it short, which says nothing of the endpoint's health
+        (no sample, no penalty, no strike: a hedge sent with 95 ms left penalized an endpoint
+        that answers in 200 ms). Its load-aware cost learns it took at least that long."""
+        stats.inflight -= 1
+        if self.stats.get(endpoint_id) is stats:
+            stats.penalize(latency_ms, self.now())
+        self._offer(endpoint_id)
+
     def attempt_finished(
         self,
         endpoint_id: str,
