@@ -638,3 +638,35 @@ async def test_a_retry_is_counted_at_the_endpoint_whose_slot_it_got() -> None:
         for kind in ("failover", "same_endpoint")
     }
     assert kinds == {"failover": 0.0, "same_endpoint": 1.0}
+
+
+async def test_a_failover_given_the_slot_of_the_endpoint_it_tried_waits_its_backoff() -> None:
+    """Every endpoint at its bound of 1: after a 5xx at e1 (whose slot another request takes at
+    once) the retry's choice is a failover to e2, busy too, and the first slot to come free is
+    e1's. Taking it is a retry of the same endpoint, which waits its backoff first (CONTRACT:
+    0.5 x per-try, jittered 50-100 %); a review found it sent at once."""
+    reacher, transport, clock = make(None, max_inflight_per_endpoint=1)
+    await register(reacher, "a", "b")
+    request = asyncio.create_task(reach(reacher, clock, timeout_ms=10000))
+    (first,) = await transport.sent(1)
+    e1 = first.endpoint_id
+    e2 = "agent://b" if e1 == "agent://a" else "agent://a"
+    on_e2 = asyncio.create_task(reach(reacher, clock, recipient_hint=e2, timeout_ms=10000))
+    (_, held_e2) = await transport.sent(2)
+    on_e1 = asyncio.create_task(reach(reacher, clock, recipient_hint=e1, timeout_ms=10000))
+    await until(lambda: reacher.router.slots.waiting == 1, "a request waits for e1")
+    reply(first, 0.01, Outcome.SERVER_ERROR)  # e1's slot goes to the request waiting for it
+    (_, _, held_e1) = await transport.sent(3)
+    assert held_e1.endpoint_id == e1
+    await until(lambda: reacher.router.slots.waiting == 1, "the retry waits for a slot")
+    freed = clock.now
+    reply(held_e1, 0.0)  # e1 comes free first
+    assert isinstance((await done(on_e1))[0], Reply)
+    (*_, retry) = await transport.sent(4)
+    assert retry.endpoint_id == e1
+    assert retry.at - freed >= 0.5 * 2.0 * 0.5 - 1e-9, retry.at - freed  # the shortest backoff
+    reply(retry, 0.01)
+    result, _ = await done(request)
+    assert isinstance(result, Reply) and result.endpoint_id == e1, result
+    reply(held_e2, 0.01)
+    assert isinstance((await done(on_e2))[0], Reply)

@@ -437,6 +437,7 @@ class Reacher:
                 await clock.sleep(wait)
             # a free slot (--max-inflight-per-endpoint): the target's, another's, or the first
             # one freed, in priority order (Overloaded past the wait queue, DeadlineExceeded)
+            asked = clock.monotonic()
             try:
                 got = await router.acquire(plan, tried, run.priority, run.deadline, prefer=target)
             except Overloaded as exc:
@@ -450,6 +451,24 @@ class Reacher:
                 ) from exc
             if got is None:
                 raise AllAttemptsFailed("no eligible candidate is left")
+            if got != target and attempts and got in tried and target not in tried:
+                # a failover that waited for a slot, and the slot freed first was at an endpoint
+                # this request tried: a retry of the same endpoint after all, which waits its
+                # backoff first (the wait for the slot counted), then asks for a slot again
+                # (the one handed over goes back by itself, two turns on)
+                run.same_count += 1
+                per_try = router.per_try_ms(got)
+                now = clock.monotonic()
+                wait = backoff_s(run.same_count, per_try, router.rng.random()) - (now - asked)
+                if wait > 0:
+                    if wait > run.deadline.remaining(now) - per_try / 1000.0:
+                        raise AllAttemptsFailed(
+                            f"{len(attempts)} attempt(s) failed; the time left is not enough"
+                            f" for a retry of {got} after its backoff ({per_try:.0f} ms per try)"
+                        )
+                    target = got
+                    continue
+                wait = 0.0
             if got != target:
                 target, per_try = got, router.per_try_ms(got)
             remaining = run.deadline.remaining(clock.monotonic())
