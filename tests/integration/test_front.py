@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import Proc, gateway, http, start_agent
+from tests.support import Proc, gateway, http, start_agent, wait_until
 
 ID = "agent://front-01"
 
@@ -360,3 +360,30 @@ def test_empty_lines_are_not_a_sign_of_life() -> None:
             except (BrokenPipeError, ConnectionResetError):
                 closed = time.monotonic() - began
     assert closed is not None and closed < 2.5, closed
+
+
+def in_delivery(gw: Proc) -> float:
+    _, text = http("GET", f"{gw.url}/metrics")
+    for line in str(text).splitlines():
+        if line.startswith("agent_reach_requests_in_delivery "):
+            return float(line.split()[-1])
+    raise AssertionError("no agent_reach_requests_in_delivery in /metrics")
+
+
+def test_a_caller_gone_mid_send_frees_its_place_at_once() -> None:
+    """A send to an agent that takes 5 s, its caller's connection closed after it began: the
+    send stops then (its admission place and slot freed), not when the agent would answer."""
+    with gateway("--matcher", "none") as gw:
+        agent = start_agent(
+            gw.url, "agent://front-gone-01", "slow", intents="front.gone", delay_ms=5000
+        )
+        try:
+            with connect(gw) as sock:
+                body = json.dumps({"intent": "front.gone", "payload": {}, "timeout_ms": 10000})
+                sock.sendall(post("/v1/send", body.encode()))
+                wait_until(lambda: in_delivery(gw) == 1, 3.0)
+            closed = time.monotonic()
+            wait_until(lambda: in_delivery(gw) == 0, 3.0)
+            assert time.monotonic() - closed < 2.0  # the agent would take 5 s
+        finally:
+            agent.stop()

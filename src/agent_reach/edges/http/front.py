@@ -25,7 +25,8 @@ Invariants:
   client trickling a byte now and then would otherwise hold it for ever); while it arrives,
   ``reading_since`` says since when, for the server's choice at ``--max-connections``.
 - A request's deadline counts from when its last bytes were read (``read_at``), as aiohttp's
-  handler has it.
+  handler has it. A connection lost (or closed by the client: its EOF) while its send is
+  served cancels that send.
 """
 
 from __future__ import annotations
@@ -233,6 +234,13 @@ class FrontProtocol(asyncio.Protocol):
         self._eof = True
         if self._refusal is not None and self.closing:  # lingering after a refusal: done
             return None
+        task = self._server_task
+        if task is not None and not task.done():
+            # closed while its send is served: the caller is gone (HTTP/1.1 clients do not
+            # half-close and wait; nginx answers such a request 499): the connection closes,
+            # which cancels the send (connection_lost), and what it pipelined after is dropped
+            self._line.clear()
+            return None
         return None if not self.busy and self._handing is None else True
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -241,8 +249,14 @@ class FrontProtocol(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         task = self._server_task
-        if task is not None and not task.done():  # counted until the request in hand ends,
-            task.add_done_callback(lambda _: self._gone())  # for shutdown
+        if task is not None and not task.done():
+            # the caller is gone: nobody reads the answer, so its send stops here (its place
+            # in admission and any slot freed now, not at its deadline; an attempt in flight is
+            # cancelled, and agents dedup a send again by msg_id). Counted until it has ended,
+            # for shutdown
+            task.cancel()
+            log(logging.DEBUG, "http.client_gone", path="/v1/send", remote=self.remote)
+            task.add_done_callback(lambda _: self._gone())
         else:
             self._gone()
 
