@@ -694,3 +694,29 @@ def test_a_gateway_without_its_nats_link_serves_http_and_says_so(
             assert beat.status == 200, beat
         finally:
             caller.close()
+
+
+def test_no_answer_is_published_to_a_reserved_subject_named_as_the_inbox() -> None:
+    """A caller names ``$...`` (the server's and JetStream's API subjects: ``$JS.API.*``,
+    ``$SYS.*``) as its reply subject: the gateway would publish there with its own
+    permissions. It answers an ordinary inbox, and drops the other, logged."""
+    prefix = new_prefix()
+    tag = secrets.token_hex(4)
+    with gateway("--nats", NATS_URL, "--nats-prefix", prefix) as gw:
+        sock, reader = raw_connection(NATS_URL)
+        with sock, reader:
+            sock.sendall(f"SUB $X.{tag} 1\r\nSUB _INBOX.{tag} 2\r\n".encode())
+            body = json.dumps(VALID["heartbeat"]).encode()
+            block = b"NATS/1.0\r\n\r\n"
+            for reply in (f"$X.{tag}", f"_INBOX.{tag}"):  # the reserved one first
+                sock.sendall(hpub(f"{prefix}.v1.heartbeat", reply.encode(), block, body))
+            sock.sendall(b"PING\r\n")
+            assert reader.readline() == b"PONG\r\n"
+            sock.settimeout(5)
+            line = reader.readline()
+            while line.startswith((b"PING", b"PONG", b"+OK")):
+                line = reader.readline()
+            # the first answer to come is the ordinary inbox's: the reserved one got none
+            assert line.startswith(f"HMSG _INBOX.{tag} 2".encode()), line
+        events = [entry.get("event") for entry in gw.log_lines()]
+        assert "nats.reply_refused" in events, events

@@ -561,3 +561,38 @@ def test_an_agent_reply_nats_py_cannot_read_costs_that_attempt_only() -> None:
             sock.close()
             reader.close()
             good.stop()
+
+
+# --- a message the server counts as too large -----------------------------------------------
+
+
+def test_a_send_whose_headers_take_it_past_max_payload_does_not_cost_the_link() -> None:
+    """The server counts a message's headers against ``max_payload`` and hangs up on a client
+    that sends more; nats-py checks the body alone. Sends whose delivery body is just under
+    the limit (and over it with the gateway's headers) are refused before they go out: the
+    gateway's NATS link is never cut (a review's 1 MiB send reset it, and with it every request
+    in flight), and the agent is reached again at once."""
+    limit = 16384
+    with private_server(f"max_payload: {limit}") as server:
+        prefix, subject = new_prefix(), unique("big")
+        with gateway("--nats", server.url, "--nats-prefix", prefix) as gw:
+            echo = start_bus_echo(
+                server.url,
+                subject,
+                "--register-http",
+                gw.url,
+                "--id",
+                "agent://big-echo",
+                "--intents",
+                "big.echo",
+            )
+            try:
+                codes = Counter()
+                for size in range(limit - 900, limit + 1, 40):  # the body's edge, both sides
+                    code, _ = send(gw, "big.echo", payload={"x": "y" * size}, timeout_ms=3000)
+                    codes[code] += 1
+                    assert health(gw)["nats"]["reconnects"] == 0, (size, codes)
+                assert codes[200] >= 1 and set(codes) != {200}, codes  # both sides were met
+                assert send(gw, "big.echo", payload={"x": "small"})[0] == 200
+            finally:
+                echo.stop()

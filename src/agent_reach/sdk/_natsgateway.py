@@ -45,7 +45,7 @@ from agent_reach.errors import (
 )
 from agent_reach.sdk._failover import CONNECT_TIMEOUT_S, describe, unusable
 from agent_reach.settings import NatsGateway, nats_gateway, not_over_nats, redacted
-from agent_reach.transport.natslink import LINK_LOST, NatsLink
+from agent_reach.transport.natslink import LINK_LOST, NatsLink, wire_size
 from agent_reach.wire.status import STATUS_HEADER, reach_status
 
 __all__ = ["NatsGatewayPool"]
@@ -168,6 +168,13 @@ class NatsGatewayPool:
             )
         data = b"" if body is None else msgspec.json.encode(body)
         sent = self._request_headers(headers)
+        size = wire_size(data, sent)  # the server counts the headers too (and would hang up)
+        if size > nc.max_payload:
+            raise PayloadTooLarge(
+                f"request of {size} bytes over the NATS server's max_payload of"
+                f" {nc.max_payload}: {subject} was not sent",
+                **extra,
+            )
         try:
             # nats-py's own timeout bounds the wait for the reply; this one the publish too
             async with asyncio.timeout(left):

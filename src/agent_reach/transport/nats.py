@@ -31,7 +31,7 @@ from agent_reach.clock import Clock
 from agent_reach.core.model import Outcome
 from agent_reach.errors import InternalError
 from agent_reach.transport.base import Delivery, agent_answer
-from agent_reach.transport.natslink import LINK_LOST, NatsLink, NatsState
+from agent_reach.transport.natslink import LINK_LOST, NatsLink, NatsState, wire_size
 from agent_reach.wire.status import STATUS_HEADER, reach_status
 
 __all__ = ["NatsState", "NatsTransport", "subject_refusal"]
@@ -159,8 +159,9 @@ class NatsTransport:
             # the gateway's link is down, not the agent: not ejected (every NATS agent would be)
             why = self.link.last_error or "down"
             return _unlinked(f"not delivered: no NATS connection ({why})")
-        if len(body) > nc.max_payload:
-            return _unlinked(f"request of {len(body)} bytes over NATS max_payload {nc.max_payload}")
+        size = wire_size(body, headers)  # the body and its headers, as the server counts
+        if size > nc.max_payload:
+            return _unlinked(f"request of {size} bytes over NATS max_payload {nc.max_payload}")
         subject = url.partition(":")[2]
         try:
             # nats-py's own timeout bounds the wait for the reply; this one the publish too

@@ -16,7 +16,8 @@ Invariants:
   a subscription's callback one message at a time), at most ``max_inflight`` at once: past that
   a request is answered at once with the responder's ``busy`` answer (503 for us: retried
   elsewhere) rather than queued. Its answer is published to the request's reply subject with
-  the responder's own headers (nats-py's ``Msg.respond`` would send the request's back).
+  the responder's own headers (nats-py's ``Msg.respond`` would send the request's back), and
+  never to a reserved subject (``$...``: ``$JS.API``, ``$SYS``) named as the reply inbox.
   :meth:`NatsLink.unserve` drops no request: it drains (the requests the server routed here
   before it saw the UNSUB are still handled), so a queue group loses none when a member leaves.
 - Messages the server or nats-py drops for a slow consumer are counted (``slow_consumers`` in
@@ -46,13 +47,22 @@ from nats.aio.subscription import Subscription
 
 from agent_reach.clock import Clock, SystemClock
 from agent_reach.errors import BackendUnavailable, ConfigError
-from agent_reach.observability.logs import log
+from agent_reach.observability.logs import Throttle, log
 from agent_reach.settings import redacted
 from agent_reach.wire.status import STATUS_HEADER
 
-__all__ = ["LINK_LOST", "Answer", "NatsLink", "NatsState", "Responder", "check_server"]
+__all__ = [
+    "LINK_LOST",
+    "Answer",
+    "NatsLink",
+    "NatsState",
+    "Responder",
+    "check_server",
+    "wire_size",
+]
 
 REVIVE_MAX_S = 30.0  # the longest wait between tries of a new connection
+_REPLIES = Throttle(1.0)  # nats.reply_refused lines: one a second at most
 # what nats-py raises for a request when the link is not there to carry it: nothing went out
 LINK_LOST: tuple[type[Exception], ...] = (
     nats_errors.ConnectionClosedError,
@@ -65,6 +75,19 @@ LINK_LOST: tuple[type[Exception], ...] = (
 # what a responder's handler returns: the reply's body and headers
 Answer = tuple[bytes, Mapping[str, str]]
 Handler = Callable[[Msg], Awaitable[Answer]]
+
+
+def wire_size(body: bytes, headers: Mapping[str, str] | None) -> int:
+    """What the NATS server counts against its ``max_payload`` for a message: the body and its
+    header block (``NATS/1.0``, each ``Key: value``, the CRLFs), as nats-py writes it. nats-py
+    checks the body alone, and the server closes the connection of a client that sends more:
+    every request and answer in flight on it is lost (a review's 1 MiB send did it)."""
+    if not headers:
+        return len(body)
+    block = 12  # b"NATS/1.0\r\n" and the closing b"\r\n"
+    for key, value in headers.items():
+        block += len(key.encode()) + len(value.encode()) + 4  # ": " and "\r\n"
+    return len(body) + block
 
 
 def check_server(url: str) -> str:
@@ -512,11 +535,27 @@ class NatsLink:
     async def _reply(self, nc: Client, msg: Msg, answer: Answer) -> None:
         """Publish the answer to the request's reply subject, on the current client (the one
         the request came on may have been replaced meanwhile)."""
+        reply = msg.reply
+        if not reply or reply.startswith("$"):
+            # no reply asked for; or a reserved subject ($JS.API.*, $SYS.*, ...) named as the
+            # inbox: this link would publish there with its own permissions, for the caller
+            held = _REPLIES.take("nats.reply_refused")
+            if held is not None:
+                log(
+                    logging.WARNING,
+                    "nats.reply_refused",
+                    link=self.name,
+                    subject=msg.subject,
+                    reply=reply[:64],
+                    suppressed=held,
+                )
+            return
         body, headers = answer
         client = self._nc or nc
         try:
-            if len(body) > client.max_payload:
-                body, headers = _too_large(len(body), client.max_payload)
+            size = wire_size(body, headers)
+            if size > client.max_payload:
+                body, headers = _too_large(size, client.max_payload)
             await client.publish(msg.reply, body, headers=dict(headers) or None)
         except (OSError, nats_errors.Error) as exc:
             # the requester times out, and may try again with the same msg_id
