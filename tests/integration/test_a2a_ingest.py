@@ -248,6 +248,13 @@ def test_a_changed_card_is_mapped_again_within_what_was_registered(gw: Proc) -> 
             )
             # not followed: the record keeps the address its registration was checked with
             assert agents(gw.url)["agent://a2a-changing"]["endpoint_url"].endswith(f":{port}/")
+            # and not heartbeated at it, in the rounds after the one that read the move either
+            # (a review found it healthy again one round later, at the old address)
+            wait_until(lambda: agents(gw.url)["agent://a2a-changing"]["status"] != "healthy", 5)
+            watched = time.monotonic() + 2.0  # four rounds of the 0.5 s heartbeat interval
+            while time.monotonic() < watched:
+                assert agents(gw.url)["agent://a2a-changing"]["status"] != "healthy"
+                time.sleep(0.1)  # polling interval
         finally:
             moved.stop()
     finally:

@@ -15,8 +15,11 @@ import itertools
 import json
 import os
 import signal
+import socket
 import sys
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -33,7 +36,9 @@ from tests.support import (
     drop_prefix,
     gateway,
     http,
+    metric,
     secured_setup,
+    start_agent,
     wait_until,
 )
 
@@ -244,6 +249,15 @@ def test_cancel_task_and_the_assertion_in_token_mode(tmp_path: Path) -> None:
             assert claims["sub"] == "agent://caller-1"
             assert claims["kind"] == "delivery"
             assert claims["intent"] == "schedule.plan"
+            # a task of one's own does not carry another caller's context with it (a review
+            # found the context unchecked once the task was found)
+            mine = say(gw.url, "plan", token=one, intent="schedule.plan")["result"]["task"]
+            theirs = say(gw.url, "plan", token=two, intent="schedule.plan")["result"]["task"]
+            hijack = say(
+                gw.url, "in Chengdu", token=one, task_id=mine["id"], context_id=theirs["contextId"]
+            )
+            assert hijack["error"]["code"] == -32602, hijack
+            assert "another caller" in hijack["error"]["message"], hijack
             # another task, canceled through the gateway by its caller only
             task = say(gw.url, "plan", token=one, intent="schedule.plan")["result"]["task"]
             params = {"id": task["id"]}
@@ -258,3 +272,61 @@ def test_cancel_task_and_the_assertion_in_token_mode(tmp_path: Path) -> None:
             assert again["error"]["code"] == -32002, again
         finally:
             agent.stop()
+
+
+def test_get_task_counts_against_the_gateways_admission_bound() -> None:
+    """A relayed GetTask is work in delivery like a send: with --max-inflight 1 held by a slow
+    send, it is refused `overloaded` (a review held 60 relays at an agent through a gateway
+    bounded at 2); once the send is answered it goes through."""
+    with gateway("--matcher", "none", "--max-inflight", "1") as gw:
+        agent = a2a_agent("plan-admit", "--mode", "input")
+        slow = start_agent(gw.url, "agent://slow-admit", "slow", intents="slow.echo", delay_ms=2000)
+        try:
+            register_card(gw.url, "agent://plan-admit", agent.url)
+            task = say(gw.url, "plan", intent="schedule.plan")["result"]["task"]
+            with ThreadPoolExecutor(1) as pool:
+                held = pool.submit(
+                    http, "POST", f"{gw.url}/v1/send", {"intent": "slow.echo", "timeout_ms": 8000}
+                )
+                wait_until(lambda: metric(gw, "agent_reach_requests_in_delivery") == 1, 5)
+                code, why, _ = reason(rpc(gw.url, "GetTask", {"id": task["id"]}))
+                assert why == "OVERLOADED", (code, why)
+                assert held.result(timeout=10)[0] == 200
+            got = rpc(gw.url, "GetTask", {"id": task["id"]})
+            assert got["result"]["id"] == task["id"], got
+        finally:
+            slow.stop()
+            agent.stop()
+
+
+def test_a_caller_gone_from_a2a_mid_send_frees_its_place_at_once() -> None:
+    """A SendMessage to an agent that takes 5 s, its caller's connection closed once it is in
+    delivery: the send stops then (its admission place freed), not when the agent answers
+    (aiohttp does not cancel a handler whose client left; a review saw it run to the end)."""
+    with gateway("--matcher", "none") as gw:
+        slow = start_agent(gw.url, "agent://slow-gone", "slow", intents="slow.gone", delay_ms=5000)
+        try:
+            call = {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "SendMessage",
+                "params": {
+                    "message": {
+                        "messageId": "m-gone",
+                        "role": "ROLE_USER",
+                        "parts": [{"data": {}}],
+                        "metadata": {"intent": "slow.gone", "timeout_ms": 20000},
+                    }
+                },
+            }
+            body = json.dumps(call).encode()
+            host, port = gw.url.removeprefix("http://").split(":")
+            with socket.create_connection((host, int(port)), timeout=5) as sock:
+                head = f"POST /a2a HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                sock.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+                wait_until(lambda: metric(gw, "agent_reach_requests_in_delivery") == 1, 3)
+            closed = time.monotonic()
+            wait_until(lambda: metric(gw, "agent_reach_requests_in_delivery") == 0, 3)
+            assert time.monotonic() - closed < 2.0  # the agent would take 5 s
+        finally:
+            slow.stop()

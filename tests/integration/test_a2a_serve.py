@@ -216,6 +216,12 @@ async def test_bad_requests_get_json_rpc_errors(net: dict[str, Any]) -> None:
         message = {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "hi"}], **fields}
         return {"jsonrpc": "2.0", "id": 7, "method": "SendMessage", "params": {"message": message}}
 
+    # a timeout of the wrong type beside a delivery's deadline: invalid params, not -32603
+    # with a traceback in the log (a review found min("x", 500) raising)
+    status, answer = http(
+        "POST", url, with_message(metadata={"deadline_ms": 500, "timeout_ms": "x"})
+    )
+    assert answer["error"]["code"] == -32602, answer
     # ids travel in headers: a line break in one is refused, never sent on
     for bad in ("ctx\r\nX-Evil: 1", "x" * 129, 5):
         status, answer = http("POST", url, with_message(contextId=bad))

@@ -91,6 +91,10 @@ class Card(msgspec.Struct, frozen=True):
     # never adds others; and the digest of the card's bytes (an unchanged card is not re-read)
     accepted: list[str] = msgspec.field(default_factory=list)
     digest: str = ""
+    # why the card as it now reads earns no heartbeat ("moved": its interface is not the one
+    # registered; "unmapped": none of its skills is a tag the registration accepted): kept so
+    # that the rounds after the one that read it do not heartbeat either
+    refused: str = ""
 
     @property
     def capabilities(self) -> list[str]:
@@ -426,6 +430,7 @@ class CardKeeper:
             await self.forget(endpoint_id)
             return
         status, body, etag = await self.fetch(card.card_url, card.etag)
+        refused = card.refused  # why the card as last read earns no heartbeat ("": none)
         if status == 200 and hashlib.sha256(body).hexdigest() != card.digest:
             try:
                 new = await self._card(card.card_url, body, etag, card.given, busy=True)
@@ -434,8 +439,8 @@ class CardKeeper:
             if new is not None:
                 accepted = card.accepted or list(record.capabilities)
                 new = msgspec.structs.replace(new, accepted=accepted)
-                await self.keep(endpoint_id, new)
                 if new.interface != card.interface:
+                    await self.keep(endpoint_id, msgspec.structs.replace(new, refused="moved"))
                     log(
                         logging.WARNING,
                         "a2a.card_moved",
@@ -455,8 +460,11 @@ class CardKeeper:
                     )
                 tags = [t for t in new.capabilities if t in accepted]
                 if not tags:
+                    await self.keep(endpoint_id, msgspec.structs.replace(new, refused="unmapped"))
                     log(logging.WARNING, "a2a.card_unmapped", endpoint_id=endpoint_id)
                     return  # no heartbeat: the agent serves nothing it may be routed for
+                await self.keep(endpoint_id, new)
+                refused = ""  # a card read afresh that may be heartbeated again
                 if tags != list(record.capabilities):
                     current = self.node.registry.get(endpoint_id)  # again: after the fetch
                     if current is None or current.endpoint_url != record.endpoint_url:
@@ -471,6 +479,8 @@ class CardKeeper:
                     return
         elif status == 200 and etag != card.etag:
             await self.keep(endpoint_id, msgspec.structs.replace(card, etag=etag))
+        if refused:
+            return  # the card as last read still earns none (moved, or unmapped)
         try:
             router.heartbeat(endpoint_id)
         except EndpointNotRegistered:

@@ -387,7 +387,14 @@ class Service:
             raise NoAvailableAgent(f"{endpoint_id}, which owns the task, is not registered")
         if not record.endpoint_url.startswith("a2a+"):
             raise InvalidRequest(f"{endpoint_id} owns no A2A task: it is not an A2A agent")
-        return await self.reacher.relay(record, method, params, caller.traceparent)
+        # work in delivery like a send: counted against --max-inflight (a review held 60 at an
+        # agent through a gateway bounded at 2), refused as a normal-priority send would be
+        if not self.admission.admit("normal"):
+            self._refuse_overloaded("normal")
+        try:
+            return await self.reacher.relay(record, method, params, caller.traceparent)
+        finally:
+            self.admission.done()
 
     # --- reaching ----------------------------------------------------------------------------
 

@@ -20,7 +20,10 @@ else; a message is routed by the service's send, as every other edge's request i
   ``metadata.recipient_hint``, ``timeout_ms`` and ``trace_id`` are honoured. The agent's
   answer comes back as the result: an A2A agent's Message or Task as it gave it, another
   agent's JSON as a Message with one data part. ``GetTask`` and ``CancelTask`` go to the agent
-  that owns the task. ``SendStreamingMessage`` is unsupported (-32004; the card says so).
+  that owns the task. ``SendStreamingMessage`` is unsupported (-32004; the card says so). A
+  caller whose connection closes while its call is in hand has left: the call is cancelled
+  (its send's admission place, slot and attempt freed), looked for every
+  :data:`GONE_POLL_S` (aiohttp does not cancel a handler whose client left).
 - Stickiness: a message whose ``taskId`` or ``contextId`` an agent owns goes to that agent
   (``recipient_hint``), never re-routed; an unknown ``taskId`` is -32001, an owner no longer
   registered is -32001 too, with the reason; an owner registered but not answering is the
@@ -51,7 +54,8 @@ import json
 import logging
 import re
 import time
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import msgspec
 from aiohttp import web
@@ -82,6 +86,8 @@ CARD_MAX_TTL_S = 10.0  # ... and at least this often
 CONTEXT_HEADER = "X-Reach-A2A-Context-Id"  # transport/a2a.py puts them in the message
 TASK_HEADER = "X-Reach-A2A-Task-Id"
 _JSON = {"Content-Type": "application/json"}
+GONE_POLL_S = 0.25  # how often a call in hand looks whether its caller's connection closed
+_T = TypeVar("_T")
 _Skills = tuple[float, bytes, str]  # (until when they hold, the encoded skills, their digest)
 _ERROR_INFO = "type.googleapis.com/google.rpc.ErrorInfo"
 _NAMES = {
@@ -96,6 +102,31 @@ _NAMES = {
 }
 _UNSUPPORTED = {"no_capable_agent", "recipient_incapable", "recipient_not_found"}
 _ID = re.compile(r"[\x21-\x7e]{1,128}")  # task and context ids: they travel in headers
+
+
+async def _unless_gone(request: web.BaseRequest, work: Coroutine[Any, Any, _T]) -> _T:
+    """``work``'s result, or ConnectionResetError once the caller's connection has closed
+    (then ``work`` is cancelled: nobody reads its answer, and a send would hold its place in
+    admission, its slot and its attempt to the end for nobody)."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait([task], timeout=GONE_POLL_S)
+            if done:
+                return task.result()
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                task.cancel()
+                await asyncio.wait([task])
+                raise ConnectionResetError("the caller's connection closed")
+    finally:
+        if not task.done():  # this handler cancelled (the gateway stopping)
+            task.cancel()
+
+
+def _number(value: object) -> bool:
+    """Whether ``value`` is a JSON number (not a bool, which Python counts as an int)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 class RpcError(Exception):
@@ -338,9 +369,9 @@ class A2aEdge:
             if not isinstance(method, str) or not isinstance(params, dict):
                 raise RpcError(-32600, "method (a string) and params (an object) are needed")
             if method == "SendMessage":
-                result = await self._send(caller, params)
+                result = await _unless_gone(request, self._send(caller, params))
             elif method in ("GetTask", "CancelTask"):
-                result = await self._task(caller, method, params)
+                result = await _unless_gone(request, self._task(caller, method, params))
             elif method in ("SendStreamingMessage", "SubscribeToTask"):
                 raise RpcError(-32004, f"{method}: this gateway does not stream")
             else:
@@ -395,9 +426,11 @@ class A2aEdge:
         for name, value in (("taskId", task_id), ("contextId", context_id)):
             if value is not None and not (isinstance(value, str) and _ID.fullmatch(value)):
                 raise RpcError(-32602, f"message.{name} must be 1-128 visible ASCII characters")
-        deadline = meta.get("deadline_ms")  # a gateway's delivery names what is left
-        if isinstance(deadline, int | float) and not isinstance(deadline, bool):
-            meta["timeout_ms"] = min(meta.get("timeout_ms") or deadline, deadline)
+        deadline: Any = meta.get("deadline_ms")  # a gateway's delivery names what is left
+        asked: Any = meta.get("timeout_ms")
+        if _number(deadline) and (asked is None or _number(asked)):
+            # (a timeout_ms of another type is left for the send's body to refuse: -32602)
+            meta["timeout_ms"] = deadline if not asked else min(asked, deadline)
         fields: dict[str, Any] = {}
         for key in ("intent", "recipient_hint", "trace_id"):
             if meta.get(key) is not None:
@@ -471,18 +504,22 @@ class A2aEdge:
         """The owner of a follow-up's task (or context), for the caller ``who`` (its token's
         kind and subject; "" in open mode); RpcError -32001 for a task unknown to that caller
         or an owner gone (never another agent), -32602 for a context another caller holds."""
+        owner: dict[str, Any] | None = None
         for kind, key in (("task", task_id), ("ctx", context_id)):
             if not key:
                 continue
             raw = await self.owners.get(f"{kind}:{key}")  # an expired owner reads as None
             found: dict[str, Any] | None = None if raw is None else json.loads(raw)
             if found is not None and found.get("caller", "") != who:
-                if kind == "ctx":  # named by someone else: not to be taken over
+                if kind == "ctx":  # named by someone else: not to be taken over (also beside
+                    # a task of the caller's own, which would carry it to the task's agent)
                     raise RpcError(-32602, f"contextId {key!r} is another caller's: name another")
                 found = None  # another caller's task: as if unknown
             if found is None:
                 if kind == "task":
                     raise RpcError(-32001, f"no task {key!r} is known here", "TASK_NOT_FOUND")
+                continue
+            if owner is not None:  # the task's owner decides; its context was only checked
                 continue
             record = self.node.registry.get(found["endpoint_id"])
             if record is None or found["intent"] not in record.capabilities:
@@ -494,8 +531,8 @@ class A2aEdge:
                     "OWNER_GONE",
                 )
             found["key"] = f"{'task' if kind == 'task' else 'context'} {key!r}"
-            return found
-        return None
+            owner = found
+        return owner
 
     async def _own(
         self, out: dict[str, Any], context_id: Any, endpoint_id: str, intent: str, who: str
