@@ -146,6 +146,32 @@ async def test_a_lost_notification_is_repaired_by_the_reconcile(
 SYNC_SLACK = 0.5
 
 
+async def test_a_reconcile_asked_for_while_one_runs_is_not_lost(
+    pair: Callable[..., RedisRegistry],
+) -> None:
+    """The listener asks for a reconcile once it has subscribed again: what was announced
+    before that came through no channel. A reconcile already past its snapshot (which may
+    not have it either) must leave that request standing, not take it for answered."""
+    a, b = pair(sync_s=3600.0, reconcile_s=3600.0), pair()  # a's loops stay out of it
+    await a.start()
+    await b.start()
+    await until(lambda: a._link.reconcile_due, 1.0)  # a's listener subscribed: asked once
+    await b.upsert(rec("x", time.monotonic()))
+    await until(lambda: a.get("agent://x") is not None, 0.2)
+    # a's view forgets x, so that its reconcile reads it after the snapshot (a round trip)
+    await a._view.remove("agent://x")
+    a._versions.forget("agent://x")
+    cursor = a._sync.cursor
+    reconcile = asyncio.create_task(a._sync.reconcile())
+    while a._sync.cursor == cursor:  # set from the snapshot, once it is read
+        assert not reconcile.done()
+        await asyncio.sleep(0)
+    a._link.reconcile_due = True  # the listener, subscribed again after the snapshot
+    await reconcile
+    assert a.get("agent://x") is not None
+    assert a._link.reconcile_due  # the next iteration of the sync loop reconciles
+
+
 def keys_of(prefix: str) -> dict[str, str]:
     """Every key of the prefix in Redis now, with its type."""
     with redis.Redis.from_url(REDIS_URL, decode_responses=True) as r:

@@ -206,6 +206,9 @@ class Node:
         if self.membership is not None:
             peers = self.membership.peers
             watch("federation_peers", lambda: peers.ignored)
+        registry = self.registry
+        if hasattr(registry, "buffer_refused"):  # a shared registry's writes while it is away
+            watch("registry_buffer", lambda: registry.buffer_refused)
 
     def endpoint_refusal(self, url: str) -> str | None:
         """Why no transport of this node delivers to ``url`` (None: one does); registration

@@ -149,11 +149,13 @@ class RegistryBackend(Protocol):
         """Insert or replace the record of ``record.endpoint_id``; return the previous one.
 
         Writes change the view at once; a shared backend that cannot reach its store buffers
-        the write and never raises for that. With ``held_within_s`` (token mode), the write is
-        refused with :class:`~agent_reach.errors.EndpointHeld`, nothing changed, when the
-        stored record has another non-empty ``owner`` and was seen less than that many seconds
-        ago: checked and written in one step in the store (a shared backend's buffered write,
-        made while its store is away, cannot be checked there and is not refused).
+        the write and does not raise for that, unless its buffer is at its bound: then
+        :class:`~agent_reach.errors.BackendUnavailable`, nothing changed. With
+        ``held_within_s`` (token mode), the write is refused with
+        :class:`~agent_reach.errors.EndpointHeld`, nothing changed, when the stored record has
+        another non-empty ``owner`` and was seen less than that many seconds ago: checked and
+        written in one step in the store (a shared backend's buffered write, made while its
+        store is away, cannot be checked there and is not refused).
 
         A backend made with ``max_records`` refuses a NEW id with
         :class:`~agent_reach.errors.RegistryFull`, nothing changed, while it holds that many
@@ -173,7 +175,8 @@ class RegistryBackend(Protocol):
 
     async def remove(self, endpoint_id: str) -> EndpointRecord | None:
         """Delete the record at once; return it, or None when the id is unknown (then nothing
-        is stored: removing unknown ids costs no space)."""
+        is stored: removing unknown ids costs no space). A shared backend buffers the removal
+        as :meth:`upsert` does a write (BackendUnavailable, nothing changed, at the bound)."""
         ...
 
     async def purge(self, seen_before: float) -> int:

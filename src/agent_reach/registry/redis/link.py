@@ -34,7 +34,9 @@ class Link:
         self.url = url
         self.available = True
         self.view_stale = False  # Redis was away and no reconcile has run since
-        self.reconcile_due = True  # the view may have missed changes: reconcile next
+        # the view may have missed changes: reconcile next (cleared by a reconcile before its
+        # snapshot, never after: see sync.py)
+        self.reconcile_due = True
         self.no_purge_until = 0.0  # liveness time: PURGE_GRACE_S after Redis returned
         self._down_since: float | None = None
 
@@ -66,8 +68,8 @@ class Link:
             )
 
     def reconciled(self, now: float) -> None:
-        """The view was made equal to Redis."""
-        self.reconcile_due = False
+        """The view was made equal to Redis (as of a snapshot: :attr:`reconcile_due` was
+        taken before it, and a request made since stands)."""
         if self.view_stale:
             self.no_purge_until = now + PURGE_GRACE_S
             self.view_stale = False

@@ -11,7 +11,8 @@ Invariants:
 - **Timing.** Heartbeats are written in one batch at most every ``flush_s``; every gateway
   reads newer ones every ``sync_s``; a full reconcile runs every ``reconcile_s`` and after any
   failure or (re)subscription. A heartbeat is seen elsewhere after at most
-  :data:`STALENESS_BOUND_S` (plus a round trip).
+  :data:`STALENESS_BOUND_S` (plus a round trip). The flush and sync loops both flush the
+  buffer: one flush at a time (the buffer's lock), so an entry is never written twice.
 - **Shutdown.** :meth:`Loops.close` ends the loops even when a cancellation is lost inside
   redis-py (Python 3.11's ``asyncio.wait_for`` drops one that coincides with the awaited
   result): each loop also checks :attr:`Loops.closing`, and close waits a bounded time.

@@ -11,7 +11,13 @@ Invariants:
 - **Redis away.** Writes go to the view, and what could not be written is buffered
   (:mod:`~agent_reach.registry.redis.buffer`) and written when Redis answers again; once
   Redis is known to be away, writes are buffered without trying it. Checks are then made on
-  this gateway's view only (what it cannot see is not checked).
+  this gateway's view only (what it cannot see is not checked). A removal of an id whose
+  registration is buffered and new to Redis cancels it: nothing is written for either.
+- **A bounded buffer.** While Redis is known to be away, a write that would buffer one id
+  more than ``max_buffered`` is refused with
+  :class:`~agent_reach.errors.BackendUnavailable`, nothing changed (the view neither), and
+  counted in :attr:`RedisRegistry.buffer_refused`; a write of an id already buffered is
+  always taken (it replaces the buffered one).
 - **Bounded state.** Redis and the view hold the live ids and nothing of removed ones (but
   recent removals, remembered for at most :data:`TOMBSTONE_TTL_S`); a removal of an id that
   is not registered writes nothing.
@@ -29,7 +35,7 @@ from collections.abc import Callable, Collection, Iterable
 from agent_reach.clock import Clock, SystemClock
 from agent_reach.core.model import EndpointRecord
 from agent_reach.errors import BackendUnavailable
-from agent_reach.observability.logs import log
+from agent_reach.observability.logs import Throttle, log
 from agent_reach.registry.base import (
     ClaimMap,
     RegistryListener,
@@ -39,7 +45,7 @@ from agent_reach.registry.base import (
     registry_full,
 )
 from agent_reach.registry.memory import MemoryRegistry
-from agent_reach.registry.redis.buffer import WriteBuffer
+from agent_reach.registry.redis.buffer import MAX_BUFFERED, WriteBuffer
 from agent_reach.registry.redis.link import Link
 from agent_reach.registry.redis.loops import (
     FLUSH_S,
@@ -74,6 +80,10 @@ class RedisRegistry:
     gateways cannot both take the last place); a known id may always register again. Down
     records count until they are purged. While Redis is away the cap is checked on this
     gateway's view, and a registration buffered then is written as it is when Redis returns.
+
+    ``max_buffered`` bounds the ids whose writes wait for Redis while it is away (see the
+    module's invariants): past it, a write of another id is refused with
+    :class:`~agent_reach.errors.BackendUnavailable`.
     """
 
     def __init__(
@@ -87,6 +97,7 @@ class RedisRegistry:
         sync_s: float = SYNC_S,
         reconcile_s: float = RECONCILE_S,
         connect_timeout_s: float = 2.0,
+        max_buffered: int = MAX_BUFFERED,
     ) -> None:
         self.max_records = check_max_records(max_records)
         self._store = RedisStore(url, prefix, connect_timeout_s=connect_timeout_s)
@@ -95,7 +106,9 @@ class RedisRegistry:
         self.flush_s, self.sync_s, self.reconcile_s = flush_s, sync_s, reconcile_s
         self._view = MemoryRegistry()
         self._versions = Versions(TOMBSTONE_TTL_S)
-        self._buffer = WriteBuffer()
+        self._buffer = WriteBuffer(max_buffered)
+        self.buffer_refused = 0  # writes refused at the buffer's bound (only grows: a metric)
+        self._refusals = Throttle(monotonic=self._now)  # a line a second: callers repeat
         self._link = Link(url)
         self._sync = ViewSync(self._store, self._view, self._versions, self._buffer, self._link)
         self._loops: Loops | None = None
@@ -203,6 +216,7 @@ class RedisRegistry:
     ) -> EndpointRecord | None:
         endpoint_id = record.endpoint_id
         checked = held_within_s is not None or self.max_records is not None
+        sent = False  # this write went to Redis and failed: it may have landed all the same
         if checked and self._link.available:
             before = self._view.get(endpoint_id)
             try:  # EndpointHeld, RegistryFull: refused in Redis, nothing changed anywhere
@@ -214,9 +228,10 @@ class RedisRegistry:
                         max_records=self.max_records,
                     )
             except BackendUnavailable as exc:
+                sent = True
                 self._link.lost(exc, self._now())  # checked on the view below, written later
             else:
-                self._buffer.writes.pop(endpoint_id, None)
+                self._buffer.discard(endpoint_id)
                 await self._landed(record, version)
                 return before
         if (
@@ -225,23 +240,46 @@ class RedisRegistry:
             and len(self._view) >= self.max_records
         ):
             raise registry_full(endpoint_id, len(self._view), self.max_records)
+        self._check_room(endpoint_id)
         before = await self._view.upsert(record, held_within_s=held_within_s)
-        self._buffer.writes.pop(endpoint_id, None)
         if not self._link.available:
             # known to be away: buffer at once rather than make the caller wait for a
             # connection or a timeout (up to connect_timeout_s on a partition); the background
             # loops write it when Redis answers again
-            self._buffer.writes[endpoint_id] = record
+            known = sent or before is not None or endpoint_id in self._versions.live
+            self._buffer.register(record, known=known)
             return before
+        self._buffer.discard(endpoint_id)  # the write below supersedes it
         try:
             with self._buffer.writing(endpoint_id):
                 version = await self._store.upsert(record, fresh=True)
         except BackendUnavailable as exc:
-            self._buffer.writes[endpoint_id] = record
+            self._buffer.register(record, known=True)  # sent: it may have landed
             self._link.lost(exc, self._now())
         else:
             await self._landed(record, version)
         return before
+
+    def _check_room(self, endpoint_id: str) -> None:
+        """Refuse (BackendUnavailable) a write that would buffer the id past the bound while
+        Redis is known to be away; the caller changes nothing before this."""
+        if self._link.available or not self._buffer.full(endpoint_id):
+            return
+        self.buffer_refused += 1
+        waiting = len(self._buffer.writes)
+        self._refusals.log(
+            logging.WARNING,
+            "registry.buffer_full",
+            url=redacted(self.url),
+            buffered=waiting,
+            refused=self.buffer_refused,
+            note="writes of ids not buffered yet are refused until Redis answers",
+        )
+        raise BackendUnavailable(
+            f"the registry at {redacted(self.url)} is unreachable and the writes of {waiting} "
+            f"ids wait for it, the most this gateway buffers: {endpoint_id} is not changed; "
+            "try again when it answers"
+        )
 
     async def _landed(self, record: EndpointRecord, version: int) -> None:
         """``record`` is in Redis as ``version``: the view shows it, unless a newer change of
@@ -265,20 +303,24 @@ class RedisRegistry:
         return after
 
     async def remove(self, endpoint_id: str) -> EndpointRecord | None:
+        buffer = self._buffer
+        if self._view.get(endpoint_id) is not None:
+            self._check_room(endpoint_id)  # a removal may have to be buffered
         before = await self._view.remove(endpoint_id)
-        self._buffer.drop(endpoint_id)
+        # a new registration never written: Redis has nothing of it from here to remove
+        cancelled = buffer.drop(endpoint_id)
         if not self._link.available:  # as in upsert: buffered, written when Redis is back
-            if before is not None:
-                self._buffer.writes[endpoint_id] = None
+            if before is not None and not cancelled:
+                buffer.deregister(endpoint_id)
             return before
         try:
             # also what Redis has but this view not yet (a registration on its way): the
             # removal returns it. An id not registered anywhere leaves no trace in Redis.
-            with self._buffer.writing(endpoint_id):
+            with buffer.writing(endpoint_id):
                 version, removed = await self._store.remove(endpoint_id)
         except BackendUnavailable as exc:
-            if before is not None:
-                self._buffer.writes[endpoint_id] = None
+            if before is not None and not cancelled:
+                buffer.deregister(endpoint_id)
             self._link.lost(exc, self._now())
             return before
         self._link.healthy(self._now())

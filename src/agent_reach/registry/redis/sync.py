@@ -11,6 +11,11 @@ Invariants:
   newer than its cursor (and fetches ids it does not know); :meth:`ViewSync.reconcile` reads
   the whole registry (what is registered now: Redis keeps nothing of removed ids) and makes
   the view equal to it, but for buffered writes and changes newer than the snapshot.
+- **A request for a reconcile is never lost.** A reconcile takes the request
+  (:attr:`Link.reconcile_due <agent_reach.registry.redis.link.Link.reconcile_due>`) just
+  before its snapshot, so that a request made after the snapshot (a resubscription: what was
+  announced before it came through no channel) stands for the next iteration; a reconcile
+  that fails puts the request back.
 - **Redis emptied** (restarted without persistence): the epoch token is gone; the view is
   re-published (last-seen times never newer than Redis's) and versions start again.
   **Redis gone back to older data** (a restore from a snapshot, a failover to a replica that
@@ -85,6 +90,8 @@ class ViewSync:
         # every notification of the new era look stale
         self._versions.clear()
         self._link.reconcile_due = True  # what was announced while it was away is unknown here
+        # not new registrations (buffer.register): a removal of one must still be written,
+        # for another gateway may re-publish it too
         for record in list(self._view.records()):
             self._buffer.writes.setdefault(record.endpoint_id, record)
         await self._buffer.flush(self._store, self._versions, self._store.now)
@@ -92,7 +99,8 @@ class ViewSync:
 
     def _check_counter(self, seq: int, top: int) -> bool:
         """Whether Redis's version counter went back below what was known before the read
-        (Redis went back to an older copy of its data): then versions start again."""
+        (Redis went back to an older copy of its data): then versions start again, and every
+        id is to be read again (by the caller's reconcile)."""
         if seq >= top:
             return False
         log(
@@ -103,7 +111,6 @@ class ViewSync:
             known=top,
         )
         self._versions.clear()
-        self._link.reconcile_due = True
         return True
 
     async def sync(self) -> None:
@@ -112,8 +119,11 @@ class ViewSync:
         since = max(0.0, self.cursor - CURSOR_OVERLAP_S)
         top = self._versions.top
         beats = await self._store.heartbeats(since)
-        if await self._check_epoch(beats.epoch) or self._check_counter(beats.seq, top):
+        if await self._check_epoch(beats.epoch):
             return  # the next iteration reconciles
+        if self._check_counter(beats.seq, top):
+            self._link.reconcile_due = True  # the next iteration reads every id
+            return
         self.cursor = beats.redis_now
         unknown = []
         for endpoint_id, ts in beats.fresh:
@@ -129,9 +139,19 @@ class ViewSync:
     async def reconcile(self) -> None:
         """Make the view equal to Redis (but for writes still buffered here, and changes that
         came after the snapshot)."""
+        try:
+            await self._reconcile()
+        except BaseException:
+            self._link.reconcile_due = True  # not done: the next iteration tries again
+            raise
+
+    async def _reconcile(self) -> None:
         self._versions.prune(self._store.now())
         for _ in range(2):
             top = self._versions.top
+            # taken before each snapshot, never after: a request made once it is taken (the
+            # listener's, after a resubscription) stands, for the next reconcile
+            self._link.reconcile_due = False
             snap = await self._store.snapshot()
             if self.epoch is None:
                 self.epoch = snap.epoch
