@@ -10,16 +10,19 @@ mapped again, and bad cards are refused with nothing registered.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from agent_reach.auth.tokens import Kind
 from tests.support import (
@@ -411,3 +414,95 @@ def test_signed_cards_are_verified_with_the_trusted_keys(tmp_path: Path) -> None
     finally:
         for agent in (good, forged, unsigned):
             agent.stop()
+
+
+class CardHost:
+    """Cards served by this test's own aiohttp server (a thread with its own loop): each
+    ``/c/NAME`` answers once, then, for names starting with ``h``, hangs (a card host that
+    stops answering after its agent registered)."""
+
+    def __init__(self) -> None:
+        self.served: set[str] = set()
+        self.loop = asyncio.new_event_loop()
+        self.release = asyncio.Event()  # set at stop(): the hanging answers end
+        self.port = 0
+        ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
+        self.thread.start()
+        assert ready.wait(10)
+
+    def card(self, name: str) -> dict[str, Any]:
+        skill = "note.create" if name.startswith("h") else "good.one"
+        return {
+            "name": name,
+            "description": "a card of the test's",
+            "version": "1",
+            "supportedInterfaces": [
+                {
+                    "url": f"http://127.0.0.1:{self.port}/rpc",
+                    "protocolBinding": "JSONRPC",
+                    "protocolVersion": "1.0",
+                }
+            ],
+            "capabilities": {},
+            "defaultInputModes": ["text/plain"],
+            "defaultOutputModes": ["text/plain"],
+            "skills": [{"id": skill, "name": skill, "description": "d", "tags": ["t"]}],
+        }
+
+    async def _serve(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name.startswith("h") and name in self.served:
+            await self.release.wait()  # hangs (the gateway gives up first), until stop()
+        self.served.add(name)
+        return web.json_response(self.card(name))
+
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        app = web.Application()
+        app.router.add_get("/c/{name}", self._serve)
+        self.runner = web.AppRunner(app)
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        self.port = self.runner.addresses[0][1]
+        ready.set()
+        self.loop.run_forever()
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.port}/c/{name}"
+
+    def stop(self) -> None:
+        async def down() -> None:
+            self.release.set()
+            await self.runner.cleanup()
+
+        asyncio.run_coroutine_threadsafe(down(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def test_hanging_card_hosts_do_not_starve_a_good_card_agents_heartbeats() -> None:
+    """80 card agents whose card hosts hang once registered, beside one whose host answers,
+    at a 1 s heartbeat interval: the good one stays healthy. Fetched 16 at a time for up to
+    0.5 s each, in one round all had to end before the next began, and the good one fell to
+    suspect and down each round (a review's run with 160)."""
+    host = CardHost()
+    try:
+        with gateway("--matcher", "none", "--heartbeat-interval", "1") as gw:
+            good = {"endpoint_id": "agent://card-good", "a2a_card_url": host.url("good")}
+            assert http("POST", f"{gw.url}/v1/register", good)[0] == 200
+            for i in range(80):
+                body = {"endpoint_id": f"agent://card-h{i}", "a2a_card_url": host.url(f"h{i}")}
+                status, answer = http("POST", f"{gw.url}/v1/register", body)
+                assert status == 200, answer
+            seen = []
+            watched = time.monotonic() + 6.0  # ten rounds
+            while time.monotonic() < watched:
+                seen.append(agents(gw.url)["agent://card-good"]["status"])
+                time.sleep(0.2)  # polling interval
+            assert set(seen) == {"healthy"}, seen
+            # the hanging ones are not heartbeated: they fall (none answers its fetch)
+            assert agents(gw.url)["agent://card-h0"]["status"] != "healthy"
+    finally:
+        host.stop()

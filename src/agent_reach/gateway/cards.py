@@ -23,6 +23,12 @@ Invariants:
   with the checks of every registration (token policy, the dictionary's mode, the address
   guard on the interface URL).
 - The keeper's loop catches per card and per round, logs, and lets cancellation pass.
+- A round ends within its time (the heartbeat interval's :data:`ROUND_SHARE`): a fetch's
+  timeout is cut to what is left of it, and a card not begun by then waits for the next round.
+  Cards that answered in the last round are fetched first, quickest first, then those the
+  last round did not reach, then those that failed: agents whose card hosts hang cannot
+  starve the heartbeats of those whose hosts answer (a review's 160 hanging cards, 16 fetched
+  at a time for up to 5 s each, made a well-behaved card agent fall to down every round).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -225,6 +232,10 @@ class CardKeeper:
         # this gateway's copy of the kept cards, as of its last round (for /v1/agents)
         self.local: dict[str, Card] = {}
         self._missing: dict[str, int] = {}  # rounds a kept card's record was not in the view
+        # how each card's last fetch went, its round's order: (0, seconds) answered,
+        # (1, 0) not reached by its round, (2, 0) failed; a new card (just read, at its
+        # registration) is (0, inf): after those that answered, before the others
+        self._last: dict[str, tuple[int, float]] = {}
         # the ids registered at an a2a+ URL in the view (kept by its changes): with none, a
         # round reads nothing from the shared map, so a gateway without A2A agents pays nothing
         self._a2a_ids: set[str] = set()
@@ -241,14 +252,18 @@ class CardKeeper:
 
     # --- reading ---------------------------------------------------------------------------
 
-    async def fetch(self, card_url: str, etag: str = "") -> tuple[int, bytes, str]:
-        """``(status, body, etag)`` of the card; InvalidRequest when no usable answer came."""
+    async def fetch(
+        self, card_url: str, etag: str = "", timeout_s: float | None = None
+    ) -> tuple[int, bytes, str]:
+        """``(status, body, etag)`` of the card, within ``timeout_s`` (None: the keeper's);
+        InvalidRequest when no usable answer came."""
         if self.http is None:
             raise InvalidRequest("this gateway has no HTTP transport to fetch cards with")
         headers = dict(_ACCEPT)
         if etag:
             headers["If-None-Match"] = etag
-        got = await self.http.fetch(card_url, headers, self.timeout_s)
+        wait = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
+        got = await self.http.fetch(card_url, headers, wait)
         if got.status is None:
             # the guard's refusal is said; how else it failed is not (a card URL must not
             # become a port scanner's probe)
@@ -387,8 +402,14 @@ class CardKeeper:
                     continue
                 kept = await self.map.items()
                 self.local = {eid: _decode(raw) for eid, raw in kept.items()}
+                last = self._last
+                for gone in [eid for eid in last if eid not in self.local]:
+                    del last[gone]
+                order = sorted(self.local, key=lambda eid: last.get(eid, (0, math.inf)))
+                until = started + every
+                # (the gate is taken in the order the tasks start: this order)
                 await asyncio.gather(
-                    *(self._round(eid, card, gate) for eid, card in self.local.items())
+                    *(self._round(eid, self.local[eid], gate, until) for eid in order)
                 )
             except asyncio.CancelledError:
                 raise
@@ -399,18 +420,28 @@ class CardKeeper:
             # start to start, as the agent SDK beats: a round's own time does not delay the next
             await clock.sleep(max(0.0, every - (clock.monotonic() - started)))
 
-    async def _round(self, endpoint_id: str, card: Card, gate: asyncio.Semaphore) -> None:
+    async def _round(
+        self, endpoint_id: str, card: Card, gate: asyncio.Semaphore, until: float
+    ) -> None:
+        clock = self.node.clock
         async with gate:
+            began = clock.monotonic()
+            if until - began <= 0.0:  # the round's time is up: first among the late next time
+                self._last[endpoint_id] = (1, 0.0)
+                return
+            self._last[endpoint_id] = (2, 0.0)  # until it answers
             try:
-                await self.refresh(endpoint_id, card)
+                await self.refresh(endpoint_id, card, timeout_s=until - began)
             except asyncio.CancelledError:
                 raise
             except AgentReachError as exc:
                 log(logging.INFO, "a2a.card_missed", endpoint_id=endpoint_id, error=exc.detail)
             except Exception:
                 log(logging.ERROR, "a2a.keeper_error", endpoint_id=endpoint_id, exc_info=True)
+            else:
+                self._last[endpoint_id] = (0, clock.monotonic() - began)
 
-    async def refresh(self, endpoint_id: str, card: Card) -> None:
+    async def refresh(self, endpoint_id: str, card: Card, timeout_s: float | None = None) -> None:
         """One fetch of a kept card: a heartbeat when it answers (module docstring).
 
         A changed card is read again; it may drop tags, or take back ones the registration
@@ -429,7 +460,7 @@ class CardKeeper:
         if not record.endpoint_url.startswith("a2a+"):  # registered otherwise since
             await self.forget(endpoint_id)
             return
-        status, body, etag = await self.fetch(card.card_url, card.etag)
+        status, body, etag = await self.fetch(card.card_url, card.etag, timeout_s)
         refused = card.refused  # why the card as last read earns no heartbeat ("": none)
         if status == 200 and hashlib.sha256(body).hexdigest() != card.digest:
             try:
