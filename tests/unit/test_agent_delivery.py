@@ -406,3 +406,121 @@ async def test_a_queued_sync_run_with_a_msg_id_outlives_its_caller_and_keeps_its
     finally:
         gate.set()
         await dispatcher.close()
+
+
+# --- deadlines: no run for callers that have gone ----------------------------------------------
+
+
+@pytest.fixture
+async def one_worker() -> AsyncIterator[tuple[Dispatcher, dict[str, Handler], FakeClock]]:
+    clock = FakeClock()
+    handlers: dict[str, Handler] = {}
+    dispatcher = Dispatcher("agent://unit-01", handlers, workers=1, now=clock.monotonic)
+    yield dispatcher, handlers, clock
+    await dispatcher.close()
+
+
+class Held:
+    """A sync handler that records each run and holds its worker until ``gate`` is set."""
+
+    def __init__(self) -> None:
+        self.started, self.gate, self.ran = threading.Event(), threading.Event(), []
+
+    def __call__(self, payload: Any, ctx: ReachContext) -> str:
+        self.ran.append(ctx.msg_id)
+        self.started.set()
+        self.gate.wait(10)
+        return ctx.msg_id
+
+
+async def test_a_sync_run_whose_deadline_passed_while_it_waited_for_a_worker_is_not_run(
+    one_worker: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="agent_reach")
+    dispatcher, handlers, clock = one_worker
+    held = handlers["t.hold"] = Held()
+    try:
+        first = asyncio.create_task(dispatcher.deliver(body("t.hold", msg_id="m1"), {}))
+        assert await asyncio.to_thread(held.started.wait, 5)  # m1 has the only worker
+        queued = [
+            asyncio.create_task(
+                dispatcher.deliver(body("t.hold", msg_id=m), {"x-reach-deadline-ms": "100"})
+            )
+            for m in ("m2", "m3")
+        ]
+        await turns_until(lambda: dispatcher.in_hand == 3)
+        clock.advance(0.2)  # m1 holds the worker past their deadline: their callers have gone
+        held.gate.set()
+        assert parsed(await first) == (200, "m1")
+        for task in queued:
+            code, answer = parsed(await task)
+            assert (code, answer["error"]) == (503, "backend_unavailable")
+            assert "not run" in answer["detail"]
+        assert held.ran == ["m1"] and dispatcher.late_answers == 2 and dispatcher.in_hand == 0
+        # one line a second at most: m3's is held back
+        (line,) = [r for r in caplog.records if r.getMessage() == "agent.deadline_passed"]
+        assert line.data["msg_id"] == "m2"  # type: ignore[attr-defined]
+        # a 503 is not remembered: m2 delivered again, with time left, runs
+        again = await dispatcher.deliver(
+            body("t.hold", msg_id="m2"), {"x-reach-deadline-ms": "1000"}
+        )
+        assert parsed(again) == (200, "m2") and held.ran == ["m1", "m2"]
+    finally:
+        held.gate.set()
+
+
+async def test_a_retry_that_joins_a_queued_run_keeps_it_for_its_own_deadline(
+    one_worker: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="agent_reach")
+    dispatcher, handlers, clock = one_worker
+    held = handlers["t.hold"] = Held()
+    try:
+        first = asyncio.create_task(dispatcher.deliver(body("t.hold", msg_id="m1"), {}))
+        assert await asyncio.to_thread(held.started.wait, 5)
+        queued = asyncio.create_task(
+            dispatcher.deliver(body("t.hold", msg_id="m2"), {"x-reach-deadline-ms": "100"})
+        )
+        await turns_until(lambda: dispatcher.in_hand == 2)
+        clock.advance(0.2)  # the first attempt's caller has gone; its retry comes, and waits
+        retry = asyncio.create_task(
+            dispatcher.deliver(
+                body("t.hold", msg_id="m2"), {"x-reach-deadline-ms": "1000", "x-reach-attempt": "2"}
+            )
+        )
+        # joined (and logged so) before the worker is let go
+        await turns_until(lambda: "agent.duplicate" in [r.getMessage() for r in caplog.records])
+        held.gate.set()
+        assert parsed(await first) == (200, "m1")
+        assert [parsed(await t) for t in (queued, retry)] == [(200, "m2"), (200, "m2")]
+        assert held.ran == ["m1", "m2"] and dispatcher.late_answers == 0
+    finally:
+        held.gate.set()
+
+
+async def test_an_async_run_whose_deadline_passed_before_it_started_is_not_run(
+    table: Any,
+) -> None:
+    dispatcher, handlers, clock = table
+    ran: list[str] = []
+
+    async def hog(payload: Any, ctx: ReachContext) -> str:
+        clock.advance(0.2)  # as if it blocked the event loop for 200 ms
+        return "hogged"
+
+    async def quick(payload: Any, ctx: ReachContext) -> str:
+        ran.append(ctx.msg_id)
+        return ctx.msg_id
+
+    handlers["t.hog"], handlers["t.quick"] = hog, quick
+    # each run is a task of its own (msg_ids): the hog's runs first, the quick one's after it
+    hogging = asyncio.create_task(dispatcher.deliver(body("t.hog", msg_id="h1"), {}))
+    late = asyncio.create_task(
+        dispatcher.deliver(body("t.quick", msg_id="q1"), {"x-reach-deadline-ms": "100"})
+    )
+    assert parsed(await hogging) == (200, "hogged")
+    code, answer = parsed(await late)
+    assert (code, answer["error"]) == (503, "backend_unavailable") and ran == []
+    # with time left it runs (the 503 was not remembered)
+    again = await dispatcher.deliver(body("t.quick", msg_id="q1"), {"x-reach-deadline-ms": "100"})
+    assert parsed(again) == (200, "q1") and ran == ["q1"]

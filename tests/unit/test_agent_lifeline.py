@@ -161,11 +161,12 @@ class Seen:
 
 @dataclass
 class Scripted:
-    """Answers each call with the next scripted (path, status, body), checking that the call
-    is to that path and that its body is what the gateway decodes; once the script is done,
-    holds every call (the line parks in it) until ``release``, and sets ``done``."""
+    """Answers each call with the next scripted (path, status, body: JSON, or raw bytes),
+    checking that the call is to that path and that its body is what the gateway decodes; once
+    the script is done, holds every call (the line parks in it) until ``release``, and sets
+    ``done``."""
 
-    script: list[tuple[str, int, dict[str, Any]]]
+    script: list[tuple[str, int, Any]]
     seen: list[Seen] = field(default_factory=list)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     release: asyncio.Event = field(default_factory=asyncio.Event)
@@ -182,6 +183,8 @@ class Scripted:
             return web.json_response({"ok": False, "error": "internal_error"}, status=500)
         path, status, answer = self.script.pop(0)
         assert request.path == path, (request.path, path)
+        if isinstance(answer, bytes):
+            return web.Response(status=status, body=answer, content_type="application/json")
         return web.json_response(answer, status=status)
 
     def paths(self) -> list[str]:
@@ -417,3 +420,39 @@ async def test_a_dead_first_gateway_is_passed_over_for_the_next(
     assert [(m["from"], m["to"], m["failed"]) for m in moves] == [
         (dead_url, scripted.url, "register")
     ]
+
+
+async def test_an_answer_nested_too_deeply_is_a_bad_answer_and_backed_off(
+    scripted: Scripted, runs: list[Run], caplog: pytest.LogCaptureFixture
+) -> None:
+    """msgspec raises RecursionError (not DecodeError) on JSON nested past its depth: read as
+    an answer that is not the contract's, like any other that is not JSON."""
+    caplog.set_level(logging.WARNING, logger="agent_reach")
+    deep = ("/v1/heartbeat", 200, b"[" * 5000 + b"]" * 5000)
+    scripted.script = [registered(interval=2.0), deep, beat()]
+    run = await start(runs, [scripted.url])
+    await parked(scripted)
+    assert run.clock.slept == pytest.approx([1.6, 0.25, 1.6])  # backed off once, then beating
+    assert run.line.registered and run.line.beats == 1
+    (warned,) = [r for r in caplog.records if r.getMessage() == "agent.gateway_unavailable"]
+    assert "not JSON" in warned.data["error"]  # type: ignore[attr-defined]
+    assert "agent.lifeline_error" not in [r.getMessage() for r in caplog.records]
+
+
+async def test_anything_else_a_call_raises_is_logged_backed_off_and_the_line_goes_on(
+    scripted: Scripted, runs: list[Run], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An error body with a field named ``self`` makes building the typed error raise
+    TypeError, not one of ours: the line used to end there for good, the agent serving on."""
+    caplog.set_level(logging.WARNING, logger="agent_reach")
+    breaking = ("/v1/heartbeat", 503, {"ok": False, "error": "unavailable", "self": 1})
+    scripted.script = [registered(interval=2.0), breaking, breaking, beat()]
+    run = await start(runs, [scripted.url])
+    await parked(scripted)
+    assert run.clock.slept == pytest.approx([1.6, 0.25, 0.5, 1.6])  # the failures' backoff
+    assert run.line.registered and run.line.beats == 1
+    assert scripted.paths() == ["register"] + ["heartbeat"] * 4
+    # one line (with the traceback) for both: at most one a minute
+    (line,) = [r for r in caplog.records if r.getMessage() == "agent.lifeline_error"]
+    assert line.levelno == logging.ERROR and line.exc_info is not None
+    assert line.data["doing"] == "heartbeat" and "TypeError" in line.data["error"]  # type: ignore[attr-defined]

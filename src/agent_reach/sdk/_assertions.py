@@ -20,12 +20,24 @@ cannot be fetched at first (no endpoint token yet, the gateway away, an answer w
 and no delivery key), deliveries are answered 503 (retryable), not refused, and a failed
 periodic refresh keeps the keys it had. A gateway that answers no keys at all has retired every
 key: the keys held are dropped.
+
 Replays are remembered until their assertion expires, at most ``replay_max`` of them (past that
 the oldest go first: a replay older than the newest ``replay_max`` deliveries is not caught).
+
+Invariants of the key fetch:
+
+- At most one fetch is in flight; every check meanwhile that needs a key not held awaits that
+  one (deliveries arriving together, at the agent's start or at a gateway key rotation, were
+  refused 401 while the first one's fetch ran). A check that goes away does not cancel it.
+- An unknown key is refused (401, final) only when a fetch begun after the delivery
+  arrived answered without it. When no such fetch may be made yet (at most one a second), the
+  answer is 503 (retryable) if the last fetch failed or the key may be a newer registration's
+  of this endpoint, else 401 (a key of no gateway key held, or of another endpoint).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -72,6 +84,9 @@ class DeliveryVerifier:
         self._keys: dict[str, Any] = {}
         self._fetched_at: float | None = None  # the last attempt
         self._fresh_at: float | None = None  # the last success
+        self._failed: str | None = None  # why the last attempt failed (None: it did not)
+        self._fetches = 0  # fetches begun: a check compares with the count when it began
+        self._flight: tuple[int, asyncio.Task[str | None]] | None = None  # the last fetch
         self._seen: dict[str, float] = {}  # assertion id -> its expiry, oldest first
 
     async def check(
@@ -92,28 +107,16 @@ class DeliveryVerifier:
             kid = jwt.get_unverified_header(assertion).get("kid")
         except jwt.InvalidTokenError:
             return 401, "malformed delivery assertion"
+        arrived = self._fetches  # a fetch numbered above this one began after the delivery
         if self._fresh_at is not None and self._monotonic() - self._fresh_at > self.keys_max_age_s:
             await self._refresh()  # a failure keeps the keys held: logged, not fatal here
         if not isinstance(kid, str):
             return 401, "delivery assertion without a key id (kid)"
         key = self._keys.get(kid)
         if key is None:
-            fetched_before = self._fetched_at
-            unavailable = await self._refresh()
-            if unavailable is not None:
-                return 503, unavailable
-            key = self._keys.get(kid)
-            if key is None:
-                if self._fetched_at == fetched_before and self._newer_registration(kid, assertion):
-                    # not fetched again (at most once a second), and the kid is of a gateway
-                    # key held, for another registration: this agent registered anew (new
-                    # delivery keys) since its last fetch. Retryable, not a refusal.
-                    return 503, "delivery key of a new registration: fetched within a second"
-                return (
-                    401,
-                    "delivery assertion signed by a key the gateway does not publish "
-                    "(for this endpoint)",
-                )
+            key, refusal = await self._find(kid, assertion, arrived)
+            if refusal is not None:
+                return refusal
         try:
             claims = jwt.decode(
                 assertion,
@@ -157,6 +160,38 @@ class DeliveryVerifier:
         seen[assertion_id] = expires_at
         return None
 
+    async def _find(
+        self, kid: str, assertion: str, arrived: int
+    ) -> tuple[Any, tuple[int, str] | None]:
+        """(the key ``kid`` names, None), fetching the keys for it, or (None, the refusal).
+        ``arrived``: the fetches begun before the delivery arrived."""
+        while (flight := self._fetching()) is not None:
+            number, fetch = flight
+            unavailable = await asyncio.shield(fetch)  # the others' fetch too: not cancelled
+            if unavailable is not None:
+                return None, (503, unavailable)
+            key = self._keys.get(kid)
+            if key is not None:
+                return key, None
+            if number > arrived:  # asked after the delivery was signed: not published
+                return None, (
+                    401,
+                    "delivery assertion signed by a key the gateway does not publish "
+                    "(for this endpoint)",
+                )
+            # a fetch begun before the delivery arrived may predate its key: one more, if
+            # fetching is not held back now
+        # held back (at most once a second): 503 while the keys cannot be had, or the key may
+        # be this endpoint's newer registration's (registered anew since the last fetch)
+        if self._failed is not None:
+            return None, (503, self._failed)
+        if self._newer_registration(kid, assertion):
+            return None, (503, "delivery key of a new registration: fetched within a second")
+        return None, (
+            401,
+            "delivery assertion signed by a key the gateway does not publish (for this endpoint)",
+        )
+
     def _newer_registration(self, kid: str, assertion: str) -> bool:
         """Whether ``assertion`` could be made with a delivery key of a registration of this
         endpoint newer than the keys held: its kid is ``KID.TAG`` with KID a gateway key held
@@ -167,13 +202,36 @@ class DeliveryVerifier:
         held = {t for k, _, t in (h.partition(".") for h in self._keys) if k == gateway_key}
         return bool(held) and tag not in held and _addressee(assertion) == self.endpoint_id
 
-    async def _refresh(self) -> str | None:
-        """Fetch the keys again (not more often than ``refetch_min_s``); the reason when they
-        cannot be had."""
+    async def _refresh(self) -> None:
+        """The periodic refresh: a fetch, awaited, unless one is in flight (the keys held
+        serve meanwhile) or began within ``refetch_min_s``."""
+        if self._in_flight() is None and (flight := self._fetching()) is not None:
+            await asyncio.shield(flight[1])
+
+    def _in_flight(self) -> tuple[int, asyncio.Task[str | None]] | None:
+        """The fetch in flight (on this event loop), if any, with its number."""
+        flight = self._flight
+        if flight is None or flight[1].done():
+            return None
+        return flight if flight[1].get_loop() is asyncio.get_running_loop() else None
+
+    def _fetching(self) -> tuple[int, asyncio.Task[str | None]] | None:
+        """The fetch in flight, else a new one, else None: one began within
+        ``refetch_min_s``."""
+        flight = self._in_flight()
+        if flight is not None:
+            return flight
         now = self._monotonic()
         if self._fetched_at is not None and now - self._fetched_at < self.refetch_min_s:
             return None
         self._fetched_at = now
+        self._fetches += 1
+        self._flight = (self._fetches, asyncio.ensure_future(self._fetch_keys(now)))
+        return self._flight
+
+    async def _fetch_keys(self, now: float) -> str | None:
+        """One fetch of the keys, begun at ``now``: None when they were taken, else why they
+        cannot be had."""
         try:
             document = await self._fetch()
             listed = document.get("keys", [])
@@ -190,9 +248,11 @@ class DeliveryVerifier:
                 raise LookupError("the gateway's answer holds no delivery key for this agent")
         except Exception as exc:  # any failure to fetch or parse: retryable, logged
             log(logging.WARNING, "agent.keys_unavailable", error=repr(exc))
-            return f"cannot fetch the gateway's keys to verify this delivery: {exc}"
+            self._failed = f"cannot fetch the gateway's keys to verify this delivery: {exc}"
+            return self._failed
         self._keys = keys
         self._fresh_at = now
+        self._failed = None
         log(logging.INFO, "agent.keys_fetched", keys=sorted(keys))
         return None
 

@@ -14,6 +14,11 @@ Behaviour:
 - While no gateway can be reached, or one answers 5xx, the line retries with a jittered
   exponential backoff from 0.25 s up to ``retry_max_s`` (and, once registered, never longer
   than the heartbeat interval), logs a warning per failure, and the agent keeps serving.
+- Anything else a call raises (a bug, or an answer no branch foresaw) is caught too, logged as
+  ``agent.lifeline_error`` (with the traceback, at most once a minute, ``suppressed`` counting
+  the others) and backed off as a failure: the line ends only when it is cancelled or a first
+  registration is refused, never while the agent serves (a ``RecursionError`` once ended it
+  for good while the agent went on serving and reporting itself registered).
 
 With several gateways (sharing one registry), the client makes each call through the current
 one, and through the next when it cannot connect (each move logged as ``agent.gateway_failover``
@@ -40,7 +45,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from agent_reach.clock import Clock
@@ -51,7 +56,7 @@ from agent_reach.errors import (
     GatewayUnavailable,
     Unauthorized,
 )
-from agent_reach.observability.logs import log
+from agent_reach.observability.logs import Throttle, log
 from agent_reach.sdk._failover import Failover, describe, never_sent
 from agent_reach.sdk._schedule import DEREGISTER_WITHIN_S, Outcome, call_bounds, next_wait
 from agent_reach.settings import nats_gateway
@@ -61,6 +66,9 @@ if TYPE_CHECKING:
     from agent_reach.sdk.client import ReachClient
 
 __all__ = ["HeartbeatLine", "failover_logger"]
+
+# agent.lifeline_error lines: one a minute at most (the first at once, with its traceback)
+ERROR_LOG_EVERY_S = 60.0
 
 
 class HeartbeatLine:
@@ -103,6 +111,7 @@ class HeartbeatLine:
         # is through another one: then that move is logged
         self._left: tuple[str, str, str] | None = None
         self._tried: list[str] = []  # the gateways the last call that reached none tried
+        self._errors = Throttle(ERROR_LOG_EVERY_S, monotonic=clock.monotonic)
         self._bound_calls()
 
     @property
@@ -124,7 +133,7 @@ class HeartbeatLine:
         """Register, call ``first`` with the refusal of that first attempt (None: registered,
         or no gateway could be reached), and, unless it was refused, keep the line until
         cancelled."""
-        outcome = await self._register_anywhere()
+        outcome = await self._guarded(self._register_anywhere, "register")
         if outcome is Outcome.REFUSED:
             first(self._refusal)
             return
@@ -161,11 +170,30 @@ class HeartbeatLine:
                 )
             await self.clock.sleep(wait)
             if self.registered:
-                outcome = await self._heartbeat()
+                outcome = await self._guarded(self._heartbeat, "heartbeat")
                 if outcome is not Outcome.UNREACHABLE:
                     continue
             # registering elsewhere at once is this interval's heartbeat
-            outcome = await self._register_anywhere()
+            outcome = await self._guarded(self._register_anywhere, "register")
+
+    async def _guarded(self, call: Callable[[], Awaitable[Outcome]], doing: str) -> Outcome:
+        """``call()``'s outcome, or BROKEN when it raised anything but cancellation: the
+        calls catch every error of ours, so this is a bug or an answer no branch foresaw,
+        logged (throttled) and then backed off like any failure."""
+        try:
+            return await call()
+        except Exception as exc:
+            self._error = describe(exc)
+            self._errors.log(
+                logging.ERROR,
+                "agent.lifeline_error",
+                exc_info=exc,
+                endpoint_id=self.endpoint_id,
+                gateway=self.client.gateway,
+                doing=doing,
+                error=self._error,
+            )
+            return Outcome.BROKEN
 
     async def _register_anywhere(self) -> Outcome:
         """Register; while the gateway tried connected but did not answer, again at once

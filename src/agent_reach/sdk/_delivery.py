@@ -17,12 +17,20 @@ handler raised ``Reject``   4xx     ``{"ok": false, "error": code, "detail": ...
 an onward reach refused     424     ``unauthorized`` / ``forbidden`` (final: token mode)
 handler raised anything     500     ``handler_failed`` (retryable, not cached)
 past ``max_inflight`` runs  503     ``backend_unavailable`` at once (retryable, not cached)
+deadline passed, not run    503     ``backend_unavailable`` (retryable, not cached)
 answer is not JSON          500     ``bad_answer`` (retryable, not cached)
 body not JSON / bad shape   400/422 ``invalid_request`` naming the field
 body over the size limit    413     ``payload_too_large`` (decided by the adapter)
 intent not handled here     404     ``unknown_intent``
 not a POST                  405     ``method_not_allowed`` (decided by the adapter)
 ==========================  ======  ===================================================
+
+A run is begun for its callers, and a handler never starts once all of them have gone: a sync
+run picked up by a worker, or an async one about to start, after the latest deadline
+(``X-Reach-Deadline-Ms``, from its arrival) of the deliveries that began or joined it is not
+run but answered 503 (under overload, runs queued behind busy workers would otherwise start
+after their callers left, so that the agent worked only for callers that had gone). A run with
+a delivery that set no deadline is always run.
 """
 
 from __future__ import annotations
@@ -53,7 +61,7 @@ from agent_reach.errors import (
     PayloadTooLarge,
     Unauthorized,
 )
-from agent_reach.observability.logs import TRACE_ID, log
+from agent_reach.observability.logs import TRACE_ID, Throttle, log
 from agent_reach.observability.otel import agent_tracer
 from agent_reach.observability.tracecontext import TRACEPARENT, TraceParent, parse_traceparent
 from agent_reach.sdk._dedup import RecentResults, RunOnce
@@ -137,6 +145,28 @@ def too_large(limit: int) -> Answer:
 def not_allowed(method: str) -> Answer:
     """405 ``method_not_allowed``: deliveries are POSTed."""
     return from_error(MethodNotAllowed(f"{method} is not allowed here; deliveries are POSTed"))
+
+
+@dataclass(slots=True)
+class _Waited:
+    """Until when someone waits for a run's answer, on the dispatcher's clock: the latest
+    deadline of the deliveries that began or joined the run (None: one of them set none).
+    Extended on the event loop, read by the worker thread that picks the run up."""
+
+    until: float | None
+
+    def extend(self, deadline_at: float | None) -> None:
+        """A delivery with ``deadline_at`` (None: none) waits for the run too."""
+        if self.until is not None:
+            self.until = None if deadline_at is None else max(self.until, deadline_at)
+
+    def passed(self, now: float) -> bool:
+        """Whether every caller of the run has gone by ``now``."""
+        return self.until is not None and now >= self.until
+
+
+class _DeadlinePassed(Exception):
+    """Raised instead of starting a handler whose callers have all gone (never leaves here)."""
 
 
 class _Delivery(msgspec.Struct):
@@ -228,8 +258,12 @@ class Dispatcher:
             else max_inflight
         )
         self.busy_answers = 0  # deliveries refused with 503 for want of room
-        # runs in hand: key -> the deadline of the delivery that began it (None: none given)
-        self._in_hand: dict[int, float | None] = {}
+        self.late_answers = 0  # runs answered 503 unrun: their deadline had passed
+        # runs in hand: key -> until when their callers wait
+        self._in_hand: dict[int, _Waited] = {}
+        # runs in flight by dedup key: a repeat that joins one extends its wait
+        self._waited: dict[tuple[str, str, str | None], _Waited] = {}
+        self._late_lines = Throttle(1.0, monotonic=now)  # agent.deadline_passed: 1 a second
         self._run_keys = itertools.count()
         # a sync run ends on its worker thread (or wherever its future is cancelled)
         self._in_hand_lock = threading.Lock()
@@ -357,14 +391,20 @@ class Dispatcher:
             attempt=ctx.attempt,
             deadline_ms=deadline_ms,
         )
-        start = functools.partial(self._call, handler, d.payload, ctx)
+        waited = _Waited(ctx.deadline_at)
         if not msg_id:  # nothing to recognise a repeat by
-            return await start()
+            return await self._call(handler, d.payload, ctx, waited)
         # the sender is part of the key: another caller reusing a msg_id (its own idempotency
         # key, or one it guessed) never gets this caller's answer
-        result, how = self.once.begin((msg_id, d.intent, d.sender), start)
+        key = (msg_id, d.intent, d.sender)
+        start = functools.partial(self._call, handler, d.payload, ctx, waited, key)
+        result, how = self.once.begin(key, start)
         if how == "ran":
+            self._waited[key] = waited  # before the run's task starts: it has not had a turn
             return await result
+        joined = self._waited.get(key) if how == "joined" else None
+        if joined is not None:  # a retry waits for the run still queued: it must not be dropped
+            joined.extend(ctx.deadline_at)
         log(
             logging.INFO,
             "agent.duplicate",
@@ -382,13 +422,13 @@ class Dispatcher:
         """Handler runs begun and not ended (their callers may have gone)."""
         return len(self._in_hand)
 
-    def _begin_run(self, ctx: ReachContext) -> int | None:
-        """A place for ``ctx``'s run (its key, for :meth:`_end_run`), or None past the bound."""
+    def _begin_run(self, waited: _Waited) -> int | None:
+        """A place for a run (its key, for :meth:`_end_run`), or None past the bound."""
         with self._in_hand_lock:
             if len(self._in_hand) >= self.max_inflight:
                 return None
             key = next(self._run_keys)
-            self._in_hand[key] = ctx.deadline_at
+            self._in_hand[key] = waited
             return key
 
     def _end_run(self, key: int, _: object = None) -> None:
@@ -405,10 +445,11 @@ class Dispatcher:
         )
 
     def _late(self) -> int:
-        """Runs in hand whose delivery's deadline has passed (a hint of hangs)."""
+        """Runs in hand whose deadline (their deliveries' latest) has passed (a hint of
+        hangs)."""
         now = self._now()
         with self._in_hand_lock:
-            return sum(1 for at in self._in_hand.values() if at is not None and at < now)
+            return sum(1 for waited in self._in_hand.values() if waited.passed(now))
 
     def refuse(self, detail: str, bound: int, **fields: Any) -> Answer:
         """503 ``backend_unavailable`` for a delivery refused at ``bound`` for want of room
@@ -428,29 +469,75 @@ class Dispatcher:
             )
         return from_error(BackendUnavailable(detail))
 
-    async def _call(self, handler: Handler, payload: Any, ctx: ReachContext) -> Answer:
-        key = self._begin_run(ctx)
-        if key is None:
-            return self._busy(ctx)
-        started = self._now()
-        answer = await self._run(handler, payload, ctx, started, key)
-        return dataclasses.replace(answer, handle_ms=round((self._now() - started) * 1000.0, 3))
+    def _too_late(self, ctx: ReachContext) -> Answer:
+        """503 ``backend_unavailable`` for a run not started because its callers had gone
+        (not final: a retry of the message runs), logged as ``agent.deadline_passed`` at
+        most once a second."""
+        self.late_answers += 1
+        self._late_lines.log(
+            logging.WARNING,
+            "agent.deadline_passed",
+            endpoint_id=self.endpoint_id,
+            intent=ctx.intent,
+            msg_id=ctx.msg_id,
+            deadline_ms=ctx.deadline_ms,
+            late_answers=self.late_answers,
+        )
+        return from_error(
+            BackendUnavailable(
+                f"the deadline of the delivery ({ctx.deadline_ms} ms) passed before"
+                f" {self.endpoint_id} could start its handler: not run"
+            )
+        )
+
+    async def _call(
+        self,
+        handler: Handler,
+        payload: Any,
+        ctx: ReachContext,
+        waited: _Waited,
+        dedup_key: tuple[str, str, str | None] | None = None,
+    ) -> Answer:
+        try:
+            key = self._begin_run(waited)
+            if key is None:
+                return self._busy(ctx)
+            started = self._now()
+            answer = await self._run(handler, payload, ctx, waited, key)
+            handle_ms = round((self._now() - started) * 1000.0, 3)
+            return dataclasses.replace(answer, handle_ms=handle_ms)
+        finally:
+            if dedup_key is not None and self._waited.get(dedup_key) is waited:
+                del self._waited[dedup_key]
+
+    def _in_time(self, handler: Handler, payload: Any, ctx: ReachContext, waited: _Waited) -> Any:
+        """On the worker thread that picked the run up: the handler's result, unless its
+        callers have all gone while it waited for a worker."""
+        if waited.passed(self._now()):
+            raise _DeadlinePassed
+        return handler(payload, ctx)
 
     async def _run(
-        self, handler: Handler, payload: Any, ctx: ReachContext, started: float, key: int
+        self, handler: Handler, payload: Any, ctx: ReachContext, waited: _Waited, key: int
     ) -> Answer:
         """Run the handler (the run in hand ``key``, begun by the caller: ended here, or for a
-        sync handler when its thread returns or its queued future is cancelled)."""
+        sync handler when its thread returns or its queued future is cancelled), unless its
+        callers have all gone by the time it would start."""
+        started = self._now()
         try:
             if inspect.iscoroutinefunction(handler):
                 try:
+                    if waited.passed(started):
+                        raise _DeadlinePassed
                     result = await handler(payload, ctx)
                 finally:
                     self._end_run(key)
             else:
                 run = contextvars.copy_context().run  # the trace id, into the worker thread
                 try:
-                    future = self._executor().submit(run, handler, payload, ctx)
+                    future = self._executor().submit(
+                        run, self._in_time, handler, payload, ctx, waited
+                    )
                 except BaseException:
                     self._end_run(key)
                     raise
@@ -460,6 +547,8 @@ class Dispatcher:
                 result = await asyncio.wrap_future(future)
                 if inspect.isawaitable(result):
                     result = await result
+        except _DeadlinePassed:
+            return self._too_late(ctx)
         except Reject as exc:
             log(
                 logging.INFO,

@@ -207,7 +207,7 @@ class GatewayPool:
         GatewayUnavailable, with ``fields`` (which each :class:`Failover` carries too). With
         several gateways, both errors list the gateways tried in ``fields["gateways"]``.
         ``headers`` go on this call's requests besides the client's own (a ``traceparent``).
-        An answer whose body is not JSON: :func:`unusable`.
+        An answer whose body is not JSON (or nested too deeply to decode): :func:`unusable`.
         """
         clock = self._clock
         start = clock.monotonic()
@@ -247,7 +247,8 @@ class GatewayPool:
                 return status, raw.decode(errors="replace"), answer_headers, url
             try:
                 return status, msgspec.json.decode(raw), answer_headers, url
-            except msgspec.DecodeError:
+            # RecursionError: JSON nested deeper than the decoder goes (not a DecodeError)
+            except (msgspec.DecodeError, RecursionError):
                 raise unusable(
                     f"the gateway at {url} answered HTTP {status} with a body that is not JSON",
                     status,

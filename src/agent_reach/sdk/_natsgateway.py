@@ -257,7 +257,8 @@ class NatsGatewayPool:
             )
         try:
             return status, msgspec.json.decode(data), got, self.current
-        except msgspec.DecodeError:
+        # RecursionError: JSON nested deeper than the decoder goes (not a DecodeError)
+        except (msgspec.DecodeError, RecursionError):
             raise unusable(
                 f"the answer over NATS to {subject} ({STATUS_HEADER} {status}) is not JSON",
                 status,

@@ -9,9 +9,10 @@ Invariants:
 - After a heartbeat or registration that worked, the wait is 0.6-0.8 x the interval: never
   late, and agents do not beat in step.
 - After "not registered" (404, or an endpoint token refused), no wait at all.
-- After the n-th failure in a row, the wait is 50-100 % of ``min(cap, 0.25 s x 2^(n-1))``,
-  where ``cap`` is ``retry_max_s``, and once registered also the interval (a registered agent
-  never goes longer than an interval between tries).
+- After the n-th failure in a row (FAILED, UNREACHABLE, REFUSED or BROKEN), the wait is
+  50-100 % of ``min(cap, 0.25 s x 2^(n-1))``, where ``cap`` is ``retry_max_s``, and once
+  registered also the interval (a registered agent never goes longer than an interval between
+  tries).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class Outcome(enum.Enum):
     FAILED = "failed"  # no gateway reachable, or 5xx: back off and try again
     UNREACHABLE = "unreachable"  # this gateway connected but did not answer: try the others
     REFUSED = "refused"  # 4xx to a registration: our mistake, not the gateway's state
+    # the call raised something unforeseen (a bug, or an answer no branch expects): a failure
+    BROKEN = "broken"
 
 
 def next_wait(
