@@ -411,9 +411,9 @@ def error_from_answer(status: int, body: Any) -> AgentReachError:
     detail = body.get("detail")
     detail = detail if isinstance(detail, str) and detail else f"{code} (HTTP {status})"
     fields = {k: v for k, v in body.items() if k not in ("ok", "error", "detail")}
-    cls = _BY_CODE.get(code)
-    exc = AgentReachError(detail, **fields) if cls is None else cls.__new__(cls)
-    if cls is not None:
-        AgentReachError.__init__(exc, detail, **fields)
+    cls = _BY_CODE.get(code, AgentReachError)
+    exc = cls.__new__(cls)
+    AgentReachError.__init__(exc, detail)
+    exc.fields = fields  # as given, not as keywords: a field named "self" raised TypeError
     exc.code, exc.http_status = code, status
     return exc

@@ -117,6 +117,18 @@ def test_a_body_not_of_the_contract_shape_is_gateway_unavailable(body: object) -
     assert exc.fields == {"http_status": 502}
 
 
+@pytest.mark.parametrize("name", ["self", "cls", "fields", "code"])
+def test_any_field_name_of_an_answer_is_kept(name: str) -> None:
+    """An error body is the gateway's (or any server's claiming to be one): a field named
+    ``self`` made rebuilding the error raise TypeError, which ended an agent's heartbeat line
+    (a review found it). Every field is kept as given."""
+    body = {"ok": False, "error": "backend_unavailable", "detail": "busy", name: 1, "x": 2}
+    exc = error_from_answer(503, body)
+    assert isinstance(exc, errors.BackendUnavailable)
+    assert exc.detail == "busy" and exc.http_status == 503
+    assert exc.fields == {k: v for k, v in body.items() if k not in ("ok", "error", "detail")}
+
+
 def test_reach_error_fields_are_typed_even_when_absent() -> None:
     exc = errors.NoCapableAgent("none")
     assert (exc.msg_id, exc.trace_id, exc.attempts) == (None, None, [])
