@@ -12,6 +12,7 @@ protocol versions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -577,3 +578,26 @@ async def test_stopping_ends_open_event_streams_at_once() -> None:
             took = time.monotonic() - started
     assert stopped == 0
     assert took < 4.0  # not the requests' grace (SHUTDOWN_S) nor twice it
+
+
+async def test_event_streams_are_bounded_too() -> None:
+    """The 2026 protocol's ``subscriptions/listen`` has no session: its streams were bounded
+    by nothing (a review held 6 with ``--mcp-max-sessions 2``; enough of them fill the
+    connection table). At most twice --mcp-max-sessions, at least 16, are open at once: the
+    next is refused 503 and counted; once one ends there is room again."""
+    with gateway("--matcher", "none", "--mcp-max-sessions", "2") as gw:
+        async with contextlib.AsyncExitStack() as stack:
+            for _ in range(16):
+                client = await stack.enter_async_context(mcp_client(gw.url))
+                await stack.enter_async_context(client.listen(tools_list_changed=True))
+            assert metric(gw, "agent_reach_bound_hits_total", bound="mcp_streams") == 0
+            with pytest.raises(Exception):  # noqa: B017 - the SDK's error for a 503, whatever it is
+                async with (
+                    mcp_client(gw.url) as extra,
+                    extra.listen(tools_list_changed=True) as changes,
+                ):
+                    await asyncio.wait_for(changes.__anext__(), 10)
+            assert metric(gw, "agent_reach_bound_hits_total", bound="mcp_streams") >= 1
+        # the 16 ended: room again
+        async with mcp_client(gw.url) as client, client.listen(tools_list_changed=True):
+            assert http("GET", f"{gw.url}/healthz")[0] == 200

@@ -14,6 +14,12 @@ its CLI (``forklib``) for what is, for one mounted path, about a hundred lines. 
 - ``send``: the status and headers, then the body, streamed chunk by chunk (server-sent
   events) through one ``StreamResponse``; a client gone while it is written ends the answer
   quietly (nothing is logged: a client that closes after its last event is the usual case).
+- An answer that is an event stream (``text/event-stream``) takes a place of ``streams``
+  (:class:`Streams`) for as long as it is open; with none left it is not begun: the client
+  gets 503 ``overloaded`` (the contract's body, ``Retry-After: 1``) and the application a
+  disconnect. Such a stream holds its connection as long as the client likes (the 2026
+  protocol's ``subscriptions/listen`` has no session to bound it by), and enough of them would
+  fill the gateway's connection table.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from agent_reach.errors import InternalError
 from agent_reach.observability.logs import log
 
-__all__ = ["DISCONNECT_POLL_S", "serve_asgi"]
+__all__ = ["DISCONNECT_POLL_S", "Streams", "serve_asgi"]
 
 DISCONNECT_POLL_S = 1.0
 Message = dict[str, Any]
@@ -37,6 +43,34 @@ AsgiApp = Callable[
     [dict[str, Any], Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]],
     Awaitable[None],
 ]
+
+
+class Streams:
+    """Places for event streams open at once: at most ``bound``; ``refused`` counts the
+    streams not begun for want of one (a metric)."""
+
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self.open = 0
+        self.refused = 0
+
+    def take(self) -> bool:
+        """A place for one more stream (False: none left, counted)."""
+        if self.open >= self.bound:
+            self.refused += 1
+            return False
+        self.open += 1
+        return True
+
+    def give(self) -> None:
+        """A stream has ended."""
+        self.open -= 1
+
+
+_FULL = (
+    b'{"ok":false,"error":"overloaded","detail":"too many MCP event streams are open at once'
+    b' (twice --mcp-max-sessions): try again later"}'
+)
 
 
 def _scope(request: web.BaseRequest, extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -67,6 +101,7 @@ async def serve_asgi(
     request: web.BaseRequest,
     extra: Mapping[str, Any],
     closing: asyncio.Event | None = None,
+    streams: Streams | None = None,
 ) -> web.StreamResponse:
     """Serve ``request`` with ``app``; the answer it wrote (already sent when returned).
 
@@ -76,6 +111,7 @@ async def serve_asgi(
     response: web.StreamResponse | None = None
     finished = asyncio.Event()
     body_done = False
+    streaming = False  # this answer holds a place of ``streams``
 
     def gone() -> bool:
         transport = request.transport
@@ -107,14 +143,33 @@ async def serve_asgi(
         return {"type": "http.disconnect"}
 
     async def send(message: Message) -> None:
-        nonlocal response
+        nonlocal response, streaming
         kind = message["type"]
         if kind == "http.response.start":
             if response is not None:
                 raise RuntimeError("the ASGI application started its answer twice")
+            headers = [
+                (name.decode("latin-1"), value.decode("latin-1"))
+                for name, value in message.get("headers", ())
+            ]
+            stream = any(
+                name.lower() == "content-type" and value.startswith("text/event-stream")
+                for name, value in headers
+            )
+            if stream and streams is not None:
+                if not streams.take():
+                    # not begun: the client is told, the application sees its client gone
+                    response = web.Response(
+                        status=503,
+                        body=_FULL,
+                        headers={"Content-Type": "application/json", "Retry-After": "1"},
+                    )
+                    finished.set()
+                    return
+                streaming = True
             response = web.StreamResponse(status=message["status"])
-            for name, value in message.get("headers", ()):
-                response.headers.add(name.decode("latin-1"), value.decode("latin-1"))
+            for name, value in headers:
+                response.headers.add(name, value)
             return
         if kind != "http.response.body" or response is None:
             return
@@ -146,6 +201,8 @@ async def serve_asgi(
         return response
     finally:
         finished.set()
+        if streaming and streams is not None:
+            streams.give()
     if response is None:
         raise InternalError("the MCP server gave no answer")
     if not response.prepared:  # a start without a body

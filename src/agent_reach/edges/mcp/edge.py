@@ -20,6 +20,11 @@ otherwise, where building on the loop stalled it 0.16-0.34 s. Then:
   ``--workers`` (``stateless``: a worker shares its port) the server is stateless (no sessions:
   a session lives in one process, and the next request may reach another). The 2026 protocol
   has no sessions at all.
+- Event streams (answers as ``text/event-stream``: a 2025 session's stream, a request answered
+  as events, the 2026 protocol's ``subscriptions/listen``) are bounded too: twice
+  ``--mcp-max-sessions`` (at least :data:`MIN_STREAMS`) open at once, 503 ``overloaded`` past
+  it (:class:`~agent_reach.edges.mcp.asgi.Streams`). A listen stream has no session, and
+  enough of them held open would fill the gateway's connection table.
 - A request body over ``--max-body-bytes`` is 413 ``payload_too_large`` (the contract's body)
   when its length is declared; a chunked one is counted by the SDK (413 too, its own text).
 - Stopping: the tool calls in hand get the grace other requests get, then the sessions end,
@@ -61,6 +66,7 @@ if TYPE_CHECKING:
 __all__ = ["WATCH_INTERVAL_S", "McpEdge", "ServiceBackend"]
 
 WATCH_INTERVAL_S = 2.0
+MIN_STREAMS = 16  # event streams open at once, at least (--mcp-max-sessions 1 would allow 2)
 
 
 def _plain(answer: Any) -> dict[str, Any]:
@@ -116,6 +122,11 @@ class McpEdge:
         # the SDK's 503 (its only one: a new session past --mcp-max-sessions), counted
         self.sessions_refused = 0
         node.metrics.watch_bound("mcp_sessions", lambda: self.sessions_refused)
+        from agent_reach.edges.mcp.asgi import Streams
+
+        # event streams open at once (each holds a connection as long as its client likes)
+        self.streams = Streams(max(MIN_STREAMS, 2 * self.settings.mcp_max_sessions))
+        node.metrics.watch_bound("mcp_streams", lambda: self.streams.refused)
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """One HTTP request to ``/mcp``: authenticated, then served by the SDK."""
@@ -145,8 +156,9 @@ class McpEdge:
             extra["user"] = AuthenticatedUser(
                 AccessToken(token="", client_id=subject, scopes=[], subject=subject)
             )
-        response = await serve_asgi(handler, request, extra, self._stop)
-        if response.status == 503:
+        refused = self.streams.refused
+        response = await serve_asgi(handler, request, extra, self._stop, self.streams)
+        if response.status == 503 and self.streams.refused == refused:  # the SDK's
             self.sessions_refused += 1
         return response
 
