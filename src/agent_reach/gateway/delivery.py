@@ -408,11 +408,21 @@ class Reacher:
             if got.body:
                 try:
                     rpc_error = msgspec.json.decode(got.body)
-                except msgspec.DecodeError:
+                except (msgspec.DecodeError, RecursionError):
                     rpc_error = None
-            if isinstance(rpc_error, dict) and isinstance(rpc_error.get("code"), int):
-                # the agent's own JSON-RPC error (task not found, not cancelable): passed on
-                raise AgentError(f"{record.endpoint_id}: {got.detail}", rpc_error=rpc_error)
+            code = rpc_error.get("code") if isinstance(rpc_error, dict) else None
+            if isinstance(code, int) and not isinstance(code, bool):
+                # the agent's own JSON-RPC error (task not found, not cancelable): passed on,
+                # as a JSON-RPC error object (a code, a message that is a string, its data)
+                assert isinstance(rpc_error, dict)
+                message = rpc_error.get("message")
+                relayed: dict[str, Any] = {
+                    "code": code,
+                    "message": message if isinstance(message, str) else got.detail,
+                }
+                if "data" in rpc_error:
+                    relayed["data"] = rpc_error["data"]
+                raise AgentError(f"{record.endpoint_id}: {got.detail}", rpc_error=relayed)
             raise AgentError(f"{record.endpoint_id}: {got.detail}")
         raise AllAttemptsFailed(f"{record.endpoint_id} did not answer {method}: {got.detail}")
 

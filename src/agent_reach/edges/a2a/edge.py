@@ -393,14 +393,13 @@ class A2aEdge:
             return web.Response(body=_rpc(rid, error=error), status=status, headers=headers)
         except asyncio.CancelledError:
             raise
-        except ConnectionError as exc:
+        except Exception as exc:
             transport = request.transport
-            if transport is not None and not transport.is_closing():
-                raise  # not the caller's connection: the HTTP edge's fault handling
-            # the caller's connection closed mid-request (by it, or by --read-timeout)
-            log(logging.DEBUG, "a2a.client_gone", error=repr(exc))
-            return web.Response(status=400)
-        except Exception:
+            if isinstance(exc, ConnectionError) and (transport is None or transport.is_closing()):
+                # the caller's connection closed mid-request (by it, or by --read-timeout)
+                log(logging.DEBUG, "a2a.client_gone", error=repr(exc))
+                return web.Response(status=400)
+            # any other fault (a ConnectionError too, when not the caller's connection)
             log(logging.ERROR, "a2a.unhandled", exc_info=True)
             error = {"code": -32603, "message": "unexpected error; see gateway log"}
             return web.Response(body=_rpc(rid, error=error), headers=_JSON)

@@ -185,14 +185,14 @@ class HttpEdge:
             return answer
         except asyncio.CancelledError:
             raise
-        except ConnectionError as exc:
-            if not _gone(request):
-                raise  # not the caller's connection: handled as any fault, below
-            # the caller's connection closed mid-request (by it, or by --read-timeout):
-            # nobody to answer, nothing to log above DEBUG
-            log(logging.DEBUG, "http.client_gone", path=path, error=repr(exc))
-            return web.Response(status=400)
-        except Exception:
+        except Exception as exc:
+            if isinstance(exc, ConnectionError) and _gone(request):
+                # the caller's connection closed mid-request (by it, or by --read-timeout):
+                # nobody to answer, nothing to log above DEBUG
+                log(logging.DEBUG, "http.client_gone", path=path, error=repr(exc))
+                return web.Response(status=400)
+            # any other fault (a ConnectionError too, when not the caller's connection: an
+            # `except ConnectionError` that re-raised it skipped this clause, a bare 500)
             log(logging.ERROR, "http.unhandled", path=path, exc_info=True)
             fault = InternalError("unexpected error; see gateway log")
             return _json(fault.to_body(), status_for(fault))
