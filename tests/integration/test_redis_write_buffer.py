@@ -31,10 +31,22 @@ from tests.support import REDIS_URL, drop_prefix, until
 NOTICE_S = 3.0
 
 
+class RelayedConnection:
+    """One client connection through a :class:`Relay`."""
+
+    def __init__(self) -> None:
+        self.flowing = asyncio.Event()
+        self.flowing.set()
+        self.subscribed = False  # the client sent a SUBSCRIBE on it
+        self.pings = 0  # chunks the client sent with a PING in them
+
+
 class Relay:
     """A TCP relay to the real Redis that can be cut (every connection through it dropped,
     new ones refused) and mended on the same port, or frozen (connections stay open, nothing
-    goes through: a call times out, and what it sent goes on when thawed)."""
+    goes through: a call times out, and what it sent goes on when thawed), all of it or only
+    the subscriptions open now (a quiet connection a NAT dropped: the others, and new ones,
+    go on)."""
 
     def __init__(self, target: str) -> None:
         parts = urlsplit(target)
@@ -44,6 +56,7 @@ class Relay:
         self._server: asyncio.Server | None = None
         self._pipes: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+        self.connections: list[RelayedConnection] = []
         self._flowing = asyncio.Event()
         self._flowing.set()
 
@@ -74,6 +87,15 @@ class Relay:
 
     def thaw(self) -> None:
         self._flowing.set()
+        for connection in self.connections:
+            connection.flowing.set()
+
+    def freeze_subscriptions(self) -> int:
+        """Freeze the connections open now that subscribed to a channel; return how many."""
+        frozen = [c for c in self.connections if c.subscribed]
+        for connection in frozen:
+            connection.flowing.clear()
+        return len(frozen)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
@@ -84,16 +106,29 @@ class Relay:
             self._writers.discard(writer)
             return
         self._writers.add(upstream)
+        connection = RelayedConnection()
+        self.connections.append(connection)
         for source, sink in ((reader, upstream), (upstream_reader, writer)):
-            pipe = asyncio.create_task(self._pipe(source, sink))
+            pipe = asyncio.create_task(self._pipe(source, sink, connection, source is reader))
             self._pipes.add(pipe)
             pipe.add_done_callback(self._pipes.discard)
 
-    async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self,
+        source: asyncio.StreamReader,
+        sink: asyncio.StreamWriter,
+        connection: RelayedConnection,
+        from_client: bool,
+    ) -> None:
         # a connection reset or closed by the other side ends the pipe: that is the outage
         with contextlib.suppress(OSError):
             while data := await source.read(65536):
+                if from_client and b"SUBSCRIBE" in data:
+                    connection.subscribed = True
+                if from_client and b"PING" in data:
+                    connection.pings += 1
                 await self._flowing.wait()
+                await connection.flowing.wait()
                 sink.write(data)
                 await sink.drain()
         sink.close()

@@ -13,6 +13,16 @@ Invariants:
   failure or (re)subscription. A heartbeat is seen elsewhere after at most
   :data:`STALENESS_BOUND_S` (plus a round trip). The flush and sync loops both flush the
   buffer: one flush at a time (the buffer's lock), so an entry is never written twice.
+- **A dead subscription is replaced within a bound.** The listener's connection is probed
+  (a PING after :data:`LISTEN_IDLE_S` with nothing heard) and given up when a probe goes
+  unanswered for the socket timeout (``connect_timeout_s``; see
+  :class:`~agent_reach.registry.redis.store.EventStream`), even when the socket stays open
+  and silent (a NAT or load balancer that dropped it). The listener then subscribes again on
+  a new connection and asks for a reconcile, so a change missed meanwhile reaches this view
+  within :data:`LISTEN_IDLE_S` + ``connect_timeout_s`` + 2 x ``sync_s`` of the link dying
+  (5.4 s by default), plus a few round trips, instead of at the next periodic reconcile. The
+  failure counts as Redis lost (``registry.unavailable``) until the sync loop's next call
+  succeeds: this gateway cannot tell a dead subscription from a dying path to Redis.
 - **Shutdown.** :meth:`Loops.close` ends the loops even when a cancellation is lost inside
   redis-py (Python 3.11's ``asyncio.wait_for`` drops one that coincides with the awaited
   result): each loop also checks :attr:`Loops.closing`, and close waits a bounded time.
@@ -32,7 +42,15 @@ from agent_reach.registry.redis.store import RedisStore
 from agent_reach.registry.redis.sync import ViewSync
 from agent_reach.registry.redis.versions import Versions
 
-__all__ = ["FLUSH_S", "RECONCILE_S", "RETRY_MAX_S", "STALENESS_BOUND_S", "SYNC_S", "Loops"]
+__all__ = [
+    "FLUSH_S",
+    "LISTEN_IDLE_S",
+    "RECONCILE_S",
+    "RETRY_MAX_S",
+    "STALENESS_BOUND_S",
+    "SYNC_S",
+    "Loops",
+]
 
 FLUSH_S = 0.05  # heartbeats are written in one pipelined batch at most this often
 SYNC_S = 0.2  # every gateway reads newer heartbeats this often
@@ -41,6 +59,9 @@ STALENESS_BOUND_S = FLUSH_S + SYNC_S  # a heartbeat seen elsewhere after at most
 RETRY_MAX_S = 2.0  # longest wait between attempts to reach Redis again
 CLOSE_WAIT_S = 2.0  # how long close() waits for a background loop to end, per attempt
 LISTEN_POLL_S = 1.0  # the listener looks at `closing` at least this often
+# the listener PINGs after this long with nothing heard on its connection: far below the idle
+# timeouts of NATs and load balancers (minutes), so the probes also keep it from idling out
+LISTEN_IDLE_S = 3.0
 
 
 class Loops:
@@ -63,6 +84,7 @@ class Loops:
         self._buffer, self._link, self._sync = buffer, link, view_sync
         self.flush_s, self.sync_s, self.reconcile_s = flush_s, sync_s, reconcile_s
         self.closing = False
+        self.subscribed = asyncio.Event()  # the listener's first subscription was confirmed
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -146,8 +168,9 @@ class Loops:
         wait = self.sync_s
         while not self.closing:
             try:
-                async with self._store.events() as events:
+                async with self._store.events(idle_s=LISTEN_IDLE_S) as events:
                     self._link.reconcile_due = True  # whatever was announced before now
+                    self.subscribed.set()
                     wait = self.sync_s
                     while not self.closing:
                         data = await events.next(LISTEN_POLL_S)

@@ -28,6 +28,7 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Collection, Iterable
@@ -132,7 +133,9 @@ class RedisRegistry:
         self._view.bind(now)  # the view's last_seen are on it: it checks held_within_s itself
 
     async def start(self) -> None:
-        """Connect, load the whole registry into the view, and start the background loops.
+        """Connect, load the whole registry into the view, and start the background loops;
+        returns once Redis confirmed the channel's subscription (at most twice the socket
+        timeout: past it the reconcile the listener asks for repairs what it missed).
 
         Raises :class:`~agent_reach.errors.BackendUnavailable` (with the URL, password
         hidden) when Redis cannot be reached: a gateway does not start on a registry it has
@@ -161,6 +164,10 @@ class RedisRegistry:
             reconcile_s=self.reconcile_s,
         )
         self._loops.start()
+        # every notice published once start returns reaches this view (Redis confirmed the
+        # subscription); bounded, since the reconcile the listener asks for repairs the rest
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._loops.subscribed.wait(), 2 * self._store.timeout_s)
         log(
             logging.INFO,
             "registry.started",

@@ -25,6 +25,17 @@ Invariants:
   (:meth:`RedisStore.snapshot`, :meth:`RedisStore.heartbeats`) runs ``TIME`` in the same
   transaction, bracketed by two reads of the liveness clock, and updates :attr:`offset`
   (Redis time minus liveness time), through which every record read here is mapped.
+- **A dead subscription fails, within a bound.** The channel is read on a connection of its
+  own, from a client that never retries (redis-py's default retry reconnects and resubscribes
+  inside a read, silently, and the notices sent in between are lost with nothing to say so),
+  and a quiet connection is probed: nothing heard for ``idle_s``, a PING goes out; nothing
+  heard within the socket timeout (``connect_timeout_s``, as for any call) of a PING,
+  :meth:`EventStream.next` raises ``BackendUnavailable``; a stream is entered only once Redis
+  confirmed the SUBSCRIBE (within that timeout too), so every notice published after that
+  reaches it. A NAT or load balancer that
+  drops an idle connection leaves the socket open and silent, which no read reports (and
+  redis-py's ``health_check_interval`` only sends a PING on a subscription, it never waits
+  for the answer); the probes also keep such a connection from ever being idle that long.
 """
 
 from __future__ import annotations
@@ -36,6 +47,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from redis import asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from agent_reach.core.model import EndpointRecord
@@ -139,17 +152,20 @@ class RedisStore:
     def __init__(self, url: str, prefix: str, *, connect_timeout_s: float) -> None:
         p = key_prefix(prefix)
         self.url, self.prefix = url, prefix
+        self.timeout_s = connect_timeout_s  # a call, or a PING on the channel, failed past it
         self.seen_key, self.ver_key, self.seq_key = f"{p}:seen", f"{p}:ver", f"{p}:seq"
         self.epoch_key, self.channel = f"{p}:epoch", f"{p}:events"
         self._ep = f"{p}:ep:"
+        options: dict[str, Any] = {
+            "decode_responses": True,
+            "socket_timeout": connect_timeout_s,
+            "socket_connect_timeout": connect_timeout_s,
+            "retry_on_timeout": False,
+        }
         try:
-            self._redis = aioredis.Redis.from_url(
-                url,
-                decode_responses=True,
-                socket_timeout=connect_timeout_s,
-                socket_connect_timeout=connect_timeout_s,
-                retry_on_timeout=False,
-            )
+            self._redis = aioredis.Redis.from_url(url, **options)
+            # the subscription's own: a failure must end the stream, not be retried inside it
+            self._subscriber = aioredis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)
         except ValueError as exc:
             raise ConfigError(f"unusable registry URL {redacted(url)!r}: {exc}") from exc
         self._upsert = self._redis.register_script(UPSERT)
@@ -334,30 +350,45 @@ class RedisStore:
             fields.get("owner", ""),
         )
 
-    def events(self) -> EventStream:
-        """The registry's channel: ``async with store.events() as events: await events.next()``."""
-        return EventStream(self)
+    def events(self, *, idle_s: float) -> EventStream:
+        """The registry's channel: ``async with store.events(idle_s=...) as events: await
+        events.next(wait_s)``; probed with a PING after ``idle_s`` of quiet, and failed when
+        nothing answers within :attr:`timeout_s`."""
+        return EventStream(self, idle_s=idle_s, answer_s=self.timeout_s)
 
     async def close(self) -> None:
         """Close the connections (never raises for a Redis already gone)."""
-        with contextlib.suppress(RedisError, OSError):
-            await self._redis.aclose()
+        for client in (self._redis, self._subscriber):
+            with contextlib.suppress(RedisError, OSError):
+                await client.aclose()
 
 
 class EventStream:
-    """A subscription to the registry's channel, for one connection's lifetime."""
+    """A subscription to the registry's channel, for one connection's lifetime (see the
+    module's invariants: it fails on a dead connection, silent or not)."""
 
-    def __init__(self, store: RedisStore) -> None:
-        self._store = store
-        self._pubsub = store._redis.pubsub(ignore_subscribe_messages=True)
+    def __init__(self, store: RedisStore, *, idle_s: float, answer_s: float) -> None:
+        self._store, self._idle_s, self._answer_s = store, idle_s, answer_s
+        # the subscribe confirmation is kept: entering waits for it
+        self._pubsub = store._subscriber.pubsub()
+        self._heard = 0.0  # liveness time when the connection last delivered anything
+        self._asked: float | None = None  # when the unanswered PING was sent
 
     async def __aenter__(self) -> EventStream:
         try:
             with self._store._io():
                 await self._pubsub.subscribe(self._store.channel)
+                # Redis answers the SUBSCRIBE before any message of the channel
+                confirmed = await self._pubsub.get_message(timeout=self._answer_s)
+            if confirmed is None or confirmed.get("type") != "subscribe":
+                raise BackendUnavailable(
+                    f"redis at {redacted(self._store.url)}: no answer to SUBSCRIBE"
+                    f" within {self._answer_s} s"
+                )
         except BaseException:
             await self.__aexit__()
             raise
+        self._heard = self._store.now()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -365,11 +396,33 @@ class EventStream:
             await self._pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]
 
     async def next(self, wait_s: float) -> str | None:
-        """The next message's data, or None when none came within ``wait_s`` seconds."""
+        """The next message's data, or None when none came within ``wait_s`` seconds (or
+        sooner: a probe was due). BackendUnavailable when the connection failed, or when
+        nothing was heard within ``answer_s`` of a PING."""
+        now = self._store.now()
+        if self._asked is None and now - self._heard >= self._idle_s:
+            with self._store._io():
+                await self._pubsub.ping()
+            self._asked = now
+        if self._asked is None:
+            due = self._heard + self._idle_s
+        else:
+            due = self._asked + self._answer_s
+            if now >= due:
+                raise BackendUnavailable(
+                    f"redis at {redacted(self._store.url)}: the event subscription is silent"
+                    f" (nothing heard for {now - self._heard:.1f} s, no answer to a PING"
+                    f" within {self._answer_s} s)"
+                )
+        # a floor: a read given no time at all could be interrupted halfway through a message
+        wait_s = max(min(wait_s, due - now), 0.01)
         with self._store._io():
             message = await self._pubsub.get_message(timeout=wait_s)
-        if message is None or message.get("type") != "message":
+        if message is None:
             return None
+        self._heard, self._asked = self._store.now(), None  # anything heard proves the link
+        if message.get("type") != "message":
+            return None  # a PING's answer
         return str(message["data"])
 
 
