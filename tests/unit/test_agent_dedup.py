@@ -180,7 +180,42 @@ async def test_close_cancels_runs_in_flight() -> None:
 
     waiter = asyncio.create_task(runner.run("m1", hang))
     await asyncio.sleep(0)
-    await runner.close()
+    assert await runner.close(5.0) == []  # every run ended within the bound
     assert runner.running == 0
     with pytest.raises(asyncio.CancelledError):
         await waiter
+
+
+async def test_close_gives_up_on_a_run_that_swallows_its_cancellation() -> None:
+    """close() awaited the cancelled runs with no bound: one such run held shutdown for good."""
+    runner = once()
+    release, ended = asyncio.Event(), asyncio.Event()
+
+    async def stubborn() -> R:
+        try:
+            await release.wait()
+        except asyncio.CancelledError:  # what this test is about: a run that will not stop
+            await release.wait()
+        finally:
+            ended.set()
+        return R("late")
+
+    waiter = asyncio.create_task(runner.run("m1", stubborn))
+    await asyncio.sleep(0)
+    assert await asyncio.wait_for(runner.close(0.01), 5.0) == ["m1"]  # left behind, named
+    assert runner.running == 0 and not ended.is_set()
+    release.set()  # the run left behind ends with the test
+    assert await asyncio.wait_for(waiter, 5.0) == (R("late"), "ran")
+
+
+def test_the_byte_bound_counts_the_keys_too() -> None:
+    """Only the values were counted: large keys held memory the bound never saw."""
+    cache: RecentResults[R] = RecentResults(
+        max_entries=100, ttl_s=60.0, max_bytes=100, key_bytes=len
+    )
+    cache.put("k" * 50, R("a", size=10), 0.0)
+    assert cache.bytes == 60
+    cache.put("j" * 50, R("b", size=10), 0.0)  # 120 > 100: the older one goes
+    assert len(cache) == 1 and cache.bytes == 60
+    cache.put("x" * 95, R("c", size=10), 0.0)  # over the bound with its key alone: not kept
+    assert cache.get("x" * 95, 0.0) is None and cache.bytes == 60

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from agent_reach.errors import AgentReachError, InvalidRequest
 from agent_reach.sdk._beat import HeartbeatLine, failover_logger
-from agent_reach.sdk._schedule import Outcome, call_bounds, next_wait
+from agent_reach.sdk._schedule import Outcome, beat_timeout, call_bounds, next_wait, sleep_for
 from agent_reach.sdk._wire import register_body
 from agent_reach.sdk.client import ReachClient
 from agent_reach.testing import FakeClock
@@ -131,6 +131,64 @@ def test_with_several_gateways_calls_leave_most_of_the_interval_for_moving(
     assert bounds == pytest.approx((beat, connect))
 
 
+def test_a_wait_counts_from_the_start_of_the_previous_call() -> None:
+    assert sleep_for(1.6, started=100.0, now=100.0) == pytest.approx(1.6)  # answered at once
+    assert sleep_for(1.6, started=100.0, now=101.0) == pytest.approx(0.6)  # a 1 s answer
+    assert sleep_for(1.6, started=100.0, now=105.0) == 0.0  # slower than the wait: at once
+
+
+@pytest.mark.parametrize(
+    ("bound", "interval", "since", "timeout"),
+    [
+        (5.0, 10.0, 8.0, 1.0),  # one gateway: until 0.9 x the interval, not the whole 5 s
+        (5.0, 10.0, 6.0, 3.0),
+        (5.0, 2.0, 1.6, 0.25),  # never under 0.25 s (a busy gateway is not a dead one)
+        (5.0, 2.0, 0.25, 1.55),  # a retry soon after a quick failure: the rest of the 0.9
+        (5.0, 100.0, 60.0, 5.0),  # never past the bound
+        (1.5, 10.0, 6.0, 1.5),  # several gateways: call_bounds' 0.15 x the interval still holds
+        (0.1, 10.0, 8.0, 0.1),  # a request_timeout_s under the floor
+    ],
+)
+def test_a_heartbeat_waits_until_nine_tenths_of_the_interval_after_the_last_call_started(
+    bound: float, interval: float, since: float, timeout: float
+) -> None:
+    assert beat_timeout(bound, interval=interval, since=since) == pytest.approx(timeout)
+
+
+@given(
+    bound=st.floats(0.01, 60),
+    interval=st.floats(0.01, 600),
+    since=st.floats(0, 600),
+)
+def test_a_heartbeat_never_waits_past_nine_tenths_of_the_interval_or_its_bound(
+    bound: float, interval: float, since: float
+) -> None:
+    timeout = beat_timeout(bound, interval=interval, since=since)
+    assert 0.0 < timeout <= bound
+    assert since + timeout <= max(0.9 * interval, since + 0.25) + 1e-9
+
+
+@pytest.mark.parametrize("rng", [Top(), Bottom()], ids=["top", "bottom"])
+@pytest.mark.parametrize("interval", [2.0, 10.0])
+def test_after_one_timed_out_heartbeat_the_gateway_hears_again_within_the_interval(
+    rng: random.Random, interval: float
+) -> None:
+    """One gateway, request_timeout_s 5 s: a heartbeat used to wait the whole 5 s and the wait
+    after it counted from its end, so that the gateway next heard from the agent 0.8 x interval
+    + 5 s + 0.25 s after the last beat (6.85 s at an interval of 2: past down-after, 3 x the
+    interval; 13.25 s at 10: degraded). Here, on the schedule's own numbers."""
+    bound, _ = call_bounds(interval, several=False, request_timeout_s=5.0, connect_timeout_s=1.0)
+    options: dict[str, Any] = {"interval": interval, "registered": True, "retry_max_s": 5.0}
+    beat = 0.0  # a heartbeat that worked started, and was answered, here
+    wait = next_wait(Outcome.OK, failures=0, rng=rng, **options)
+    start = beat + sleep_for(wait, started=beat, now=beat)
+    ended = start + beat_timeout(bound, interval=interval, since=start - beat)  # no answer
+    wait = next_wait(Outcome.FAILED, failures=1, rng=rng, **options)
+    retry = ended + sleep_for(wait, started=start, now=ended)
+    assert retry < interval  # before the gateway's degraded-after (1 x the interval)
+    assert retry <= max(0.9 * interval, start + 0.25) + 1e-9
+
+
 @pytest.mark.parametrize(
     ("gateways", "connect"),
     [
@@ -171,9 +229,14 @@ class Scripted:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     release: asyncio.Event = field(default_factory=asyncio.Event)
     url: str = ""
+    # seconds each call takes on ``clock`` (the line's), in order; then none
+    took: list[float] = field(default_factory=list)
+    clock: FakeClock | None = None
 
     async def handle(self, request: web.Request) -> web.Response:
         raw = await request.read()
+        if self.took and self.clock is not None:
+            self.clock.advance(self.took.pop(0))
         kind = RegisterBody if request.path == "/v1/register" else EndpointIdBody
         body = decode(raw, kind)  # raises on a body the gateway would refuse
         self.seen.append(Seen(request.path, body, request.headers.get("Authorization")))
@@ -287,6 +350,20 @@ async def test_failures_back_off_exponentially_then_heartbeats_keep_the_interval
     assert run.clock.slept == pytest.approx([0.25, 0.5, 1.0, 2.0, 4.0, 5.0, 1.6, 1.6, 1.6])
     assert scripted.paths() == ["register"] * 7 + ["heartbeat"] * 3
     assert run.line.registered and run.line.interval == 2.0 and run.line.beats == 2
+
+
+async def test_a_slow_answer_does_not_push_the_next_heartbeat_back(
+    scripted: Scripted, runs: list[Run]
+) -> None:
+    """The wait after a call counted from its end: a heartbeat answered in 1 s came 1 s late."""
+    scripted.script = [registered(interval=2.0), beat(), beat(), beat()]
+    scripted.took = [0.0, 0.0, 1.0, 2.5]  # register, beat, a slow beat, one slower than a period
+    run = await start(runs, [scripted.url])
+    scripted.clock = run.clock
+    await parked(scripted)
+    # 0.8 x the interval from each call's start: 1.6 - 1.0 after the slow one, none after 2.5 s
+    assert run.clock.slept == pytest.approx([1.6, 1.6, 0.6, 0.0])
+    assert scripted.paths() == ["register"] + ["heartbeat"] * 4
 
 
 async def test_a_heartbeat_answered_404_registers_again_at_once(
@@ -442,17 +519,27 @@ async def test_an_answer_nested_too_deeply_is_a_bad_answer_and_backed_off(
 async def test_anything_else_a_call_raises_is_logged_backed_off_and_the_line_goes_on(
     scripted: Scripted, runs: list[Run], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """An error body with a field named ``self`` makes building the typed error raise
-    TypeError, not one of ours: the line used to end there for good, the agent serving on."""
+    """A call raising what no branch foresaw (a bug: injected here as the client's heartbeat
+    raising RuntimeError twice; an error body with a field named ``self`` once did it, by a
+    TypeError building the typed error) used to end the line for good, the agent serving on.
+    It is logged, backed off, and the line goes on."""
     caplog.set_level(logging.WARNING, logger="agent_reach")
-    breaking = ("/v1/heartbeat", 503, {"ok": False, "error": "unavailable", "self": 1})
-    scripted.script = [registered(interval=2.0), breaking, breaking, beat()]
-    run = await start(runs, [scripted.url])
+    scripted.script = [registered(interval=2.0), beat()]
+    run = await start(runs, [scripted.url])  # (its task has not run yet)
+    real = run.client.heartbeat
+    faults = [RuntimeError("a bug"), RuntimeError("a bug")]
+
+    async def heartbeat(*args: Any, **kwargs: Any) -> Any:
+        if faults:
+            raise faults.pop(0)
+        return await real(*args, **kwargs)
+
+    run.client.heartbeat = heartbeat  # type: ignore[method-assign]
     await parked(scripted)
     assert run.clock.slept == pytest.approx([1.6, 0.25, 0.5, 1.6])  # the failures' backoff
     assert run.line.registered and run.line.beats == 1
-    assert scripted.paths() == ["register"] + ["heartbeat"] * 4
+    assert scripted.paths() == ["register", "heartbeat", "heartbeat"]  # (the last one parked)
     # one line (with the traceback) for both: at most one a minute
     (line,) = [r for r in caplog.records if r.getMessage() == "agent.lifeline_error"]
     assert line.levelno == logging.ERROR and line.exc_info is not None
-    assert line.data["doing"] == "heartbeat" and "TypeError" in line.data["error"]  # type: ignore[attr-defined]
+    assert line.data["doing"] == "heartbeat" and "RuntimeError" in line.data["error"]  # type: ignore[attr-defined]

@@ -8,7 +8,10 @@ runs it on a thread of its own. The schedule itself is pure (:mod:`._schedule`).
 
 Behaviour:
 - Heartbeats every ``0.6-0.8 x heartbeat_interval_s`` (the interval the gateway returned at
-  registration): a little early and jittered, so agents neither arrive late nor beat in step.
+  registration), counted from the start of the previous call: a little early and jittered, so
+  agents neither arrive late nor beat in step. A heartbeat waits for its answer until 0.9 x the
+  interval after the previous call started (at least 0.25 s; with one gateway too), so that a
+  timed-out one is tried again before the gateway counts the agent degraded.
 - A heartbeat answered 404 (``EndpointNotRegistered``: the gateway restarted, or purged the
   record) registers again at once.
 - While no gateway can be reached, or one answers 5xx, the line retries with a jittered
@@ -28,7 +31,8 @@ each gateway at most once a round; only when none can be reached does it back of
 heartbeats within the interval across a move, making a connection may take at most
 ``connect_timeout_s`` and a fifth of the interval (at least 0.1 s), and a heartbeat waits for
 its answer at most 0.15 x the interval (at least 0.25 s): the rest of the interval is left for
-registering elsewhere (with one gateway, every call keeps ``request_timeout_s``). An answer,
+registering elsewhere (with one gateway, a registration keeps ``request_timeout_s``, and a
+heartbeat the bound above: until 0.9 x the interval after the previous call). An answer,
 even 5xx, is not a reason to move: a registry that is down behind one gateway is down behind
 all of them.
 
@@ -43,6 +47,7 @@ with the backoff until that record is down, not raised.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -58,7 +63,14 @@ from agent_reach.errors import (
 )
 from agent_reach.observability.logs import Throttle, log
 from agent_reach.sdk._failover import Failover, describe, never_sent
-from agent_reach.sdk._schedule import DEREGISTER_WITHIN_S, Outcome, call_bounds, next_wait
+from agent_reach.sdk._schedule import (
+    DEREGISTER_WITHIN_S,
+    Outcome,
+    beat_timeout,
+    call_bounds,
+    next_wait,
+    sleep_for,
+)
 from agent_reach.settings import nats_gateway
 from agent_reach.wire.bodies import RegisterBody
 
@@ -133,6 +145,7 @@ class HeartbeatLine:
         """Register, call ``first`` with the refusal of that first attempt (None: registered,
         or no gateway could be reached), and, unless it was refused, keep the line until
         cancelled."""
+        started = self.clock.monotonic()  # when the last call started: waits count from it
         outcome = await self._guarded(self._register_anywhere, "register")
         if outcome is Outcome.REFUSED:
             first(self._refusal)
@@ -152,6 +165,8 @@ class HeartbeatLine:
                 retry_max_s=self.retry_max_s,
                 rng=self.rng,
             )
+            # from the last call's start: a slow answer does not push the next beat back
+            wait = sleep_for(wait, started=started, now=self.clock.monotonic())
             if outcome in (Outcome.FAILED, Outcome.REFUSED):
                 log(
                     logging.WARNING,
@@ -169,8 +184,15 @@ class HeartbeatLine:
                     retry_in_s=round(wait, 3),
                 )
             await self.clock.sleep(wait)
+            previous, started = started, self.clock.monotonic()
             if self.registered:
-                outcome = await self._guarded(self._heartbeat, "heartbeat")
+                # answered by 0.9 x the interval after the last call started, or given up:
+                # time is left to try again before the gateway counts the agent degraded
+                timeout_s = beat_timeout(
+                    self._beat_s, interval=self.interval, since=started - previous
+                )
+                beat = functools.partial(self._heartbeat, timeout_s)
+                outcome = await self._guarded(beat, "heartbeat")
                 if outcome is not Outcome.UNREACHABLE:
                     continue
             # registering elsewhere at once is this interval's heartbeat
@@ -279,11 +301,11 @@ class HeartbeatLine:
         self._error = f"registration answered {status}: {exc.code}: {exc.detail}"
         return Outcome.FAILED
 
-    async def _heartbeat(self) -> Outcome:
+    async def _heartbeat(self, timeout_s: float) -> Outcome:
         client = self.client
         had_token = client.endpoint_token(self.endpoint_id) is not None
         try:
-            await client.heartbeat(self.endpoint_id, timeout_s=self._beat_s)
+            await client.heartbeat(self.endpoint_id, timeout_s=timeout_s)
         except EndpointNotRegistered:
             # the gateway does not know us: it restarted (in-memory registry) or purged us
             self.registered = False

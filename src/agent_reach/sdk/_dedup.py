@@ -11,8 +11,10 @@ the attempt out and retried the same agent). :class:`RunOnce` answers both from 
 
 Invariants: at most one run per key is in flight; a run is never cancelled by the delivery that
 started it going away (it runs in its own task, awaited through :func:`asyncio.shield`), so its
-answer lands in the cache for the retry; the cache never holds more than ``max_entries``
-entries or ``max_bytes`` bytes of answers, and never answers with an entry past its TTL.
+answer lands in the cache for the retry; :meth:`RunOnce.close` cancels the runs and waits for
+them no longer than it is told (a run that swallows its cancellation cannot hold shutdown for
+ever); the cache never holds more than ``max_entries`` entries or ``max_bytes`` bytes of
+answers and their keys, and never answers with an entry past its TTL.
 State is in memory, per process: agents behind a load balancer, or restarted, do not share it.
 """
 
@@ -48,16 +50,32 @@ R = TypeVar("R", bound=Sized)
 class _Entry(Generic[R]):
     value: R
     expires_at: float
+    size: int  # the value's bytes and its key's
+
+
+def _no_bytes(key: Key) -> int:
+    return 0
 
 
 class RecentResults(Generic[R]):
     """Answers of recent runs by key: LRU eviction past ``max_entries`` or ``max_bytes``, and
-    entries older than ``ttl_s`` are never returned. ``now`` is passed in (no clock reads)."""
+    entries older than ``ttl_s`` are never returned. ``now`` is passed in (no clock reads).
 
-    def __init__(self, max_entries: int = 1024, ttl_s: float = 600.0, max_bytes: int = 64 << 20):
+    An entry's bytes are its value's ``size`` plus ``key_bytes(key)``: keys come from callers
+    (a ``msg_id`` is theirs to choose), so a bound that counted only the answers would let
+    large keys hold memory it never sees."""
+
+    def __init__(
+        self,
+        max_entries: int = 1024,
+        ttl_s: float = 600.0,
+        max_bytes: int = 64 << 20,
+        key_bytes: Callable[[Key], int] = _no_bytes,
+    ):
         if max_entries < 0 or ttl_s < 0 or max_bytes < 0:
             raise ValueError("max_entries, ttl_s and max_bytes must not be negative")
         self.max_entries, self.ttl_s, self.max_bytes = max_entries, ttl_s, max_bytes
+        self._key_bytes = key_bytes
         self._entries: OrderedDict[Key, _Entry[R]] = OrderedDict()
         self._bytes = 0
 
@@ -66,7 +84,7 @@ class RecentResults(Generic[R]):
 
     @property
     def bytes(self) -> int:
-        """Bytes held by the cached results."""
+        """Bytes held by the cached results and their keys."""
         return self._bytes
 
     def get(self, key: Key, now: float) -> R | None:
@@ -83,20 +101,22 @@ class RecentResults(Generic[R]):
     def put(self, key: Key, value: R, now: float) -> None:
         """Keep ``value`` for ``key`` until ``now + ttl_s``, evicting the least recently used.
 
-        A result larger than ``max_bytes`` (or any, with a zero bound) is not kept.
+        A result larger than ``max_bytes`` with its key (or any, with a zero bound) is not
+        kept.
         """
         if key in self._entries:
             self._drop(key)
-        if value.size > self.max_bytes or self.max_entries == 0 or self.ttl_s == 0:
+        size = value.size + self._key_bytes(key)
+        if size > self.max_bytes or self.max_entries == 0 or self.ttl_s == 0:
             return
-        self._entries[key] = _Entry(value, now + self.ttl_s)
-        self._bytes += value.size
+        self._entries[key] = _Entry(value, now + self.ttl_s, size)
+        self._bytes += size
         while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
             self._drop(next(iter(self._entries)))
 
     def _drop(self, key: Key) -> None:
         entry = self._entries.pop(key)
-        self._bytes -= entry.value.size
+        self._bytes -= entry.size
 
 
 class RunOnce(Generic[R]):
@@ -154,12 +174,17 @@ class RunOnce(Generic[R]):
         if self._running.get(key) is task:
             del self._running[key]
 
-    async def close(self) -> None:
-        """Cancel the runs in flight and wait for them to end (at shutdown)."""
+    async def close(self, timeout_s: float) -> list[Key]:
+        """Cancel the runs in flight and wait up to ``timeout_s`` for them to end (at
+        shutdown); the keys of those still going then (a handler that swallows its
+        cancellation), left to run on unawaited, so that shutdown never hangs on one."""
         running = list(self._running.items())
         for _, task in running:
             task.cancel()
+        left: list[Key] = []
         if running:
-            await asyncio.wait([task for _, task in running])
+            _, pending = await asyncio.wait([task for _, task in running], timeout=timeout_s)
+            left = [key for key, task in running if task in pending]
         for key, task in running:
             self._forget(key, task)
+        return left

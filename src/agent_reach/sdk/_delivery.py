@@ -20,6 +20,7 @@ past ``max_inflight`` runs  503     ``backend_unavailable`` at once (retryable, 
 deadline passed, not run    503     ``backend_unavailable`` (retryable, not cached)
 answer is not JSON          500     ``bad_answer`` (retryable, not cached)
 body not JSON / bad shape   400/422 ``invalid_request`` naming the field
+``msg_id`` over 128 chars   422     ``invalid_request`` naming ``msg_id`` (body or header)
 body over the size limit    413     ``payload_too_large`` (decided by the adapter)
 intent not handled here     404     ``unknown_intent``
 not a POST                  405     ``method_not_allowed`` (decided by the adapter)
@@ -45,7 +46,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -78,6 +79,7 @@ __all__ = [
     "DEFAULT_WORKERS",
     "INFLIGHT_FLOOR",
     "INFLIGHT_PER_WORKER",
+    "MAX_MSG_ID",
     "Answer",
     "Dispatcher",
     "Handler",
@@ -97,6 +99,9 @@ DEFAULT_WORKERS = min(32, (os.cpu_count() or 1) + 4)
 INFLIGHT_PER_WORKER = 4
 INFLIGHT_FLOOR = 64
 _encode = msgspec.json.Encoder().encode
+# the longest msg_id the gateway sends (agent_reach.wire.bodies.Token: 128 visible ASCII
+# characters); a longer one is refused, so that no caller keys the dedup memory with megabytes
+MAX_MSG_ID = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +211,12 @@ def _header_int(headers: Mapping[str, str], name: str) -> int | None:
     return int(value) if ok else None
 
 
+def _key_bytes(key: Hashable) -> int:
+    # a dedup key (msg_id, intent, sender): the sender is the caller's to choose as well
+    parts = key if isinstance(key, tuple) else (key,)
+    return sum(len(part.encode()) for part in parts if isinstance(part, str))
+
+
 def _is_final(answer: Answer) -> bool:
     # successes and deliberate rejections; a crash (5xx) should run again when retried
     return answer.status < 500
@@ -270,7 +281,7 @@ class Dispatcher:
         self._owner = owner
         self._now = now
         self.once: RunOnce[Answer] = RunOnce(
-            RecentResults(dedup_size, dedup_ttl_s, dedup_max_bytes), _is_final, now
+            RecentResults(dedup_size, dedup_ttl_s, dedup_max_bytes, _key_bytes), _is_final, now
         )
         self._pool: ThreadPoolExecutor | None = None
         self.otel = tracer if tracer is not None else agent_tracer(endpoint_id)
@@ -292,6 +303,11 @@ class Dispatcher:
             or new_id("trace")
         )
         msg_id = d.msg_id or headers.get("x-reach-msg-id") or ""
+        if len(msg_id) > MAX_MSG_ID:
+            log(logging.INFO, "agent.invalid_request", detail="msg_id too long", size=len(msg_id))
+            return from_error(
+                InvalidRequest(f"msg_id is over {MAX_MSG_ID} characters", field="msg_id")
+            )
         attempt = _header_int(headers, "x-reach-attempt") or 1
         if self.verifier is not None:
             refusal = await self.verifier.check(
@@ -603,10 +619,21 @@ class Dispatcher:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="agent-reach-worker")
         return self._pool
 
-    async def close(self) -> None:
-        """Cancel handler runs still going and let the pool go (sync handlers already running
-        cannot be interrupted: their threads end when they return)."""
-        await self.once.close()
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Cancel handler runs still going, wait up to ``timeout_s`` for them to end, and let
+        the pool go (sync handlers already running cannot be interrupted: their threads end
+        when they return). Runs that outlast the wait (an async handler that swallows its
+        cancellation) are logged as ``agent.runs_abandoned`` and left behind."""
+        left = await self.once.close(timeout_s)
+        if left:
+            log(
+                logging.WARNING,
+                "agent.runs_abandoned",
+                endpoint_id=self.endpoint_id,
+                runs=len(left),
+                msg_ids=sorted({str(key[0]) for key in left if isinstance(key, tuple)})[:20],
+                waited_s=timeout_s,
+            )
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None

@@ -84,11 +84,12 @@ class Agent:
     remembered for ``dedup_ttl_s`` seconds, ``dedup_size`` messages and ``dedup_max_bytes``
     bytes of answers at most (0 turns the memory off; runs in flight are still joined). Bodies over
     ``max_body_bytes`` get 413. ``shutdown_timeout`` bounds how long :meth:`stop` waits for
-    deliveries in flight. Past ``max_inflight`` handler runs in hand (default: the larger of
-    4 x ``workers`` and 64; a run whose caller has gone counts until it ends) a delivery is
-    answered 503 ``backend_unavailable`` at once, on every transport: the gateway tries
-    another agent. Calls to the gateway time out after ``request_timeout_s``; while it
-    cannot be reached, the agent retries with a backoff of up to ``retry_max_s``.
+    deliveries in flight, and then for the runs it cancelled to end. Past ``max_inflight``
+    handler runs in hand (default: the larger of 4 x ``workers`` and 64; a run whose caller
+    has gone counts until it ends) a delivery is answered 503 ``backend_unavailable`` at once,
+    on every transport: the gateway tries another agent. Calls to the gateway time out after
+    ``request_timeout_s``; while it cannot be reached, the agent retries with a backoff of up
+    to ``retry_max_s``.
 
     Token mode (docs/security.md): ``token`` is the agent's enrollment token (default
     ``$AGENT_REACH_TOKEN``); the agent registers with it and then holds the endpoint token the
@@ -174,6 +175,9 @@ class Agent:
         # handler runs in hand past which a delivery is answered 503 at once (every transport)
         self.max_inflight = self._dispatcher.max_inflight
         self._lifeline: Lifeline | None = None
+        # the endpoint token of a line stopped while deliveries may still be in flight: their
+        # onward reaches present it until the agent is closed (deregistering drops it)
+        self._ending_token: str | None = None
         self._runner: web.AppRunner | None = None
         self._listener: NatsListener | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -220,7 +224,7 @@ class Agent:
         """Token mode: the endpoint token the gateway gave this agent (None before, or in open
         mode). It heartbeats, deregisters and sends as this id: keep it to the agent."""
         line = self._lifeline
-        return line.endpoint_token if line is not None else None
+        return line.endpoint_token if line is not None else self._ending_token
 
     @property
     def heartbeat_interval(self) -> float | None:
@@ -284,7 +288,10 @@ class Agent:
 
     async def stop(self) -> None:
         """Deregister and stop heartbeating, then stop serving (deliveries in flight get up to
-        ``shutdown_timeout`` seconds). Safe to call twice.
+        ``shutdown_timeout`` seconds, and the runs still going then as long again to end once
+        cancelled). Handlers in flight may still reach onward meanwhile, as this agent: the
+        onward-reach client (and the endpoint token) is let go only after them. Safe to call
+        twice.
 
         Over NATS the order differs, for replicas (which share one registration): the agent
         leaves its queue group first (new deliveries go to the other members), lets those in
@@ -295,13 +302,14 @@ class Agent:
             replicas = await listener.leave(self.shutdown_timeout)
             if replicas:
                 log(logging.INFO, "agent.replicas_remain", endpoint_id=self.endpoint_id)
-        await self._end(close=False, deregister=not replicas)
+        await self._end(deregister=not replicas)
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
         if listener is not None:
             await listener.stop()
-        await self._dispatcher.close()
+        # only now: a handler still running until here may reach onward, as this agent
+        await self._close()
 
     def run(self) -> None:
         """Start, print the agent's URL, and run until SIGINT or SIGTERM, then stop."""
@@ -365,7 +373,9 @@ class Agent:
             try:
                 yield
             finally:
-                await self._end(close=True)
+                # the server has stopped serving (and waited for its requests) by now
+                await self._end()
+                await self._close()
 
         return span
 
@@ -440,15 +450,23 @@ class Agent:
             await asyncio.wrap_future(line.stop())
             raise
 
-    async def _end(self, *, close: bool, deregister: bool = True) -> None:
+    async def _end(self, *, deregister: bool = True) -> None:
+        """Deregister (when asked) and stop the heartbeat line. The onward-reach client and
+        the endpoint token stay: deliveries in flight may still reach (:meth:`_close`)."""
         line, self._lifeline = self._lifeline, None
         if line is not None:
+            # read before deregistering, which drops it: readable until _close
+            self._ending_token = line.endpoint_token
             await asyncio.wrap_future(line.stop(deregister=deregister))
+
+    async def _close(self) -> None:
+        """After the deliveries in flight have ended (or had their time): cancel the runs
+        left, then close the onward-reach client and let the endpoint token go."""
+        await self._dispatcher.close(self.shutdown_timeout)
         client, self._client = self._client, None
         if client is not None:
             await client.close()
-        if close:
-            await self._dispatcher.close()
+        self._ending_token = None
 
 
 def _require_nats() -> None:
