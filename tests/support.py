@@ -22,14 +22,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib import error, request
 
 import pytest
+from aiohttp import web
 
 from agent_reach.auth.keys import KeyRing, generate_key
 from agent_reach.auth.tokens import Kind, TokenService
@@ -330,6 +331,19 @@ async def until(
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {bound} s: {what}")
         await asyncio.sleep(interval)
+
+
+@asynccontextmanager
+async def served(app: web.Application) -> AsyncIterator[str]:
+    """``app`` served on 127.0.0.1 (a free port) for the block: its base URL. A stand-in for a
+    gateway or an agent, written in the test; no access log."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
 
 
 T = TypeVar("T")

@@ -29,6 +29,7 @@ from aiohttp import web
 from agent_reach.auth.keys import KeyRing, generate_key
 from agent_reach.auth.tokens import TokenService
 from agent_reach.sdk import Agent, ReachContext
+from tests.support import served
 
 WAIT_S = 10.0  # the bound on every wait for something to happen
 
@@ -88,14 +89,9 @@ async def stand_in() -> AsyncIterator[StandIn]:
     app.router.add_post("/v1/heartbeat", gw.heartbeat)
     app.router.add_post("/v1/deregister", gw.deregister)
     app.router.add_get("/v1/keys", gw.jwks)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    gw.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    try:
+    async with served(app) as url:
+        gw.url = url
         yield gw
-    finally:
-        await runner.cleanup()
 
 
 def nested(depth: int) -> bytes:

@@ -26,6 +26,7 @@ import pytest
 from aiohttp import web
 
 from agent_reach.sdk import Agent, ReachContext
+from tests.support import served
 
 WAIT_S = 10.0  # the bound on every wait for something to happen
 ENDPOINT_TOKEN = "ept-shutdown-0123456789"
@@ -91,15 +92,12 @@ async def stand_in() -> AsyncIterator[StandIn]:
     app.router.add_post("/v1/heartbeat", gw.heartbeat)
     app.router.add_post("/v1/deregister", gw.deregister)
     app.router.add_post("/v1/send", gw.send)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    gw.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    try:
-        yield gw
-    finally:
-        gw.release.set()
-        await runner.cleanup()
+    async with served(app) as url:
+        gw.url = url
+        try:
+            yield gw
+        finally:
+            gw.release.set()  # what still waits on it ends, so that the server can stop
 
 
 async def post(url: str, body: dict[str, Any]) -> tuple[int, Any]:

@@ -25,6 +25,7 @@ from agent_reach.sdk._wire import register_body
 from agent_reach.sdk.client import ReachClient
 from agent_reach.testing import FakeClock
 from agent_reach.wire.bodies import EndpointIdBody, RegisterBody, decode
+from tests.support import served
 
 ID = "agent://line-01"
 
@@ -259,15 +260,12 @@ async def scripted() -> AsyncIterator[Scripted]:
     gw = Scripted([])
     app = web.Application()
     app.router.add_post("/v1/{call}", gw.handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    gw.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    try:
-        yield gw
-    finally:
-        gw.release.set()
-        await runner.cleanup()
+    async with served(app) as url:
+        gw.url = url
+        try:
+            yield gw
+        finally:
+            gw.release.set()  # what still waits on it ends, so that the server can stop
 
 
 @pytest.fixture
