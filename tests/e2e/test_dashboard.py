@@ -126,7 +126,10 @@ def open_page(browser: Any, url: str) -> Iterator[Any]:
         yield page
     finally:
         context.close()
-    assert problems == []
+    # Chromium drops a poll with ERR_NETWORK_CHANGED when the host's interfaces change: the
+    # network-namespace tests beside this one add and remove veth pairs (one CI run saw it).
+    # The machine's, not the page's: the next poll goes through
+    assert [p for p in problems if "ERR_NETWORK_CHANGED" not in p] == []
 
 
 @pytest.fixture
