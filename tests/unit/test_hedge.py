@@ -271,6 +271,43 @@ async def test_a_slow_first_attempt_is_hedged_elsewhere_and_the_hedge_answer_win
     ]
 
 
+async def test_an_endpoint_losing_races_past_the_slow_threshold_is_seen_slow() -> None:
+    """The loser of a race has not answered after the hedge's wait and the winner's answer: a
+    lower bound of its latency. Past the slow threshold it is a sample (a review found an
+    endpoint that lost every race by seconds never degraded: cancelled attempts taught only
+    its cost); under it, only the cost, as above."""
+    reacher, transport, clock = make("50", slow_threshold_ms=40.0)
+    await register(reacher, "a", "b")
+    task = asyncio.create_task(reach(reacher, clock))
+    first, hedge = await transport.sent(2)
+    reply(hedge, 0.01)
+    assert isinstance((await done(task))[0], Reply)
+    router = reacher.router
+    stats = router.stats[first.endpoint_id]
+    assert stats.p95_ms() is None  # not an answer: no p95 from it
+    record = router.registry.get(first.endpoint_id)
+    assert record is not None
+    assert router.health(record).status.value == "degraded"  # 60 ms over 40: slow
+    other = router.registry.get(hedge.endpoint_id)
+    assert other is not None and router.health(other).status.value == "healthy"
+
+
+@pytest.mark.parametrize("cost", [30.0, 200.0])
+def test_a_lower_bound_raises_the_cost_and_never_lowers_it(cost: float) -> None:
+    """A cancelled or cut-short attempt's time is what the endpoint took at least: it raises a
+    cost under it and leaves one over it alone (a cut at 95 ms lowered a cost of 200 ms)."""
+    clock = FakeClock()
+    router = Router(GatewaySettings(), MemoryRegistry(), clock, rng=random.Random(7))
+    stats = router.attempt_started("agent://a")
+    stats.penalize(cost, router.now())
+    router.attempt_cut_short("agent://a", stats, 95.0)
+    assert stats.cost_ms(router.now()) == pytest.approx(max(cost, 95.0))
+    stats = router.attempt_started("agent://a")
+    router.attempt_cancelled("agent://a", stats, 90.0)
+    assert stats.cost_ms(router.now()) == pytest.approx(max(cost, 95.0))
+    assert stats.inflight == 0 and stats.p95_ms() is None
+
+
 async def test_an_answer_before_the_wait_sends_no_hedge() -> None:
     auto = {"http://a/reach": Answer(0.03), "http://b/reach": Answer(0.03)}
     reacher, transport, clock = make("50", auto)

@@ -290,6 +290,13 @@ class EndpointStats:
         """Raise the load-aware cost without a latency sample (nothing reached the agent)."""
         self._observe_cost(penalty_ms, now)
 
+    def at_least(self, latency_ms: float, now: float) -> None:
+        """Learn, without a sample, that a delivery had not answered after ``latency_ms``: a
+        lower bound of its latency, which raises the load-aware cost to it and never lowers
+        it (an attempt cut short at 95 ms says nothing against a cost of 200 ms)."""
+        if latency_ms > self.cost_ms(now):
+            self._observe_cost(latency_ms, now)
+
     def _restart_cost(self, cost_ms: float, now: float, n: int) -> None:
         self.ewma_ms = cost_ms
         self._ewma_at = now

@@ -576,8 +576,9 @@ class Reacher:
                 record.endpoint_url, run.payload, headers, timeout_s
             )
         except BaseException as exc:  # cancelled: a hedge race was decided, or the caller left
-            router.attempt_cancelled(target, stats)
-            took = round3((clock.monotonic() - started) * 1000.0)
+            took_ms = (clock.monotonic() - started) * 1000.0
+            router.attempt_cancelled(target, stats, took_ms)
+            took = round3(took_ms)
             if attempt_span is not None:
                 attempt_span.end("cancelled", took)
             if isinstance(exc, asyncio.CancelledError):

@@ -24,10 +24,11 @@ Invariants:
   ``cancelled``) are written by then; the attempt that decided is listed after it. A retryable
   failure of one attempt leaves the other to run on; when both fail, the later failure goes to
   the retry rules.
-- A cancelled attempt teaches the load-aware choice only that its endpoint took at least that
-  long (its peak-EWMA cost, :meth:`~agent_reach.core.health.EndpointStats.penalize`): no latency
-  sample, no health change. Without it an endpoint that never answers before the hedge would
-  keep its optimistic cost and be chosen first again and again.
+- A cancelled attempt teaches the router only that its endpoint took at least that long
+  (:meth:`~agent_reach.gateway.router.Router.attempt_cancelled`): its peak-EWMA cost is raised
+  to it, and it is a latency sample only past the slow threshold (a lower bound over it). Without
+  it an endpoint that never answers before the hedge would keep its optimistic cost and be
+  chosen first again and again, and one that loses every race by seconds would never be slow.
 - All waiting goes through the injected clock.
 """
 
@@ -212,9 +213,7 @@ class Hedging:
         clock = self._hedger.router.clock
         base = len(attempts)
         first = asyncio.create_task(self._attempt(target, timeout_s, attempts, False))
-        racing: dict[asyncio.Task[Delivery], tuple[str, float]] = {
-            first: (target, clock.monotonic())
-        }
+        racing: dict[asyncio.Task[Delivery], str] = {first: target}
         timer: asyncio.Task[None] | None = asyncio.create_task(clock.sleep(delay_ms / 1000.0))
         decided: str | None = None  # the endpoint whose answer (or 4xx) ended the race
         failed: tuple[str, Delivery] | None = None
@@ -225,7 +224,7 @@ class Hedging:
                     waiting.add(timer)
                 done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 for task in [t for t in racing if t in done]:  # the first attempt first
-                    endpoint_id, _ = racing.pop(task)
+                    endpoint_id = racing.pop(task)
                     if (
                         task is not first
                         and not task.cancelled()
@@ -257,13 +256,13 @@ class Hedging:
                         task = asyncio.create_task(
                             self._attempt(other, hedge_timeout_s, attempts, True)
                         )
-                        racing[task] = (other, clock.monotonic())
+                        racing[task] = other
             assert failed is not None  # the loop ends when every attempt has ended
             return failed
         finally:
             if timer is not None:
                 timer.cancel()
-            await self._settle(racing, decided is not None)
+            await self._settle(racing)
             if decided is not None:  # the deciding attempt last, after the cancelled one
                 for i in range(len(attempts) - 1, base - 1, -1):
                     if attempts[i].endpoint_id == decided:
@@ -302,23 +301,14 @@ class Hedging:
         log(logging.INFO, "route.hedge", from_endpoint=target, to_endpoint=other, after_ms=after_ms)
         return other, min(router.per_try_ms(other) / 1000.0, remaining)
 
-    async def _settle(
-        self, racing: dict[asyncio.Task[Delivery], tuple[str, float]], decided: bool
-    ) -> None:
+    async def _settle(self, racing: dict[asyncio.Task[Delivery], str]) -> None:
         """Cancel the attempts still racing and wait for them to end (they record themselves
-        as cancelled); once the race was decided, note the time each had taken in its
-        endpoint's load-aware cost."""
+        as cancelled, and what they took: Router.attempt_cancelled)."""
         if not racing:
             return
         for task in racing:
             task.cancel()
         await asyncio.wait(racing)
-        router = self._hedger.router
-        now = router.clock.monotonic()
-        for task, (endpoint_id, started) in racing.items():
+        for task in racing:
             if not task.cancelled():
                 task.exception()  # it ended as the race did: retrieved, and set aside
-                continue
-            stats = router.stats.get(endpoint_id)
-            if decided and stats is not None:
-                stats.penalize((now - started) * 1000.0, router.now())

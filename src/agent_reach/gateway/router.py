@@ -698,9 +698,29 @@ class Router:
         stats.inflight += 1
         return stats
 
-    def attempt_cancelled(self, endpoint_id: str, stats: EndpointStats) -> None:
-        """An attempt ended without an outcome (the request was cancelled): its slot is free."""
+    def attempt_cancelled(
+        self, endpoint_id: str, stats: EndpointStats, latency_ms: float = 0.0
+    ) -> None:
+        """An attempt ended without an outcome (a hedge race was decided, or the request was
+        cancelled): its slot is free. It had not answered after ``latency_ms``, a lower bound
+        of its latency: its load-aware cost learns that (never lowered by it), and one past the
+        slow threshold is a latency sample, as a timeout's is (a mean of lower bounds over the
+        threshold is over it: an endpoint that keeps losing hedge races by seconds is seen
+        slow, not hidden by the hedges that win)."""
         stats.inflight -= 1
+        if latency_ms > 0.0 and self.stats.get(endpoint_id) is stats:
+            now = self.now()
+            t = self.thresholds
+            if latency_ms < t.slow_threshold_ms:
+                stats.at_least(latency_ms, now)
+            else:
+                was_slow = stats.is_slow(now, t)
+                stats.observe(latency_ms, now, answered=False, t=t)
+                if was_slow != stats.is_slow(now, t):
+                    record = self.registry.get(endpoint_id)
+                    if record is not None:
+                        self._replace_member(endpoint_id, record.capabilities)  # offers too
+                        return
         self._offer(endpoint_id)
 
     def attempt_cut_short(self, endpoint_id: str, stats: EndpointStats, latency_ms: float) -> None:
@@ -710,7 +730,7 @@ class Router:
         that answers in 200 ms). Its load-aware cost learns it took at least that long."""
         stats.inflight -= 1
         if self.stats.get(endpoint_id) is stats:
-            stats.penalize(latency_ms, self.now())
+            stats.at_least(latency_ms, self.now())
         self._offer(endpoint_id)
 
     def attempt_finished(
