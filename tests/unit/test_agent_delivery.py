@@ -194,6 +194,19 @@ async def test_an_answer_that_is_not_json_is_a_500(table: Any) -> None:
     assert (code, answer["error"]) == (500, "bad_answer")
 
 
+async def test_an_answer_nested_too_deeply_to_encode_is_a_500(table: Any) -> None:
+    """A review found the RecursionError of an answer nested 5,000 deep escaping the
+    dispatcher (the server's bare 500 and a traceback, not the contract's answer)."""
+    dispatcher, handlers, _ = table
+    deep: list[Any] = []
+    for _ in range(5000):
+        deep = [deep]
+    handlers["t.run"] = lambda payload, ctx: deep
+    code, answer = parsed(await dispatcher.deliver(body(), {}))
+    assert (code, answer["ok"], answer["error"]) == (500, False, "bad_answer")
+    assert "not JSON" in answer["detail"]
+
+
 async def test_sync_handlers_run_on_a_bounded_pool(table: Any) -> None:
     dispatcher, handlers, _ = table  # workers=2
     started = threading.Semaphore(0)

@@ -601,7 +601,7 @@ class Dispatcher:
             return error_answer(500, "handler_failed", f"{type(exc).__name__}: {exc}")
         try:
             body = _encode(result)
-        except (TypeError, ValueError, OverflowError) as exc:
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             log(logging.ERROR, "agent.bad_answer", intent=ctx.intent, error=str(exc))
             return error_answer(500, "bad_answer", f"the handler's answer is not JSON: {exc}")
         log(
