@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from agent_reach.sdk._dedup import RecentResults, RunOnce
+from agent_reach.sdk._dedup import Conflict, RecentResults, RunOnce
 from agent_reach.testing import FakeClock
 
 
@@ -99,6 +99,29 @@ async def test_a_second_delivery_in_flight_joins_the_first_run() -> None:
     assert await second == (R("done"), "joined")
     assert await runner.run("m1", work) == (R("done"), "cached")
     assert calls == 1 and runner.running == 0
+
+
+async def test_a_key_with_another_fingerprint_is_a_conflict_in_flight_and_cached() -> None:
+    """The same key naming other work (a msg_id reused for another payload) is refused, both
+    while the first run goes and once its result is kept; the first's result is untouched."""
+    runner = once()
+    gate = asyncio.Event()
+
+    async def work() -> R:
+        await gate.wait()
+        return R("done")
+
+    first = asyncio.create_task(runner.run("m1", work, b"p1"))
+    await asyncio.sleep(0)
+    with pytest.raises(Conflict):
+        runner.begin("m1", work, b"p2")
+    assert runner.running == 1  # the conflict started nothing
+    gate.set()
+    assert await first == (R("done"), "ran")
+    with pytest.raises(Conflict):
+        runner.begin("m1", work, b"p2")
+    assert await runner.run("m1", work, b"p1") == (R("done"), "cached")
+    assert runner.running == 0
 
 
 async def test_a_delivery_that_goes_away_does_not_cancel_the_run() -> None:

@@ -168,6 +168,48 @@ async def test_dedup_is_by_msg_id_and_intent(table: Any) -> None:
     assert parsed(await dispatcher.deliver(other, {}))[1] == 4
 
 
+async def test_a_msg_id_reused_with_another_payload_is_refused_not_answered_from_dedup(
+    table: Any,
+) -> None:
+    """A review found a msg_id reused for other work answered with the first run's result
+    (the dedup keyed on msg_id, intent and sender only): a silent wrong answer. The same
+    payload's bytes are a repeat; other bytes are refused 422, in flight and once cached."""
+    dispatcher, handlers, _ = table
+    gate = asyncio.Event()
+    seen: list[Any] = []
+
+    async def work(payload: Any, ctx: ReachContext) -> Any:
+        seen.append(payload)
+        await gate.wait()
+        return {"for": payload}
+
+    handlers["t.run"] = work
+    first = asyncio.create_task(dispatcher.deliver(body(payload={"city": "Oslo"}), {}))
+    for _ in range(100):  # the first run has begun (bounded loop turns, no sleep for time)
+        if seen:
+            break
+        await asyncio.sleep(0)
+    other = body(payload={"city": "Lima"})
+    for _ in range(2):  # while the first runs, and once its answer is kept
+        async with asyncio.timeout(5.0):  # (joined the first run, it would wait for the gate)
+            code, answer = parsed(await dispatcher.deliver(other, {"x-reach-attempt": "2"}))
+        assert (code, answer["error"], answer["field"]) == (422, "invalid_request", "msg_id")
+        assert "another payload" in answer["detail"]
+        gate.set()
+        assert parsed(await first) == (200, {"for": {"city": "Oslo"}})
+    assert parsed(await dispatcher.deliver(body(payload={"city": "Oslo"}), {})) == (
+        200,
+        {"for": {"city": "Oslo"}},
+    )
+    assert seen == [{"city": "Oslo"}]  # run once; the refusals ran nothing
+    # no payload at all is its own fingerprint too, and still decodes as None
+    handlers["t.none"] = lambda payload, ctx: {"got": payload}
+    assert parsed(await dispatcher.deliver(body("t.none", msg_id="m9"), {})) == (
+        200,
+        {"got": None},
+    )
+
+
 async def test_an_onward_reach_refused_by_the_gateway_is_final(table: Any) -> None:
     from agent_reach.errors import Forbidden
 

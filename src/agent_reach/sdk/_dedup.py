@@ -7,7 +7,9 @@ the attempt out and retried the same agent). :class:`RunOnce` answers both from 
 - a finished run's answer is kept in :class:`RecentResults`, a bounded LRU with a time to live,
   when the caller says it is final (successes and deliberate rejections; not crashes, which a
   retry should run again);
-- a run still going is joined: the second delivery awaits the same task.
+- a run still going is joined: the second delivery awaits the same task;
+- a key may carry a fingerprint of what it names (a delivery's payload): the same key with
+  another fingerprint is refused (:class:`Conflict`), not answered with the other one's result.
 
 Invariants: at most one run per key is in flight; a run is never cancelled by the delivery that
 started it going away (it runs in its own task, awaited through :func:`asyncio.shield`), so its
@@ -28,7 +30,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, Literal, Protocol, TypeVar
 
-__all__ = ["RecentResults", "RunOnce", "Sized"]
+__all__ = ["Conflict", "RecentResults", "RunOnce", "Sized"]
 
 Key = Hashable
 How = Literal["ran", "joined", "cached"]
@@ -51,10 +53,15 @@ class _Entry(Generic[R]):
     value: R
     expires_at: float
     size: int  # the value's bytes and its key's
+    fingerprint: Hashable = None
 
 
 def _no_bytes(key: Key) -> int:
     return 0
+
+
+class Conflict(Exception):
+    """A key came again with another fingerprint than the one its run or result has."""
 
 
 class RecentResults(Generic[R]):
@@ -87,18 +94,21 @@ class RecentResults(Generic[R]):
         """Bytes held by the cached results and their keys."""
         return self._bytes
 
-    def get(self, key: Key, now: float) -> R | None:
-        """The result kept for ``key``, if any and not expired (and mark it recently used)."""
+    def get(self, key: Key, now: float, fingerprint: Hashable = None) -> R | None:
+        """The result kept for ``key``, if any and not expired (and mark it recently used);
+        :class:`Conflict` when it was kept with another ``fingerprint``."""
         entry = self._entries.get(key)
         if entry is None:
             return None
         if now >= entry.expires_at:
             self._drop(key)
             return None
+        if entry.fingerprint != fingerprint:
+            raise Conflict(key)
         self._entries.move_to_end(key)
         return entry.value
 
-    def put(self, key: Key, value: R, now: float) -> None:
+    def put(self, key: Key, value: R, now: float, fingerprint: Hashable = None) -> None:
         """Keep ``value`` for ``key`` until ``now + ttl_s``, evicting the least recently used.
 
         A result larger than ``max_bytes`` with its key (or any, with a zero bound) is not
@@ -109,7 +119,7 @@ class RecentResults(Generic[R]):
         size = value.size + self._key_bytes(key)
         if size > self.max_bytes or self.max_entries == 0 or self.ttl_s == 0:
             return
-        self._entries[key] = _Entry(value, now + self.ttl_s, size)
+        self._entries[key] = _Entry(value, now + self.ttl_s, size, fingerprint)
         self._bytes += size
         while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
             self._drop(next(iter(self._entries)))
@@ -132,47 +142,57 @@ class RunOnce(Generic[R]):
         self._is_final = is_final
         self._now = now
         self._running: dict[Key, asyncio.Task[R]] = {}
+        self._prints: dict[Key, Hashable] = {}  # the fingerprints of the runs in flight
 
     @property
     def running(self) -> int:
         """Runs in flight."""
         return len(self._running)
 
-    def begin(self, key: Key, start: Callable[[], Awaitable[R]]) -> tuple[Awaitable[R], How]:
+    def begin(
+        self, key: Key, start: Callable[[], Awaitable[R]], fingerprint: Hashable = None
+    ) -> tuple[Awaitable[R], How]:
         """What to await for ``key``'s result, and where it comes from: the cache, the run in
         flight (joined), or a new run of ``start()`` (ran). Known at once, so that a repeat can
         be logged when it arrives. Cancelling the await does not cancel the run.
+        :class:`Conflict` when the result or the run of ``key`` has another ``fingerprint``.
         """
         loop = asyncio.get_running_loop()
-        hit = self.cache.get(key, self._now())
+        hit = self.cache.get(key, self._now(), fingerprint)
         if hit is not None:
             done = loop.create_future()
             done.set_result(hit)
             return done, "cached"
         task = self._running.get(key)
         how: How = "joined"
+        if task is not None and self._prints.get(key) != fingerprint:
+            raise Conflict(key)
         if task is None:
-            task = loop.create_task(self._first(key, start))
+            task = loop.create_task(self._first(key, start, fingerprint))
             self._running[key] = task
+            self._prints[key] = fingerprint
             # a callback, not a finally: a task cancelled before it started runs no finally
             task.add_done_callback(functools.partial(self._forget, key))
             how = "ran"
         return asyncio.shield(task), how
 
-    async def run(self, key: Key, start: Callable[[], Awaitable[R]]) -> tuple[R, How]:
+    async def run(
+        self, key: Key, start: Callable[[], Awaitable[R]], fingerprint: Hashable = None
+    ) -> tuple[R, How]:
         """:meth:`begin`, awaited: the result and where it came from."""
-        result, how = self.begin(key, start)
+        result, how = self.begin(key, start, fingerprint)
         return await result, how
 
-    async def _first(self, key: Key, start: Callable[[], Awaitable[R]]) -> R:
+    async def _first(self, key: Key, start: Callable[[], Awaitable[R]], fingerprint: Hashable) -> R:
         result = await start()
-        if self._is_final(result):
-            self.cache.put(key, result, self._now())  # while still running: no gap between
+        if self._is_final(result):  # while still running: no gap between
+            self.cache.put(key, result, self._now(), fingerprint)
         return result
 
     def _forget(self, key: Key, task: asyncio.Task[R]) -> None:
         if self._running.get(key) is task:
             del self._running[key]
+            self._prints.pop(key, None)
 
     async def close(self, timeout_s: float) -> list[Key]:
         """Cancel the runs in flight and wait up to ``timeout_s`` for them to end (at

@@ -21,6 +21,8 @@ deadline passed, not run    503     ``backend_unavailable`` (retryable, not cach
 answer is not JSON          500     ``bad_answer`` (retryable, not cached)
 body not JSON / bad shape   400/422 ``invalid_request`` naming the field
 ``msg_id`` over 128 chars   422     ``invalid_request`` naming ``msg_id`` (body or header)
+``msg_id`` reused           422     ``invalid_request`` naming ``msg_id`` (the same msg_id,
+                                    intent and sender, other payload bytes)
 body over the size limit    413     ``payload_too_large`` (decided by the adapter)
 intent not handled here     404     ``unknown_intent``
 not a POST                  405     ``method_not_allowed`` (decided by the adapter)
@@ -40,6 +42,7 @@ import asyncio
 import contextvars
 import dataclasses
 import functools
+import hashlib
 import inspect
 import itertools
 import logging
@@ -65,7 +68,7 @@ from agent_reach.errors import (
 from agent_reach.observability.logs import TRACE_ID, Throttle, log
 from agent_reach.observability.otel import agent_tracer
 from agent_reach.observability.tracecontext import TRACEPARENT, TraceParent, parse_traceparent
-from agent_reach.sdk._dedup import RecentResults, RunOnce
+from agent_reach.sdk._dedup import Conflict, RecentResults, RunOnce
 from agent_reach.sdk.context import Match, ReachContext, Reject
 from agent_reach.wire.ids import new_id
 from agent_reach.wire.status import status_for
@@ -174,6 +177,9 @@ class _DeadlinePassed(Exception):
     """Raised instead of starting a handler whose callers have all gone (never leaves here)."""
 
 
+_NULL = msgspec.Raw(b"null")  # a delivery's payload when none is given
+
+
 class _Delivery(msgspec.Struct):
     """What the gateway POSTs (fields this SDK does not use are ignored)."""
 
@@ -181,18 +187,21 @@ class _Delivery(msgspec.Struct):
     msg_id: str | None = None
     trace_id: str | None = None
     sender: str | None = None
-    payload: Any = None
+    payload: msgspec.Raw = _NULL  # kept as bytes: a repeat's are compared (dedup), then decoded
     priority: str = "normal"
     requested_intent: str | None = None
     intent_text: str | None = None
 
 
 _decoder = msgspec.json.Decoder(_Delivery)
+_payload_decoder = msgspec.json.Decoder()
 
 
-def _decode(body: bytes) -> _Delivery:
+def _decode(body: bytes) -> tuple[_Delivery, Any]:
+    """The delivery and its payload, decoded."""
     try:
-        return _decoder.decode(body)
+        d = _decoder.decode(body)
+        return d, _payload_decoder.decode(d.payload)
     except msgspec.ValidationError as exc:
         text = str(exc)
         field = text.rsplit(" - at `$.", 1)[1].rstrip("`") if " - at `$." in text else None
@@ -274,7 +283,8 @@ class Dispatcher:
         self._in_hand: dict[int, _Waited] = {}
         # runs in flight by dedup key: a repeat that joins one extends its wait
         self._waited: dict[tuple[str, str, str | None], _Waited] = {}
-        self._late_lines = Throttle(1.0, monotonic=now)  # agent.deadline_passed: 1 a second
+        # agent.deadline_passed and agent.msg_id_reused: 1 a second each
+        self._late_lines = Throttle(1.0, monotonic=now)
         self._run_keys = itertools.count()
         # a sync run ends on its worker thread (or wherever its future is cancelled)
         self._in_hand_lock = threading.Lock()
@@ -291,7 +301,7 @@ class Dispatcher:
         """Answer one delivery. ``headers`` is looked up by lower-case name."""
         arrived = self._now()
         try:
-            d = _decode(body)
+            d, payload = _decode(body)
         except InvalidRequest as exc:
             log(logging.INFO, "agent.invalid_request", detail=exc.detail)
             return from_error(exc)
@@ -333,7 +343,7 @@ class Dispatcher:
                 onward = TRACEPARENT.set(received.header if received is not None else None)
                 try:
                     return await self._answer(
-                        d, trace_id, msg_id, attempt, headers, arrived, received, None
+                        d, payload, trace_id, msg_id, attempt, headers, arrived, received, None
                     )
                 finally:
                     TRACEPARENT.reset(onward)
@@ -352,7 +362,7 @@ class Dispatcher:
             try:
                 with span:  # current while the handler runs: its own spans are children
                     answer = await self._answer(
-                        d, trace_id, msg_id, attempt, headers, arrived, received, span
+                        d, payload, trace_id, msg_id, attempt, headers, arrived, received, span
                     )
                     span.answered(answer.status, answer.body)
                 return answer
@@ -364,6 +374,7 @@ class Dispatcher:
     async def _answer(
         self,
         d: _Delivery,
+        payload: Any,
         trace_id: str,
         msg_id: str,
         attempt: int,
@@ -409,12 +420,33 @@ class Dispatcher:
         )
         waited = _Waited(ctx.deadline_at)
         if not msg_id:  # nothing to recognise a repeat by
-            return await self._call(handler, d.payload, ctx, waited)
+            return await self._call(handler, payload, ctx, waited)
         # the sender is part of the key: another caller reusing a msg_id (its own idempotency
         # key, or one it guessed) never gets this caller's answer
         key = (msg_id, d.intent, d.sender)
-        start = functools.partial(self._call, handler, d.payload, ctx, waited, key)
-        result, how = self.once.begin(key, start)
+        start = functools.partial(self._call, handler, payload, ctx, waited, key)
+        # the payload's bytes, so that a msg_id reused for other work is refused, not answered
+        # with the first run's result (a gateway's retries resend the same bytes)
+        fingerprint = hashlib.blake2b(d.payload, digest_size=16).digest()
+        try:
+            result, how = self.once.begin(key, start, fingerprint)
+        except Conflict:
+            self._late_lines.log(
+                logging.WARNING,
+                "agent.msg_id_reused",
+                endpoint_id=self.endpoint_id,
+                msg_id=msg_id,
+                intent=d.intent,
+                sender=d.sender,
+            )
+            return from_error(
+                InvalidRequest(
+                    f"msg_id {msg_id!r} was already used with another payload: a msg_id names"
+                    " one request (its retries resend the same payload); new work needs a new"
+                    " msg_id",
+                    field="msg_id",
+                )
+            )
         if how == "ran":
             self._waited[key] = waited  # before the run's task starts: it has not had a turn
             return await result
