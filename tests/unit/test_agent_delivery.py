@@ -373,6 +373,59 @@ async def test_past_max_inflight_runs_a_new_run_is_refused_at_once_and_a_duplica
         await dispatcher.close()
 
 
+async def test_a_sync_callable_returning_async_work_counts_in_hand_until_that_ends() -> None:
+    """``lambda payload, ctx: work(payload)`` runs on a worker thread and returns a coroutine,
+    which the dispatcher awaits. A review found the run ended when the thread returned: the
+    async work ran outside max_inflight. It counts until awaited to the end; and when its
+    delivery goes before the thread returns, the coroutine is closed and the run ended."""
+    handlers: dict[str, Handler] = {}
+    dispatcher = Dispatcher("agent://unit-01", handlers, workers=2, max_inflight=1)
+    gate, runs = asyncio.Event(), []
+
+    async def work(payload: Any) -> Any:
+        runs.append(payload)
+        await gate.wait()
+        return payload
+
+    handlers["t.wrap"] = lambda payload, ctx: work(payload)
+    try:
+        held = asyncio.create_task(dispatcher.deliver(body("t.wrap", payload=1), {}))
+        await turns_until(lambda: runs == [1])
+        assert dispatcher.in_hand == 1
+        async with asyncio.timeout(5.0):
+            code, answer = parsed(await dispatcher.deliver(body("t.wrap", msg_id="m2"), {}))
+        assert (code, answer["error"]) == (503, "backend_unavailable")
+        gate.set()
+        assert parsed(await held) == (200, 1)
+        assert dispatcher.in_hand == 0
+        # no msg_id: the delivery's own task awaits the thread; cancelled before it returns
+        entered, release = threading.Event(), threading.Event()
+        coroutines: list[Any] = []
+
+        def slow_wrap(payload: Any, ctx: ReachContext) -> Any:
+            entered.set()
+            release.wait(5.0)
+            coroutines.append(work(payload))
+            return coroutines[-1]
+
+        handlers["t.slow"] = slow_wrap
+        gone = asyncio.create_task(dispatcher.deliver(body("t.slow", msg_id=""), {}))
+        await asyncio.to_thread(entered.wait, 5.0)
+        gone.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        assert dispatcher.in_hand == 1  # the thread still runs
+        release.set()
+        for _ in range(500):  # the worker thread returns (a bounded wait for it, 5 s at most)
+            if dispatcher.in_hand == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert dispatcher.in_hand == 0
+        assert coroutines and coroutines[0].cr_frame is None  # closed, never run
+    finally:
+        await dispatcher.close()
+
+
 async def test_a_sync_run_whose_caller_gave_up_counts_until_its_thread_returns(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

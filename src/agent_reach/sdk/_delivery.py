@@ -50,7 +50,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -483,6 +483,26 @@ class Dispatcher:
         with self._in_hand_lock:
             del self._in_hand[key]
 
+    def _thread_done(self, key: int, future: Future[Any]) -> None:
+        """A sync run's thread returned: its run ends, unless what it returned is awaitable (a
+        sync callable wrapping async work: ``lambda p, ctx: work(p)``), which is the run now and
+        ends when awaited (:meth:`_run`), so that the work counts against ``max_inflight``."""
+        failed = future.cancelled() or future.exception() is not None
+        if failed or not inspect.isawaitable(future.result()):
+            self._end_run(key)
+
+    def _abandoned(self, key: int, future: Future[Any]) -> None:
+        """The await of a sync run's thread was cancelled (the delivery went, or close()):
+        an awaitable it returns is never awaited, so its run ends here, and a coroutine is
+        closed (not left to warn that it was never awaited)."""
+        if future.cancelled() or future.exception() is not None:
+            return
+        result = future.result()
+        if inspect.isawaitable(result):
+            if inspect.iscoroutine(result):
+                result.close()
+            self._end_run(key)
+
     def _busy(self, ctx: ReachContext) -> Answer:
         return self.refuse(
             f"{self.endpoint_id} has {self.max_inflight} runs in hand",
@@ -591,10 +611,17 @@ class Dispatcher:
                     raise
                 # when the thread returns, not when this await is cancelled: a run whose
                 # caller gave up still holds its worker
-                future.add_done_callback(functools.partial(self._end_run, key))
-                result = await asyncio.wrap_future(future)
+                future.add_done_callback(functools.partial(self._thread_done, key))
+                try:
+                    result = await asyncio.wrap_future(future)
+                except asyncio.CancelledError:
+                    future.add_done_callback(functools.partial(self._abandoned, key))
+                    raise
                 if inspect.isawaitable(result):
-                    result = await result
+                    try:
+                        result = await result
+                    finally:
+                        self._end_run(key)
         except _DeadlinePassed:
             return self._too_late(ctx)
         except Reject as exc:
