@@ -9,6 +9,8 @@ heartbeat, deregister and send).
 - ``stop()`` returns within its bound even when an async handler swallows its cancellation.
 - A ``msg_id`` longer than the gateway ever sends is refused 422 naming ``msg_id``, and the
   dedup memory's byte count includes the keys.
+- An agent process whose sync handler never returns exits on SIGTERM (a real process: its
+  worker threads must not hold the interpreter's exit).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import signal
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -222,3 +226,47 @@ async def test_a_msg_id_longer_than_the_gateway_sends_is_refused_and_keys_are_co
         assert memory.bytes == len(b'{"a":1}') + len(longest) + len("sdk.echo") + len(sender)
     finally:
         await agent.stop()
+
+
+HUNG_AGENT = """
+import sys, threading
+from agent_reach.sdk import Agent
+
+agent = Agent("agent://sdk-hung-01", gateway=sys.argv[1], shutdown_timeout=0.5)
+
+@agent.handle("t.hang")
+def hang(payload, ctx):
+    print("handler entered", flush=True)
+    threading.Event().wait()  # a blocking call without a timeout: it never returns
+
+agent.run()
+"""
+
+
+async def test_an_agent_whose_sync_handler_never_returns_exits_on_sigterm(
+    stand_in: StandIn,
+) -> None:
+    """A review found such a process never exited: stop() ran, but the interpreter joined the
+    thread pool's (non-daemon) worker at exit, so SIGTERM left it hanging until a SIGKILL."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", HUNG_AGENT, stand_in.url, stdout=asyncio.subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    try:
+        async with asyncio.timeout(WAIT_S):
+            line = (await proc.stdout.readline()).decode()
+        url = line.split(" at ", 1)[1].strip()  # "<id> serving [...] at <url>"
+        delivery = asyncio.create_task(post(url, {"intent": "t.hang", "msg_id": "m-hang"}))
+        async with asyncio.timeout(WAIT_S):
+            assert (await proc.stdout.readline()).decode().strip() == "handler entered"
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(WAIT_S):  # stop() waits 0.5 s for the run, then exits
+            code = await proc.wait()
+        assert code == 0
+        assert stand_in.deregistered.is_set()
+        delivery.cancel()
+        await asyncio.gather(delivery, return_exceptions=True)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

@@ -50,7 +50,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +69,7 @@ from agent_reach.observability.logs import TRACE_ID, Throttle, log
 from agent_reach.observability.otel import agent_tracer
 from agent_reach.observability.tracecontext import TRACEPARENT, TraceParent, parse_traceparent
 from agent_reach.sdk._dedup import Conflict, RecentResults, RunOnce
+from agent_reach.sdk._workers import Workers
 from agent_reach.sdk.context import Match, ReachContext, Reject
 from agent_reach.wire.ids import new_id
 from agent_reach.wire.status import status_for
@@ -293,7 +294,7 @@ class Dispatcher:
         self.once: RunOnce[Answer] = RunOnce(
             RecentResults(dedup_size, dedup_ttl_s, dedup_max_bytes, _key_bytes), _is_final, now
         )
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: Workers | None = None
         self.otel = tracer if tracer is not None else agent_tracer(endpoint_id)
         self.verifier = verifier  # token mode: deliveries must carry the gateway's signature
 
@@ -673,9 +674,9 @@ class Dispatcher:
         )
         return Answer(200, body)
 
-    def _executor(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="agent-reach-worker")
+    def _executor(self) -> Workers:
+        if self._pool is None:  # daemon threads: a handler that never returns cannot hold exit
+            self._pool = Workers(self.workers)
         return self._pool
 
     async def close(self, timeout_s: float = 5.0) -> None:
@@ -694,5 +695,5 @@ class Dispatcher:
                 waited_s=timeout_s,
             )
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown()
             self._pool = None
