@@ -317,7 +317,9 @@ def test_15_fuzz_every_route() -> None:
     )
     assert not bad, bad[:10]
     assert not errors(visits.results), errors(visits.results)
-    assert cases >= pick(200, 20_000), cases  # the fuzz ran, at about its usual pace
+    # the fuzz ran, at about its usual pace: 1,100-1,400 cases a second on 2026-12-07 at
+    # first, 510-570 later that day (the tree of the day before alike: the machine)
+    assert cases >= pick(200, 10_000), cases
     if FULL:
         check_ratio(ratio, q, loud_p99)
     else:
