@@ -19,6 +19,8 @@ import asyncio
 import json
 import secrets
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -335,6 +337,23 @@ def _shared(prefix: str, registry_prefix: str) -> list[str]:
 
 def _answered(gw: Proc) -> float:
     return metric(gw, "agent_reach_nats_api_requests_total", op="send", status="200")
+
+
+def test_a_memory_registry_gateway_refuses_a_prefix_another_gateway_serves() -> None:
+    """Gateways of one prefix share its requests, so each with a registry of its own would
+    know a part of the agents (a review: split heartbeats, agents flapping). A gateway on
+    memory:// refuses to start beside another (exit 2, saying why); on another prefix it
+    starts."""
+    prefix = new_prefix()
+    flags = ["--nats", NATS_URL, "--nats-prefix", prefix]
+    serve = [sys.executable, "-m", "agent_reach", "serve", "--port", "0"]
+    with gateway(*flags):
+        second = subprocess.run([*serve, *flags], capture_output=True, timeout=60)
+        assert second.returncode == 2, second.stderr[-2000:]
+        assert b"another gateway already serves " + prefix.encode() in second.stderr
+        assert b"--registry redis://" in second.stderr
+        with gateway("--nats", NATS_URL, "--nats-prefix", new_prefix()) as other:
+            assert http("GET", f"{other.url}/healthz")[0] == 200
 
 
 def test_two_gateways_serve_the_api_as_one_queue_group(bus: Bus) -> None:

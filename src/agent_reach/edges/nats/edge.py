@@ -13,6 +13,12 @@ Like the HTTP edge, a handler only parses (the message into a
 renders, with the one status table of :mod:`agent_reach.wire.status`; anything unexpected is a
 500 ``internal_error``, logged once with its traceback.
 
+A gateway on the memory registry must be the prefix's only one: gateways of one queue group
+each get a share of the registrations and heartbeats, so with registries of their own every
+agent would be known to one of them and flap on the others. Before it joins the group,
+:meth:`NatsEdge.start` asks the prefix's ``keys`` subject (``PROBE_S``): an answer means
+another gateway serves it, and the start is refused (ConfigError: exit 2).
+
 The caller's ``remote`` is ``nats:`` and the reply subject's inbox (``_INBOX.<id>``, one per
 connection of nats-py and most clients): what rate limits and audit lines key on, as they key
 on the peer address over HTTP. Past ``max_inflight`` requests in hand, a request is answered
@@ -26,9 +32,16 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from nats import errors as nats_errors
 from nats.aio.msg import Msg
 
-from agent_reach.errors import AgentReachError, InternalError, Overloaded, PayloadTooLarge
+from agent_reach.errors import (
+    AgentReachError,
+    ConfigError,
+    InternalError,
+    Overloaded,
+    PayloadTooLarge,
+)
 from agent_reach.gateway.node import Node
 from agent_reach.gateway.service import Caller, with_ids
 from agent_reach.observability.logs import log
@@ -41,6 +54,7 @@ __all__ = ["OPERATIONS", "NatsEdge"]
 # NATS fetch it there
 OPERATIONS = ("register", "heartbeat", "deregister", "send", "keys")
 MAX_INFLIGHT = 4096  # requests in hand per operation, past which the answer is 503 at once
+PROBE_S = 0.5  # how long a memory-registry gateway waits for another to answer its prefix
 _JSON = {"Content-Type": "application/json"}
 
 Answer = tuple[bytes, Mapping[str, str]]
@@ -88,7 +102,9 @@ class NatsEdge:
 
     async def start(self) -> None:
         """Serve every operation's subject in the prefix's queue group (BackendUnavailable
-        when the link cannot subscribe)."""
+        when the link cannot subscribe; ConfigError when the registry is memory:// and another
+        gateway already serves the prefix)."""
+        await self._alone_on_memory()
         try:
             for op in OPERATIONS:
                 responder = await self.link.serve(
@@ -169,6 +185,24 @@ class NatsEdge:
 
     async def _deregister(self, msg: Msg, caller: Caller) -> Any:
         return await self.service.deregister(caller, msg.data)
+
+    async def _alone_on_memory(self) -> None:
+        """Refuse to join the prefix's queue group beside another gateway when this one's
+        registry is its own (memory://): the module docstring."""
+        nc = self.link.client
+        if not self.settings.registry.startswith("memory:") or nc is None:
+            return
+        try:
+            await nc.request(self.subject("keys"), b"", timeout=PROBE_S)
+        except (TimeoutError, OSError, nats_errors.Error):  # no responders, or no answer
+            return
+        raise ConfigError(
+            f"another gateway already serves {self.prefix}.v1.* over NATS, and this one's"
+            " registry is memory://: gateways of one prefix share its requests, so each needs"
+            " the same shared registry (--registry redis://...), or this one another prefix"
+            " (--nats-prefix)",
+            source="--nats-prefix",
+        )
 
     async def _keys(self, msg: Msg, caller: Caller) -> Any:
         return self.service.keys(caller)  # as GET /v1/keys (empty in open mode)
