@@ -202,6 +202,13 @@ async def test_a_msg_id_reused_with_another_payload_is_refused_not_answered_from
         {"for": {"city": "Oslo"}},
     )
     assert seen == [{"city": "Oslo"}]  # run once; the refusals ran nothing
+    # the words beside the payload are part of the request too (an A2A text message's
+    # payload is {}, its words in intent_text: a review found them left out)
+    said = body(msg_id="m7", payload={}, intent_text="weather in Oslo")
+    assert parsed(await dispatcher.deliver(said, {})) == (200, {"for": {}})
+    again = body(msg_id="m7", payload={}, intent_text="weather in Lima")
+    assert parsed(await dispatcher.deliver(again, {}))[0] == 422
+    assert parsed(await dispatcher.deliver(said, {})) == (200, {"for": {}})  # a repeat
     # no payload at all is its own fingerprint too, and still decodes as None
     handlers["t.none"] = lambda payload, ctx: {"got": payload}
     assert parsed(await dispatcher.deliver(body("t.none", msg_id="m9"), {})) == (

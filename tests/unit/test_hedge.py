@@ -292,20 +292,28 @@ async def test_an_endpoint_losing_races_past_the_slow_threshold_is_seen_slow() -
     assert other is not None and router.health(other).status.value == "healthy"
 
 
-@pytest.mark.parametrize("cost", [30.0, 200.0])
+@pytest.mark.parametrize("cost", [30.0, 200.0, 7000.0])
 def test_a_lower_bound_raises_the_cost_and_never_lowers_it(cost: float) -> None:
     """A cancelled or cut-short attempt's time is what the endpoint took at least: it raises a
-    cost under it and leaves one over it alone (a cut at 95 ms lowered a cost of 200 ms)."""
+    cost under it and leaves one over it alone (a cut at 95 ms blended a cost of 200 ms down;
+    a review found a cancel past the slow threshold, a sample, blending 7239 ms down too).
+    The clock moves between steps: a blend at the same instant would change nothing."""
     clock = FakeClock()
-    router = Router(GatewaySettings(), MemoryRegistry(), clock, rng=random.Random(7))
+    router = Router(
+        GatewaySettings(slow_threshold_ms=2000.0), MemoryRegistry(), clock, rng=random.Random(7)
+    )
     stats = router.attempt_started("agent://a")
     stats.penalize(cost, router.now())
-    router.attempt_cut_short("agent://a", stats, 95.0)
-    assert stats.cost_ms(router.now()) == pytest.approx(max(cost, 95.0))
-    stats = router.attempt_started("agent://a")
-    router.attempt_cancelled("agent://a", stats, 90.0)
-    assert stats.cost_ms(router.now()) == pytest.approx(max(cost, 95.0))
-    assert stats.inflight == 0 and stats.p95_ms() is None
+    for bound, how in [(95.0, "cut"), (90.0, "cancelled"), (2500.0, "cancelled")]:
+        clock.advance(0.05)
+        before = stats.cost_ms(router.now())
+        if how == "cut":
+            router.attempt_cut_short("agent://a", stats, bound)
+        else:
+            router.attempt_cancelled("agent://a", stats, bound)
+        assert stats.cost_ms(router.now()) == pytest.approx(max(before, bound)), (bound, how)
+        stats = router.attempt_started("agent://a")
+    assert stats.p95_ms() is None  # lower bounds are never answers
 
 
 async def test_an_answer_before_the_wait_sends_no_hedge() -> None:

@@ -715,7 +715,9 @@ class Router:
                 stats.at_least(latency_ms, now)
             else:
                 was_slow = stats.is_slow(now, t)
-                stats.observe(latency_ms, now, answered=False, t=t)
+                # the cost as a lower bound moves it: raised to it, never blended down toward it
+                cost = stats.cost_ms(now)
+                stats.observe(latency_ms, now, answered=False, penalty_ms=cost, t=t)
                 if was_slow != stats.is_slow(now, t):
                     record = self.registry.get(endpoint_id)
                     if record is not None:

@@ -426,9 +426,13 @@ class Dispatcher:
         # key, or one it guessed) never gets this caller's answer
         key = (msg_id, d.intent, d.sender)
         start = functools.partial(self._call, handler, payload, ctx, waited, key)
-        # the payload's bytes, so that a msg_id reused for other work is refused, not answered
-        # with the first run's result (a gateway's retries resend the same bytes)
-        fingerprint = hashlib.blake2b(d.payload, digest_size=16).digest()
+        # what the request asks: the payload's bytes and the words beside it (an A2A text
+        # message's are in intent_text, its payload {}), so that a msg_id reused for other work
+        # is refused, not answered with the first run's result (a gateway's retries resend them)
+        digest = hashlib.blake2b(d.payload, digest_size=16)
+        for text in (d.intent_text, d.requested_intent):
+            digest.update(b"\x00" if text is None else b"\x01" + text.encode() + b"\x00")
+        fingerprint = digest.digest()
         try:
             result, how = self.once.begin(key, start, fingerprint)
         except Conflict:
