@@ -22,7 +22,8 @@ answer is not JSON          500     ``bad_answer`` (retryable, not cached)
 body not JSON / bad shape   400/422 ``invalid_request`` naming the field
 ``msg_id`` over 128 chars   422     ``invalid_request`` naming ``msg_id`` (body or header)
 ``msg_id`` reused           422     ``invalid_request`` naming ``msg_id`` (the same msg_id,
-                                    intent and sender, other payload bytes)
+                                    intent and sender asking other work: other payload
+                                    bytes, ``intent_text`` or ``requested_intent``)
 body over the size limit    413     ``payload_too_large`` (decided by the adapter)
 intent not handled here     404     ``unknown_intent``
 not a POST                  405     ``method_not_allowed`` (decided by the adapter)
@@ -446,9 +447,9 @@ class Dispatcher:
             )
             return from_error(
                 InvalidRequest(
-                    f"msg_id {msg_id!r} was already used with another payload: a msg_id names"
-                    " one request (its retries resend the same payload); new work needs a new"
-                    " msg_id",
+                    f"msg_id {msg_id!r} was already used with another payload or intent_text:"
+                    " a msg_id names one request (its retries resend the same); new work needs"
+                    " a new msg_id",
                     field="msg_id",
                 )
             )
