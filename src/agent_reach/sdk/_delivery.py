@@ -286,7 +286,7 @@ class Dispatcher:
         # runs in flight by dedup key: a repeat that joins one extends its wait
         self._waited: dict[tuple[str, str, str | None], _Waited] = {}
         # agent.deadline_passed and agent.msg_id_reused: 1 a second each
-        self._late_lines = Throttle(1.0, monotonic=now)
+        self._lines = Throttle(1.0, monotonic=now)
         self._run_keys = itertools.count()
         # a sync run ends on its worker thread (or wherever its future is cancelled)
         self._in_hand_lock = threading.Lock()
@@ -437,7 +437,7 @@ class Dispatcher:
         try:
             result, how = self.once.begin(key, start, fingerprint)
         except Conflict:
-            self._late_lines.log(
+            self._lines.log(
                 logging.WARNING,
                 "agent.msg_id_reused",
                 endpoint_id=self.endpoint_id,
@@ -548,7 +548,7 @@ class Dispatcher:
         (not final: a retry of the message runs), logged as ``agent.deadline_passed`` at
         most once a second."""
         self.late_answers += 1
-        self._late_lines.log(
+        self._lines.log(
             logging.WARNING,
             "agent.deadline_passed",
             endpoint_id=self.endpoint_id,
