@@ -314,9 +314,11 @@ def test_redis_stopped_and_restarted_empty_under_load(
         procs.append(start_agent(b.url, "agent://redis-echo-b"))  # heartbeats through B
         procs.append(start_agent(a.url, "agent://redis-other", intents="test.other"))
         everyone = {"agent://redis-echo-a", "agent://redis-echo-b", "agent://redis-other"}
+        register(b, "agent://redis-leaving", "test.leaving")  # deregistered while Redis is away
         for gw in (a, b):
             for name in everyone:
                 wait_until(lambda: status_of(gw.url, name) == "healthy", 3.0)  # noqa: B023
+            wait_until(lambda: agent_record(gw, "agent://redis-leaving") is not None, 3.0)  # noqa: B023
             assert healthz(gw)["available"] is True
             assert available_metric(gw) == 1.0
 
@@ -332,6 +334,11 @@ def test_redis_stopped_and_restarted_empty_under_load(
             t0 = time.monotonic()
             register(b, "agent://redis-late", "test.late")
             assert time.monotonic() - t0 < 1.0
+            # and a deregistration, through the other gateway: B's view still holds the id
+            code, _ = http(
+                "POST", f"{a.url}/v1/deregister", {"endpoint_id": "agent://redis-leaving"}
+            )
+            assert code == 200
             # B cannot learn of A's heartbeats: the agent beating through A goes down on B...
             wait_until(lambda: status_of(b.url, "agent://redis-echo-a") == "down", 5.0)
             # ...while the heartbeats each gateway takes itself keep its own agents healthy
@@ -352,6 +359,10 @@ def test_redis_stopped_and_restarted_empty_under_load(
                 # full reconcile its reconnection asks for: up to ~2 s of reconnect backoff
                 # later (a CI run asserted it 0.3 s after A's recovery and did not see it yet)
                 wait_until(lambda: agent_record(gw, "agent://redis-late") is not None, 5.0)  # noqa: B023
+                # B put back the record of the id A deregistered meanwhile, but that does not
+                # bring it back, whether A's buffered removal reached Redis first or not
+                wait_until(lambda: events(gw)["registry.redis_reset"] >= 1, 5.0)  # noqa: B023
+                wait_until(lambda: agent_record(gw, "agent://redis-leaving") is None, 5.0)  # noqa: B023
                 # the metric follows the link: one Redis call failing late (a CI run saw one)
                 # marks it lost until the next success, at most a few tenths of a second later
                 try:
@@ -360,6 +371,7 @@ def test_redis_stopped_and_restarted_empty_under_load(
                     seen = [x for x in gw.log_lines() if x.get("event", "").startswith("registry.")]
                     raise AssertionError(f"registry_available stays 0: {seen[-8:]}") from None
             wait_until(lambda: load.count() >= during + 30, 10.0)  # load went on throughout
+            assert "agent://redis-leaving" not in private_redis.ids(net)
 
         assert a.popen.poll() is None and b.popen.poll() is None  # no crash
         assert len(load.results) >= 100

@@ -380,3 +380,103 @@ async def test_redis_gone_back_to_older_data_is_read_again(
     await b.upsert(rec("lost", time.monotonic(), ("t.again",)))
     await until(lambda: a.get("agent://lost") is not None, 0.5)
     assert a.get("agent://lost").capabilities == ("t.again",)  # type: ignore[union-attr]
+
+
+def url_of(view: RedisRegistry, endpoint_id: str) -> str | None:
+    record = view.get(endpoint_id)
+    return None if record is None else record.endpoint_url
+
+
+def away(*views: RedisRegistry) -> None:
+    """Each view takes Redis for away (as after a failed call): its writes are buffered."""
+    for view in views:
+        view._link.lost(BackendUnavailable("redis at test: away"), time.monotonic())
+
+
+async def emptied(a: RedisRegistry, b: RedisRegistry, *, a_first: bool) -> None:
+    """Redis restarted empty (its data dropped): a writes what it buffered (its sync loop's
+    first step) and b notices the loss (it re-publishes its view), in that order or the
+    other; then both read the whole registry."""
+    drop_prefix(a.prefix)
+    flush = a._buffer.flush(a._store, a._versions, a._store.now)
+    if a_first:
+        await flush
+        await b._sync.reconcile()
+    else:
+        await b._sync.reconcile()
+        await flush
+    await a._sync.reconcile()
+    await b._sync.reconcile()
+
+
+@pytest.mark.parametrize("first", ["removal", "republication"])
+async def test_a_removal_made_while_redis_was_away_is_not_undone_by_a_republication(
+    pair: Callable[..., RedisRegistry], first: str
+) -> None:
+    """x deregistered through a while Redis is away, and Redis comes back empty. b's view
+    still has x, and puts it back when it notices the loss: that must not bring x back,
+    whether a's buffered removal reaches Redis before b's re-publication (x is not there to
+    remove: the removal leaves a tombstone) or after it (it removes the re-published x)."""
+    a, b = pair(sync_s=3600.0, reconcile_s=3600.0), pair(sync_s=3600.0, reconcile_s=3600.0)
+    await a.start()
+    await b.start()
+    await a.upsert(rec("x", time.monotonic()))
+    await a.upsert(rec("y", time.monotonic()))
+    await until(lambda: ids_of(b) == {"agent://x", "agent://y"}, 0.5)
+    away(a, b)
+    assert await a.remove("agent://x") is not None  # buffered
+    await emptied(a, b, a_first=first == "removal")  # b re-publishes x and y
+    with redis.Redis.from_url(REDIS_URL, decode_responses=True) as r:
+        assert set(r.zrange("{" + a.prefix + "}:seen", 0, -1)) == {"agent://y"}
+    assert ids_of(a) == ids_of(b) == {"agent://y"}
+
+
+@pytest.mark.parametrize("first", ["registration", "republication"])
+async def test_a_registration_made_while_redis_was_away_is_not_overwritten_by_a_republication(
+    pair: Callable[..., RedisRegistry], first: str
+) -> None:
+    """x registered again through a, at a new URL, while Redis is away; Redis comes back
+    empty and b puts back the old record its view holds: the new one wins in either order."""
+    a, b = pair(sync_s=3600.0, reconcile_s=3600.0), pair(sync_s=3600.0, reconcile_s=3600.0)
+    await a.start()
+    await b.start()
+    await a.upsert(rec("x", time.monotonic()))
+    await until(lambda: b.get("agent://x") is not None, 0.5)
+    away(a, b)
+    moved = rec("x", time.monotonic())._replace(endpoint_url="http://127.0.0.1:9/moved")
+    await a.upsert(moved)  # buffered
+    await emptied(a, b, a_first=first == "registration")
+    with redis.Redis.from_url(REDIS_URL, decode_responses=True) as r:
+        assert r.hget("{" + a.prefix + "}:ep:agent://x", "url") == moved.endpoint_url
+    assert url_of(a, "agent://x") == url_of(b, "agent://x") == moved.endpoint_url
+
+
+async def test_redis_gone_back_to_older_data_is_seen_after_its_counter_moved_on(
+    pair: Callable[..., RedisRegistry],
+) -> None:
+    """A failover to a replica that missed x's move to a new URL, then writes elsewhere (the
+    buffered ones of the failover) that take Redis's counter past what the views knew: the
+    counter no longer shows the loss, x's version does. The views go back to what Redis holds,
+    so that they agree with each other and with a gateway started now."""
+    a, b = pair(sync_s=3600.0, reconcile_s=3600.0), pair()
+    await a.start()
+    await b.start()
+    await b.upsert(rec("x", time.monotonic()))
+    p = "{" + a.prefix + "}"
+    with redis.Redis.from_url(REDIS_URL, decode_responses=True) as r:
+        old_version, old_url = r.hget(p + ":ver", "agent://x"), r.hget(p + ":ep:agent://x", "url")
+    moved = rec("x", time.monotonic())._replace(endpoint_url="http://127.0.0.1:9/moved")
+    await b.upsert(moved)
+    await until(lambda: url_of(a, "agent://x") == moved.endpoint_url, 0.5)
+    with redis.Redis.from_url(REDIS_URL, decode_responses=True) as r:  # the replica's copy
+        r.hset(p + ":ep:agent://x", "url", old_url)
+        r.hset(p + ":ver", "agent://x", old_version)
+        r.set(p + ":seq", old_version)
+    for name in ("y", "z", "w"):  # the counter passes what the views knew
+        await b.upsert(rec(name, time.monotonic()))
+    await until(lambda: ids_of(a) == {"agent://x", "agent://y", "agent://z", "agent://w"}, 0.5)
+    await a._sync.reconcile()
+    assert url_of(a, "agent://x") == old_url
+    c = pair()
+    await c.start()
+    assert url_of(c, "agent://x") == old_url

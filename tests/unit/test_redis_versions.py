@@ -92,3 +92,15 @@ def test_what_is_known_is_the_newest_change_and_pruning_empties_tombstones(
     v.on_channel(max((c[2] for c in changes), default=0))
     v.prune(now=0.0)
     assert v.tombstones() == 0
+
+
+def test_a_change_known_here_that_a_snapshot_lacks_is_found() -> None:
+    v = Versions(ttl_s=10.0)
+    v.registered("x", 4)
+    v.removed("y", 6, now=0.0)
+    assert v.missing_in({"x": 4, "z": 2}, seq=9) is None
+    assert v.missing_in({"x": 7}, seq=9) is None  # registered again since
+    assert v.missing_in({"x": 3}, seq=9) == "x"  # the copy has x's registration before v4
+    assert v.missing_in({"x": 3}, seq=3) is None  # v4 came after the snapshot: not a loss
+    assert v.missing_in({"y": 5}, seq=9) == "y"  # the copy has y, whose removal v6 it lacks
+    assert v.missing_in({"y": 5}, seq=5) is None

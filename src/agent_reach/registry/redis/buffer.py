@@ -22,8 +22,11 @@ Invariants:
   entry only once it is written, and only if no newer write of that id was buffered meanwhile.
 - **Writes on their way** (:meth:`WriteBuffer.writing`) are counted, so that a read of Redis
   made before they landed does not undo them in the view; the count ends with the write.
-- A buffered registration is written as it is (a re-publication): the hold of token mode and
-  the record cap were checked on this gateway's view when it was taken.
+- A buffered registration is written as it is: the hold of token mode and the record cap
+  were checked on this gateway's view when it was taken. A **re-publication** (the view put
+  back after Redis lost its data, :meth:`WriteBuffer.republish`; :attr:`WriteBuffer.again`
+  holds its ids) is written only where Redis has nothing of the id, and never replaces a
+  write buffered here; a write of the id made since replaces it.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class WriteBuffer:
         self.max_writes = max_writes
         self.writes: dict[str, EndpointRecord | None] = {}  # None: a removal
         self.new: set[str] = set()  # ids of buffered registrations Redis has nothing of
+        self.again: set[str] = set()  # ids whose buffered registration is a re-publication
         self.beats: dict[str, None] = {}  # ordered set of ids
         self.wake = asyncio.Event()  # set when the first heartbeat of a batch is buffered
         self.inflight: dict[str, int] = {}  # id -> direct writes of it on their way to Redis
@@ -89,20 +93,30 @@ class WriteBuffer:
         else:
             new = not known and endpoint_id not in self.inflight
         self.writes[endpoint_id] = record
+        self.again.discard(endpoint_id)
         if new:
             self.new.add(endpoint_id)
         else:
             self.new.discard(endpoint_id)
 
+    def republish(self, record: EndpointRecord) -> None:
+        """Buffer the re-publication of a record of the view (Redis lost its data), unless a
+        write of its id is buffered already."""
+        if record.endpoint_id not in self.writes:
+            self.writes[record.endpoint_id] = record
+            self.again.add(record.endpoint_id)
+
     def deregister(self, endpoint_id: str) -> None:
         """Buffer a removal of the id (call :meth:`drop` first: it may make this needless)."""
         self.writes[endpoint_id] = None
         self.new.discard(endpoint_id)
+        self.again.discard(endpoint_id)
 
     def discard(self, endpoint_id: str) -> None:
         """Forget the buffered write of the id (a direct write of it supersedes it)."""
         self.writes.pop(endpoint_id, None)
         self.new.discard(endpoint_id)
+        self.again.discard(endpoint_id)
 
     def beat(self, endpoint_id: str) -> None:
         """Buffer a heartbeat of the id (written with the next batch)."""
@@ -127,14 +141,20 @@ class WriteBuffer:
             while self.writes:
                 endpoint_id, record = next(iter(self.writes.items()))
                 self.new.discard(endpoint_id)  # on its way: it may land even if the call fails
+                again = endpoint_id in self.again
                 if record is None:
                     version, _ = await store.remove(endpoint_id)
                     if version:
                         versions.removed(endpoint_id, version, now())
                 else:
-                    versions.registered(endpoint_id, await store.upsert(record, fresh=False))
-                if self.writes.get(endpoint_id, _MISSING) is record:
+                    version = await store.upsert(record, fresh=False, again=again)
+                    if version:  # a re-publication Redis did not take: the reconcile reads it
+                        versions.registered(endpoint_id, version)
+                if self.writes.get(endpoint_id, _MISSING) is record and (
+                    again == (endpoint_id in self.again)
+                ):
                     del self.writes[endpoint_id]
+                    self.again.discard(endpoint_id)
             if self.beats:
                 ids = list(self.beats)
                 await store.touch(ids)

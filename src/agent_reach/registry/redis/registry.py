@@ -19,8 +19,9 @@ Invariants:
   counted in :attr:`RedisRegistry.buffer_refused`; a write of an id already buffered is
   always taken (it replaces the buffered one).
 - **Bounded state.** Redis and the view hold the live ids and nothing of removed ones (but
-  recent removals, remembered for at most :data:`TOMBSTONE_TTL_S`); a removal of an id that
-  is not registered writes nothing.
+  recent removals, remembered in the view for at most :data:`TOMBSTONE_TTL_S`, and in Redis
+  only in the reset window after it lost its data); a removal of an id that is not registered
+  writes nothing (but such a tombstone).
 - **Nothing from redis-py leaks**: the store turns its errors into
   :class:`~agent_reach.errors.BackendUnavailable`; a bad URL or prefix is a
   :class:`~agent_reach.errors.ConfigError` when the registry is made.

@@ -6,7 +6,17 @@ Invariants (the key layout is in :mod:`agent_reach.registry.redis.store`):
   (a time passed in is only ever lowered to it, never raised past it).
 - **Bounded by the live ids.** ``{P}:ep:ID``, a member of ``{P}:seen`` and a field of
   ``{P}:ver`` exist together or not at all: an upsert adds all three, a removal deletes all
-  three, and the removal of an id that is not registered writes nothing (it only deletes).
+  three, and the removal of an id that is not registered writes nothing (it only deletes),
+  but in the reset window below.
+- **No re-publication undoes a change.** After Redis lost its data, each gateway puts back
+  what its view holds (a re-publication: UPSERT with ``again``), which only ever inserts an
+  id that Redis has nothing of, neither a record nor a tombstone: it never overwrites a
+  record written since, nor brings back an id removed since. So that a removal is not
+  forgotten when its id was not there to remove (a gateway writing, once Redis is back, the
+  removal it buffered while Redis was away), every removal made while the epoch token is
+  missing or the reset key ``{P}:reset`` lives leaves a tombstone ``{P}:gone:ID`` that lives
+  as long (:data:`~agent_reach.registry.redis.store.RESET_WINDOW_S`); a registration deletes
+  its id's tombstone. Both keys expire in Redis.
 - **One ordered stream of versions.** Every registration and every removal takes the next
   value of the counter ``{P}:seq`` as its version, and publishes it with the change, in the
   same step: versions increase along the channel, and an id's versions increase over its
@@ -19,7 +29,7 @@ Invariants (the key layout is in :mod:`agent_reach.registry.redis.store`):
 
 from __future__ import annotations
 
-__all__ = ["CLAIM", "INIT", "REMOVE", "TOUCH", "UPSERT"]
+__all__ = ["CLAIM", "INIT", "REMOVE", "RENEW", "TOUCH", "UPSERT"]
 
 _TS = "local t = redis.call('TIME') local ts = tonumber(t[1]) + tonumber(t[2]) / 1000000 "
 
@@ -31,15 +41,21 @@ local had = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '0')
 if had >= ver then ver = had + 1 redis.call('SET', KEYS[5], ver) end
 """
 
-# KEYS: ep, seen, ver, channel, seq
+# KEYS: ep, seen, ver, channel, seq, gone
 # ARGV: id, caps, url, desc, ts ('' for now), 'GT' or '', owner,
 #       held seconds ('' for none: token mode's check that another live registration does not
-#       hold the id), max records ('' for no cap: a NEW id is refused when seen holds as many)
-# -> {seen, version}, or {'held', seen}, or {'full', count}
+#       hold the id), max records ('' for no cap: a NEW id is refused when seen holds as many),
+#       'again' or '' (a re-publication: written only when Redis has neither the id nor its
+#       tombstone)
+# -> {seen, version}, or {'held', seen}, or {'full', count}, or {'skip', '0'} (a re-publication
+#    not written)
 UPSERT = (
     _TS
     + """
 local known = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if ARGV[10] == 'again' and (known or redis.call('EXISTS', KEYS[6]) == 1) then
+  return {'skip', '0'}
+end
 if ARGV[8] ~= '' and known then
   local owner = redis.call('HGET', KEYS[1], 'owner')
   if owner and owner ~= '' and owner ~= ARGV[7] and ts - tonumber(known) < tonumber(ARGV[8]) then
@@ -54,7 +70,7 @@ if ARGV[5] ~= '' then ts = math.min(ts, tonumber(ARGV[5])) end
 """
     + _NEXT_VERSION
     + """
-redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[1], KEYS[6])
 redis.call('HSET', KEYS[1], 'caps', ARGV[2], 'url', ARGV[3], 'desc', ARGV[4], 'owner', ARGV[7])
 if ARGV[6] == 'GT' then redis.call('ZADD', KEYS[2], 'GT', ts, ARGV[1])
 else redis.call('ZADD', KEYS[2], ts, ARGV[1]) end
@@ -66,11 +82,15 @@ return {seen, ver}
 """
 )
 
-# KEYS: ep, seen, ver, channel, seq; ARGV: id
-# -> {} when the id was not registered (nothing written, nothing published), else
-#    {version, seen, field, value, ...}: the removal's version and the record it removed
+# KEYS: ep, seen, ver, channel, seq, gone, epoch, reset; ARGV: id, the reset window in ms
+# -> {} when the id was not registered (nothing published), else
+#    {version, seen, field, value, ...}: the removal's version and the record it removed.
+# In the reset window (no epoch token yet, or the reset key lives) a tombstone is left either way.
 REMOVE = (
     """
+if redis.call('EXISTS', KEYS[7]) == 0 or redis.call('EXISTS', KEYS[8]) == 1 then
+  redis.call('SET', KEYS[6], '1', 'PX', ARGV[2])
+end
 local seen = redis.call('ZSCORE', KEYS[2], ARGV[1])
 if not seen then
   redis.call('DEL', KEYS[1])
@@ -118,6 +138,15 @@ for i = 1, #fields, 2 do
 end
 redis.call('SET', KEYS[3], top)
 return dropped
+"""
+
+# KEYS: epoch, reset; ARGV: a new token, the reset window in ms. A gateway found the epoch
+# token gone or replaced (Redis lost its data): set a token unless another gateway did, and
+# open (or extend) the reset window in which removals leave tombstones. -> the token Redis holds
+RENEW = """
+redis.call('SET', KEYS[1], ARGV[1], 'NX')
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+return redis.call('GET', KEYS[1])
 """
 
 # A claim of a ClaimMap entry (one key, its TTL Redis's own): the first claim wins, a live

@@ -8,6 +8,8 @@ also run on Redis Cluster)::
     {P}:ver       hash   ID -> version of its current registration (live ids only)
     {P}:seq       string the last version given; registrations and removals share it
     {P}:epoch     string a token set once: if it vanishes, Redis lost its data
+    {P}:reset     string set (expiring) when a gateway found the token gone: the reset window
+    {P}:gone:ID   string a removal's tombstone, left only in the reset window (expiring)
     {P}:events    pub/sub channel of registrations ('u') and removals ('r'), with versions
     {P}:map:NAME  hash   a SharedMap's keys and values
     {P}:claim:NAME:KEY   string  one ClaimMap entry, with its TTL (PX) in Redis
@@ -20,7 +22,8 @@ Invariants:
 - **Bounded by the live ids.** ``{P}:ep:*``, ``{P}:seen`` and ``{P}:ver`` hold one entry per
   registered id and nothing else (the scripts keep them in step, see
   :mod:`~agent_reach.registry.redis.scripts`); a full read (:meth:`RedisStore.snapshot`) costs
-  what is registered now, not what ever was.
+  what is registered now, not what ever was. Tombstones exist only for the removals of the
+  :data:`RESET_WINDOW_S` after Redis lost its data, and expire with it.
 - **One time source.** Last-seen times in Redis are Redis's ``TIME``. Every read that measures
   (:meth:`RedisStore.snapshot`, :meth:`RedisStore.heartbeats`) runs ``TIME`` in the same
   transaction, bracketed by two reads of the liveness clock, and updates :attr:`offset`
@@ -54,10 +57,24 @@ from redis.exceptions import RedisError
 from agent_reach.core.model import EndpointRecord
 from agent_reach.errors import BackendUnavailable, ConfigError, EndpointHeld
 from agent_reach.registry.base import registry_full
-from agent_reach.registry.redis.scripts import CLAIM, INIT, REMOVE, TOUCH, UPSERT
+from agent_reach.registry.redis.scripts import CLAIM, INIT, REMOVE, RENEW, TOUCH, UPSERT
 from agent_reach.settings import redacted
 
-__all__ = ["EventStream", "Fetched", "Heartbeats", "RedisStore", "Snapshot", "key_prefix"]
+__all__ = [
+    "RESET_WINDOW_S",
+    "EventStream",
+    "Fetched",
+    "Heartbeats",
+    "RedisStore",
+    "Snapshot",
+    "key_prefix",
+]
+
+# How long after a gateway found Redis emptied removals leave tombstones (and the tombstones
+# live), so that no gateway's re-publication brings a removed id back: longer than any gateway
+# takes to notice (its next sync, or its return from a partition of up to this long).
+RESET_WINDOW_S = 300.0
+_RESET_WINDOW_MS = str(round(RESET_WINDOW_S * 1000))
 
 
 def key_prefix(prefix: str) -> str:
@@ -155,7 +172,8 @@ class RedisStore:
         self.timeout_s = connect_timeout_s  # a call, or a PING on the channel, failed past it
         self.seen_key, self.ver_key, self.seq_key = f"{p}:seen", f"{p}:ver", f"{p}:seq"
         self.epoch_key, self.channel = f"{p}:epoch", f"{p}:events"
-        self._ep = f"{p}:ep:"
+        self.reset_key = f"{p}:reset"
+        self._ep, self._gone = f"{p}:ep:", f"{p}:gone:"
         options: dict[str, Any] = {
             "decode_responses": True,
             "socket_timeout": connect_timeout_s,
@@ -173,6 +191,7 @@ class RedisStore:
         self._touch = self._redis.register_script(TOUCH)
         self._init = self._redis.register_script(INIT)
         self._claim = self._redis.register_script(CLAIM)
+        self._renew = self._redis.register_script(RENEW)
         self.now: Callable[[], float] = _unbound  # the liveness clock (set by the registry)
         self.offset: float | None = None  # Redis time - liveness time, from the last measure
         self.last_sync: float | None = None  # liveness time of the last measure
@@ -194,7 +213,14 @@ class RedisStore:
         return RedisClaimMap(self._redis, prefix, self._claim, self._io)
 
     def _keys(self, endpoint_id: str) -> list[str]:
-        return [self._ep + endpoint_id, self.seen_key, self.ver_key, self.channel, self.seq_key]
+        return [
+            self._ep + endpoint_id,
+            self.seen_key,
+            self.ver_key,
+            self.channel,
+            self.seq_key,
+            self._gone + endpoint_id,
+        ]
 
     # --- writes ----------------------------------------------------------------------------
 
@@ -213,10 +239,13 @@ class RedisStore:
         fresh: bool,
         held_within_s: float | None = None,
         max_records: int | None = None,
+        again: bool = False,
     ) -> int:
         """Write ``record`` with its last-seen time in Redis time (Redis's ``TIME`` before the
         offset is known); return its version. ``fresh``: a registration, which sets the time;
-        else a re-published record, which never moves a newer time back. ``held_within_s``:
+        else a buffered one written late, which never moves a newer time back. ``again``: a
+        re-publication after Redis lost its data, written only when Redis has nothing of the
+        id (neither a record nor a tombstone); 0 when it was not written. ``held_within_s``:
         refuse (EndpointHeld) when another live registration holds the id. ``max_records``:
         refuse a new id (RegistryFull) when that many are registered."""
         ts = "" if self.offset is None else f"{record.last_seen + self.offset:.6f}"
@@ -230,9 +259,12 @@ class RedisStore:
             record.owner,
             "" if held_within_s is None else f"{held_within_s:.6f}",
             "" if max_records is None else str(max_records),
+            "again" if again else "",
         ]
         with self._io():
             first, second = await self._upsert(keys=self._keys(record.endpoint_id), args=args)
+        if first == "skip":
+            return 0
         if first == "held":
             raise EndpointHeld(record.endpoint_id)
         if first == "full":
@@ -241,9 +273,11 @@ class RedisStore:
 
     async def remove(self, endpoint_id: str) -> tuple[int, EndpointRecord | None]:
         """Delete the id; return the removal's version and the record removed, or
-        ``(0, None)`` when it was not registered (then nothing was written)."""
+        ``(0, None)`` when it was not registered (then nothing was written, but a tombstone in
+        the reset window)."""
+        keys = [*self._keys(endpoint_id), self.epoch_key, self.reset_key]
         with self._io():
-            out = await self._remove(keys=self._keys(endpoint_id), args=[endpoint_id])
+            out = await self._remove(keys=keys, args=[endpoint_id, _RESET_WINDOW_MS])
         if not out:
             return 0, None
         version, seen, *flat = out
@@ -257,10 +291,11 @@ class RedisStore:
             await self._touch(keys=[self.seen_key], args=list(endpoint_ids))
 
     async def renew_epoch(self) -> str | None:
-        """Set a new epoch token unless one is there; return the token Redis holds."""
+        """Set a new epoch token unless one is there, and open (or extend) the reset window;
+        return the token Redis holds."""
+        keys = [self.epoch_key, self.reset_key]
         with self._io():
-            await self._redis.set(self.epoch_key, secrets.token_hex(8), nx=True)
-            token = await self._redis.get(self.epoch_key)
+            token = await self._renew(keys=keys, args=[secrets.token_hex(8), _RESET_WINDOW_MS])
         return None if token is None else str(token)
 
     # --- reads -----------------------------------------------------------------------------

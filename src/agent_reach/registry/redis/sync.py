@@ -17,10 +17,15 @@ Invariants:
   announced before it came through no channel) stands for the next iteration; a reconcile
   that fails puts the request back.
 - **Redis emptied** (restarted without persistence): the epoch token is gone; the view is
-  re-published (last-seen times never newer than Redis's) and versions start again.
-  **Redis gone back to older data** (a restore from a snapshot, a failover to a replica that
-  missed writes): its version counter is below what the view knew; versions start again and
-  the next reconcile reads every record (records registered since the copy leave the views).
+  re-published (last-seen times never newer than Redis's) and versions start again. A
+  re-publication only fills in what Redis has nothing of: a record written since (by any
+  gateway), or an id removed since, wins over it (see
+  :mod:`~agent_reach.registry.redis.scripts`), and the reconcile that follows makes the view
+  equal to Redis. **Redis gone back to older data** (a restore from a snapshot, a failover to
+  a replica that missed writes): its version counter is below what the view knew, or the
+  counter has moved past that meanwhile but an id's version in Redis is below the one the
+  view knows (a change the copy lacks; seen at the next reconcile); versions start again and
+  every record is read again (records registered since the copy leave the views).
 """
 
 from __future__ import annotations
@@ -90,18 +95,21 @@ class ViewSync:
         # every notification of the new era look stale
         self._versions.clear()
         self._link.reconcile_due = True  # what was announced while it was away is unknown here
-        # not new registrations (buffer.register): a removal of one must still be written,
-        # for another gateway may re-publish it too
+        # re-publications, not registrations: each only fills in what Redis has nothing of
+        # (a write buffered here stays as it is, written as made)
         for record in list(self._view.records()):
-            self._buffer.writes.setdefault(record.endpoint_id, record)
+            self._buffer.republish(record)
         await self._buffer.flush(self._store, self._versions, self._store.now)
         return True
 
-    def _check_counter(self, seq: int, top: int) -> bool:
-        """Whether Redis's version counter went back below what was known before the read
-        (Redis went back to an older copy of its data): then versions start again, and every
-        id is to be read again (by the caller's reconcile)."""
-        if seq >= top:
+    def _check_counter(self, seq: int, top: int, versions: dict[str, int] | None = None) -> bool:
+        """Whether Redis went back to an older copy of its data: its version counter is below
+        what was known before the read, or (given the ``versions`` of a snapshot taken at
+        counter ``seq``) an id's version is below one the view knew by then (the counter has
+        moved on since the copy). Then versions start again, and every id is to be read again
+        (by the caller's reconcile)."""
+        lost = None if versions is None else self._versions.missing_in(versions, seq)
+        if seq >= top and lost is None:
             return False
         log(
             logging.WARNING,
@@ -109,6 +117,7 @@ class ViewSync:
             note="Redis went back to older data (a restore, a failover); reading it all again",
             counter=seq,
             known=top,
+            endpoint_id=lost,  # None: the counter alone showed it
         )
         self._versions.clear()
         return True
@@ -161,7 +170,7 @@ class ViewSync:
             # Redis had lost its data and this view was just re-published: compare the view
             # with what Redis holds now, not with the empty set read before (which would
             # remove every record from the view)
-        self._check_counter(snap.seq, top)  # then every id is read again, below
+        self._check_counter(snap.seq, top, snap.versions)  # then every id is read again, below
         self.cursor = snap.redis_now
         holds, live = self._buffer.holds, self._versions.live
         for record in list(self._view.records()):

@@ -95,6 +95,22 @@ class Versions:
         self._gone.clear()
         self.channel = self.top = 0
 
+    def missing_in(self, versions: dict[str, int], seq: int) -> str | None:
+        """An id whose change known here Redis lacks, given the ``versions`` of its ids in a
+        snapshot whose counter was at ``seq``: the id's version there is below a version known
+        here (of its record, or of its removal) that is at most ``seq``. Versions of an id only
+        grow in Redis, and every change up to ``seq`` is in the snapshot, so only a Redis gone
+        back to older data shows one. None when there is none."""
+        for endpoint_id, version in self.live.items():
+            there = versions.get(endpoint_id)
+            if there is not None and there < version <= seq:
+                return endpoint_id
+        for endpoint_id, (version, _) in self._gone.items():
+            there = versions.get(endpoint_id)
+            if there is not None and there < version <= seq:
+                return endpoint_id
+        return None
+
     def tombstones(self) -> int:
         """How many removals are remembered now."""
         return len(self._gone)
