@@ -387,6 +387,17 @@ def url_of(view: RedisRegistry, endpoint_id: str) -> str | None:
     return None if record is None else record.endpoint_url
 
 
+async def quiet_pair(pair: Callable[..., RedisRegistry]) -> tuple[RedisRegistry, RedisRegistry]:
+    """Two started views whose loops stay out of the test (it calls what it needs), and x
+    registered through the first, seen by the second."""
+    a, b = pair(sync_s=3600.0, reconcile_s=3600.0), pair(sync_s=3600.0, reconcile_s=3600.0)
+    await a.start()
+    await b.start()
+    await a.upsert(rec("x", time.monotonic()))
+    await until(lambda: b.get("agent://x") is not None, 0.5)
+    return a, b
+
+
 def away(*views: RedisRegistry) -> None:
     """Each view takes Redis for away (as after a failed call): its writes are buffered."""
     for view in views:
@@ -417,10 +428,7 @@ async def test_a_removal_made_while_redis_was_away_is_not_undone_by_a_republicat
     still has x, and puts it back when it notices the loss: that must not bring x back,
     whether a's buffered removal reaches Redis before b's re-publication (x is not there to
     remove: the removal leaves a tombstone) or after it (it removes the re-published x)."""
-    a, b = pair(sync_s=3600.0, reconcile_s=3600.0), pair(sync_s=3600.0, reconcile_s=3600.0)
-    await a.start()
-    await b.start()
-    await a.upsert(rec("x", time.monotonic()))
+    a, b = await quiet_pair(pair)
     await a.upsert(rec("y", time.monotonic()))
     await until(lambda: ids_of(b) == {"agent://x", "agent://y"}, 0.5)
     away(a, b)
@@ -437,11 +445,7 @@ async def test_a_registration_made_while_redis_was_away_is_not_overwritten_by_a_
 ) -> None:
     """x registered again through a, at a new URL, while Redis is away; Redis comes back
     empty and b puts back the old record its view holds: the new one wins in either order."""
-    a, b = pair(sync_s=3600.0, reconcile_s=3600.0), pair(sync_s=3600.0, reconcile_s=3600.0)
-    await a.start()
-    await b.start()
-    await a.upsert(rec("x", time.monotonic()))
-    await until(lambda: b.get("agent://x") is not None, 0.5)
+    a, b = await quiet_pair(pair)
     away(a, b)
     moved = rec("x", time.monotonic())._replace(endpoint_url="http://127.0.0.1:9/moved")
     await a.upsert(moved)  # buffered
@@ -480,3 +484,50 @@ async def test_redis_gone_back_to_older_data_is_seen_after_its_counter_moved_on(
     c = pair()
     await c.start()
     assert url_of(c, "agent://x") == old_url
+
+
+@pytest.mark.parametrize("later", ["elsewhere", "buffered"])
+async def test_a_registration_buffered_while_cut_off_loses_to_a_later_one_elsewhere(
+    pair: Callable[..., RedisRegistry], later: str
+) -> None:
+    """a is cut off from Redis (b is not); x registers at a new URL through each of them. When
+    a writes what it buffered, the registration made later stands, whichever gateway took it,
+    and both views come to show it."""
+    a, b = await quiet_pair(pair)
+    away(a)
+    via_a, via_b = "http://127.0.0.1:9/via-a", "http://127.0.0.1:9/via-b"
+    # the two registrations are made 0.1 s apart: far more than the error of either view's
+    # mapping of its clock to Redis's (half a round trip)
+    if later == "buffered":
+        await b.upsert(rec("x", time.monotonic())._replace(endpoint_url=via_b))
+        await asyncio.sleep(0.1)
+        await a.upsert(rec("x", time.monotonic())._replace(endpoint_url=via_a))  # buffered
+    else:
+        await a.upsert(rec("x", time.monotonic())._replace(endpoint_url=via_a))  # buffered
+        await asyncio.sleep(0.1)
+        await b.upsert(rec("x", time.monotonic())._replace(endpoint_url=via_b))
+    winner = via_a if later == "buffered" else via_b
+    await a._buffer.flush(a._store, a._versions, a._store.now)
+    with redis.Redis.from_url(REDIS_URL, decode_responses=True) as r:
+        assert r.hget("{" + a.prefix + "}:ep:agent://x", "url") == winner
+    await a._sync.reconcile()
+    await until(lambda: url_of(b, "agent://x") == winner, 0.5)
+    assert url_of(a, "agent://x") == winner
+
+
+async def test_a_removal_buffered_while_cut_off_does_not_remove_a_later_registration(
+    pair: Callable[..., RedisRegistry],
+) -> None:
+    """x deregistered through a while a is cut off, then registered again through b: a's
+    late removal is not written, and a's view takes x back."""
+    a, b = await quiet_pair(pair)
+    away(a)
+    assert await a.remove("agent://x") is not None  # buffered
+    await asyncio.sleep(0.1)  # as above: the registration is made clearly later
+    await b.upsert(rec("x", time.monotonic(), ("t.again",)))
+    await a._buffer.flush(a._store, a._versions, a._store.now)
+    with redis.Redis.from_url(REDIS_URL, decode_responses=True) as r:
+        assert r.zscore("{" + a.prefix + "}:seen", "agent://x") is not None
+    await a._sync.reconcile()
+    for view in (a, b):
+        assert view.get("agent://x").capabilities == ("t.again",)  # type: ignore[union-attr]

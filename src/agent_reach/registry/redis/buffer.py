@@ -23,7 +23,10 @@ Invariants:
 - **Writes on their way** (:meth:`WriteBuffer.writing`) are counted, so that a read of Redis
   made before they landed does not undo them in the view; the count ends with the write.
 - A buffered registration is written as it is: the hold of token mode and the record cap
-  were checked on this gateway's view when it was taken. A **re-publication** (the view put
+  were checked on this gateway's view when it was taken. A buffered registration or removal
+  carries the time it was made (the record's ``last_seen``, or
+  :attr:`WriteBuffer.removed_at`) and is not written when the id was registered after that,
+  through another gateway. A **re-publication** (the view put
   back after Redis lost its data, :meth:`WriteBuffer.republish`; :attr:`WriteBuffer.again`
   holds its ids) is written only where Redis has nothing of the id, and never replaces a
   write buffered here; a write of the id made since replaces it.
@@ -56,6 +59,7 @@ class WriteBuffer:
         self.writes: dict[str, EndpointRecord | None] = {}  # None: a removal
         self.new: set[str] = set()  # ids of buffered registrations Redis has nothing of
         self.again: set[str] = set()  # ids whose buffered registration is a re-publication
+        self.removed_at: dict[str, float] = {}  # id -> when its buffered removal was made
         self.beats: dict[str, None] = {}  # ordered set of ids
         self.wake = asyncio.Event()  # set when the first heartbeat of a batch is buffered
         self.inflight: dict[str, int] = {}  # id -> direct writes of it on their way to Redis
@@ -94,6 +98,7 @@ class WriteBuffer:
             new = not known and endpoint_id not in self.inflight
         self.writes[endpoint_id] = record
         self.again.discard(endpoint_id)
+        self.removed_at.pop(endpoint_id, None)
         if new:
             self.new.add(endpoint_id)
         else:
@@ -106,9 +111,11 @@ class WriteBuffer:
             self.writes[record.endpoint_id] = record
             self.again.add(record.endpoint_id)
 
-    def deregister(self, endpoint_id: str) -> None:
-        """Buffer a removal of the id (call :meth:`drop` first: it may make this needless)."""
+    def deregister(self, endpoint_id: str, made: float) -> None:
+        """Buffer a removal of the id, made at ``made`` (the liveness clock; call :meth:`drop`
+        first: it may make this needless)."""
         self.writes[endpoint_id] = None
+        self.removed_at[endpoint_id] = made
         self.new.discard(endpoint_id)
         self.again.discard(endpoint_id)
 
@@ -117,6 +124,7 @@ class WriteBuffer:
         self.writes.pop(endpoint_id, None)
         self.new.discard(endpoint_id)
         self.again.discard(endpoint_id)
+        self.removed_at.pop(endpoint_id, None)
 
     def beat(self, endpoint_id: str) -> None:
         """Buffer a heartbeat of the id (written with the next batch)."""
@@ -134,7 +142,8 @@ class WriteBuffer:
         return cancelled
 
     async def flush(self, store: RedisStore, versions: Versions, now: Callable[[], float]) -> None:
-        """Write the buffered registrations and removals, then the batch of heartbeats.
+        """Write the buffered registrations and removals (each but where a later registration
+        of its id is in Redis), then the batch of heartbeats.
         Raises BackendUnavailable (what is not written stays buffered). A flush called while
         another runs waits for it, then writes what is left."""
         async with self._flushing:
@@ -143,7 +152,8 @@ class WriteBuffer:
                 self.new.discard(endpoint_id)  # on its way: it may land even if the call fails
                 again = endpoint_id in self.again
                 if record is None:
-                    version, _ = await store.remove(endpoint_id)
+                    made = self.removed_at.get(endpoint_id)
+                    version, _ = await store.remove(endpoint_id, made=made)
                     if version:
                         versions.removed(endpoint_id, version, now())
                 else:
@@ -155,6 +165,7 @@ class WriteBuffer:
                 ):
                     del self.writes[endpoint_id]
                     self.again.discard(endpoint_id)
+                    self.removed_at.pop(endpoint_id, None)
             if self.beats:
                 ids = list(self.beats)
                 await store.touch(ids)

@@ -311,7 +311,7 @@ class RedisRegistry:
         return after
 
     async def remove(self, endpoint_id: str) -> EndpointRecord | None:
-        buffer = self._buffer
+        buffer, made = self._buffer, self._now()
         if self._view.get(endpoint_id) is not None:
             self._check_room(endpoint_id)  # a removal may have to be buffered
         before = await self._view.remove(endpoint_id)
@@ -319,7 +319,7 @@ class RedisRegistry:
         cancelled = buffer.drop(endpoint_id)
         if not self._link.available:  # as in upsert: buffered, written when Redis is back
             if before is not None and not cancelled:
-                buffer.deregister(endpoint_id)
+                buffer.deregister(endpoint_id, made)
             return before
         try:
             # also what Redis has but this view not yet (a registration on its way): the
@@ -328,7 +328,7 @@ class RedisRegistry:
                 version, removed = await self._store.remove(endpoint_id)
         except BackendUnavailable as exc:
             if before is not None and not cancelled:
-                buffer.deregister(endpoint_id)
+                buffer.deregister(endpoint_id, made)
             self._link.lost(exc, self._now())
             return before
         self._link.healthy(self._now())

@@ -22,6 +22,10 @@ Invariants (the key layout is in :mod:`agent_reach.registry.redis.store`):
   same step: versions increase along the channel, and an id's versions increase over its
   whole history (a removed id registered again gets a version above its removal's), so no
   tombstone has to stay in Redis.
+- **A change written late loses to a later one.** ``{P}:ep:ID`` keeps ``at``, the Redis time
+  its registration was made. A registration or removal buffered by a gateway that could not
+  reach Redis is written with the time it was made, and not at all when the id's record was
+  registered after that (through another gateway meanwhile): the later change stands.
 - **Checks and writes are one step.** The hold of token mode and the record cap are checked
   in the script that writes, so that two gateways cannot both pass a check that only one
   write may pass.
@@ -42,13 +46,15 @@ if had >= ver then ver = had + 1 redis.call('SET', KEYS[5], ver) end
 """
 
 # KEYS: ep, seen, ver, channel, seq, gone
-# ARGV: id, caps, url, desc, ts ('' for now), 'GT' or '', owner,
+# ARGV: id, caps, url, desc, ts (when the registration was made; '' for now), 'GT' or '' (a
+#       buffered registration written late: not written when the record there was made after
+#       ts, and it never moves a newer last-seen time back), owner,
 #       held seconds ('' for none: token mode's check that another live registration does not
 #       hold the id), max records ('' for no cap: a NEW id is refused when seen holds as many),
 #       'again' or '' (a re-publication: written only when Redis has neither the id nor its
 #       tombstone)
 # -> {seen, version}, or {'held', seen}, or {'full', count}, or {'skip', '0'} (a re-publication
-#    not written)
+#    or a late registration not written)
 UPSERT = (
     _TS
     + """
@@ -67,11 +73,16 @@ if ARGV[9] ~= '' and not known then
   if count >= tonumber(ARGV[9]) then return {'full', tostring(count)} end
 end
 if ARGV[5] ~= '' then ts = math.min(ts, tonumber(ARGV[5])) end
+if ARGV[6] == 'GT' and known then
+  local made = redis.call('HGET', KEYS[1], 'at')
+  if made and tonumber(made) > ts then return {'skip', '0'} end
+end
 """
     + _NEXT_VERSION
     + """
 redis.call('DEL', KEYS[1], KEYS[6])
-redis.call('HSET', KEYS[1], 'caps', ARGV[2], 'url', ARGV[3], 'desc', ARGV[4], 'owner', ARGV[7])
+redis.call('HSET', KEYS[1], 'caps', ARGV[2], 'url', ARGV[3], 'desc', ARGV[4], 'owner', ARGV[7],
+  'at', string.format('%.6f', ts))
 if ARGV[6] == 'GT' then redis.call('ZADD', KEYS[2], 'GT', ts, ARGV[1])
 else redis.call('ZADD', KEYS[2], ts, ARGV[1]) end
 local seen = redis.call('ZSCORE', KEYS[2], ARGV[1])
@@ -82,12 +93,19 @@ return {seen, ver}
 """
 )
 
-# KEYS: ep, seen, ver, channel, seq, gone, epoch, reset; ARGV: id, the reset window in ms
-# -> {} when the id was not registered (nothing published), else
-#    {version, seen, field, value, ...}: the removal's version and the record it removed.
-# In the reset window (no epoch token yet, or the reset key lives) a tombstone is left either way.
+# KEYS: ep, seen, ver, channel, seq, gone, epoch, reset
+# ARGV: id, the reset window in ms, when the removal was made ('' for now: a buffered removal
+#       written late is not written when the record there was registered after it)
+# -> {} when the id was not registered, or registered after a late removal (nothing published),
+#    else {version, seen, field, value, ...}: the removal's version and the record it removed.
+# In the reset window (no epoch token yet, or the reset key lives) a tombstone is left but for
+# a late removal not written.
 REMOVE = (
     """
+if ARGV[3] ~= '' then
+  local made = redis.call('HGET', KEYS[1], 'at')
+  if made and tonumber(made) > tonumber(ARGV[3]) then return {} end
+end
 if redis.call('EXISTS', KEYS[7]) == 0 or redis.call('EXISTS', KEYS[8]) == 1 then
   redis.call('SET', KEYS[6], '1', 'PX', ARGV[2])
 end

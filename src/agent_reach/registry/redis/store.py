@@ -3,7 +3,8 @@
 Layout (every key under the hash tag ``{PREFIX}``, so one slot holds them all and the scripts
 also run on Redis Cluster)::
 
-    {P}:ep:ID     hash   caps (JSON list), url, desc, owner (token mode)
+    {P}:ep:ID     hash   caps (JSON list), url, desc, owner (token mode), at (Redis time the
+                         registration was made)
     {P}:seen      zset   ID -> last heartbeat, in Redis server time (unix seconds)
     {P}:ver       hash   ID -> version of its current registration (live ids only)
     {P}:seq       string the last version given; registrations and removals share it
@@ -243,7 +244,9 @@ class RedisStore:
     ) -> int:
         """Write ``record`` with its last-seen time in Redis time (Redis's ``TIME`` before the
         offset is known); return its version. ``fresh``: a registration, which sets the time;
-        else a buffered one written late, which never moves a newer time back. ``again``: a
+        else a buffered one written late, which never moves a newer time back, and is not
+        written (0) when the id was registered after ``record.last_seen`` (the time the
+        registration was made) through another gateway. ``again``: a
         re-publication after Redis lost its data, written only when Redis has nothing of the
         id (neither a record nor a tombstone); 0 when it was not written. ``held_within_s``:
         refuse (EndpointHeld) when another live registration holds the id. ``max_records``:
@@ -271,13 +274,17 @@ class RedisStore:
             raise registry_full(record.endpoint_id, second, max_records or 0)
         return int(second)
 
-    async def remove(self, endpoint_id: str) -> tuple[int, EndpointRecord | None]:
+    async def remove(
+        self, endpoint_id: str, *, made: float | None = None
+    ) -> tuple[int, EndpointRecord | None]:
         """Delete the id; return the removal's version and the record removed, or
         ``(0, None)`` when it was not registered (then nothing was written, but a tombstone in
-        the reset window)."""
+        the reset window). ``made``: when a removal written late (buffered) was made, on the
+        liveness clock: not written when the id was registered after that."""
+        at = "" if made is None or self.offset is None else f"{made + self.offset:.6f}"
         keys = [*self._keys(endpoint_id), self.epoch_key, self.reset_key]
         with self._io():
-            out = await self._remove(keys=keys, args=[endpoint_id, _RESET_WINDOW_MS])
+            out = await self._remove(keys=keys, args=[endpoint_id, _RESET_WINDOW_MS, at])
         if not out:
             return 0, None
         version, seen, *flat = out
