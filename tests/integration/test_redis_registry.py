@@ -404,11 +404,16 @@ def away(*views: RedisRegistry) -> None:
         view._link.lost(BackendUnavailable("redis at test: away"), time.monotonic())
 
 
-async def emptied(a: RedisRegistry, b: RedisRegistry, *, a_first: bool) -> None:
+async def emptied(
+    a: RedisRegistry, b: RedisRegistry, *, a_first: bool, newcomer: RedisRegistry | None = None
+) -> None:
     """Redis restarted empty (its data dropped): a writes what it buffered (its sync loop's
     first step) and b notices the loss (it re-publishes its view), in that order or the
-    other; then both read the whole registry."""
+    other; then both read the whole registry. ``newcomer``: a gateway started before either
+    noticed (it gives Redis a new epoch token)."""
     drop_prefix(a.prefix)
+    if newcomer is not None:
+        await newcomer.start()
     flush = a._buffer.flush(a._store, a._versions, a._store.now)
     if a_first:
         await flush
@@ -420,23 +425,28 @@ async def emptied(a: RedisRegistry, b: RedisRegistry, *, a_first: bool) -> None:
     await b._sync.reconcile()
 
 
-@pytest.mark.parametrize("first", ["removal", "republication"])
+@pytest.mark.parametrize("first", ["removal", "removal, a gateway started before", "republication"])
 async def test_a_removal_made_while_redis_was_away_is_not_undone_by_a_republication(
     pair: Callable[..., RedisRegistry], first: str
 ) -> None:
     """x deregistered through a while Redis is away, and Redis comes back empty. b's view
     still has x, and puts it back when it notices the loss: that must not bring x back,
     whether a's buffered removal reaches Redis before b's re-publication (x is not there to
-    remove: the removal leaves a tombstone) or after it (it removes the re-published x)."""
+    remove: the removal leaves a tombstone, also when a gateway started on the emptied Redis
+    before a noticed) or after it (it removes the re-published x)."""
     a, b = await quiet_pair(pair)
     await a.upsert(rec("y", time.monotonic()))
     await until(lambda: ids_of(b) == {"agent://x", "agent://y"}, 0.5)
     away(a, b)
     assert await a.remove("agent://x") is not None  # buffered
-    await emptied(a, b, a_first=first == "removal")  # b re-publishes x and y
+    c = pair() if "started" in first else None
+    await emptied(a, b, a_first=first.startswith("removal"), newcomer=c)  # b re-publishes x, y
     with redis.Redis.from_url(REDIS_URL, decode_responses=True) as r:
         assert set(r.zrange("{" + a.prefix + "}:seen", 0, -1)) == {"agent://y"}
     assert ids_of(a) == ids_of(b) == {"agent://y"}
+    if c is not None:
+        await c._sync.reconcile()
+        assert ids_of(c) == {"agent://y"}
 
 
 @pytest.mark.parametrize("first", ["registration", "republication"])

@@ -14,9 +14,11 @@ Invariants (the key layout is in :mod:`agent_reach.registry.redis.store`):
   record written since, nor brings back an id removed since. So that a removal is not
   forgotten when its id was not there to remove (a gateway writing, once Redis is back, the
   removal it buffered while Redis was away), every removal made while the epoch token is
-  missing or the reset key ``{P}:reset`` lives leaves a tombstone ``{P}:gone:ID`` that lives
-  as long (:data:`~agent_reach.registry.redis.store.RESET_WINDOW_S`); a registration deletes
-  its id's tombstone. Both keys expire in Redis.
+  not the one the removing gateway last saw (it has not noticed the loss yet: Redis may also
+  have been given a new token by a gateway started since) or the reset key ``{P}:reset``
+  lives leaves a tombstone ``{P}:gone:ID``; each lives
+  :data:`~agent_reach.registry.redis.store.RESET_WINDOW_S` from when it was set, and a
+  registration deletes its id's tombstone. Both keys expire in Redis.
 - **One ordered stream of versions.** Every registration and every removal takes the next
   value of the counter ``{P}:seq`` as its version, and publishes it with the change, in the
   same step: versions increase along the channel, and an id's versions increase over its
@@ -95,18 +97,20 @@ return {seen, ver}
 
 # KEYS: ep, seen, ver, channel, seq, gone, epoch, reset
 # ARGV: id, the reset window in ms, when the removal was made ('' for now: a buffered removal
-#       written late is not written when the record there was registered after it)
+#       written late is not written when the record there was registered after it), the epoch
+#       token the writing gateway last saw
 # -> {} when the id was not registered, or registered after a late removal (nothing published),
 #    else {version, seen, field, value, ...}: the removal's version and the record it removed.
-# In the reset window (no epoch token yet, or the reset key lives) a tombstone is left but for
-# a late removal not written.
+# In the reset window (the reset key lives, or the token is not the one the writer last saw: it
+# has not noticed yet that Redis lost its data) a tombstone is left, but for a late removal not
+# written.
 REMOVE = (
     """
 if ARGV[3] ~= '' then
   local made = redis.call('HGET', KEYS[1], 'at')
   if made and tonumber(made) > tonumber(ARGV[3]) then return {} end
 end
-if redis.call('EXISTS', KEYS[7]) == 0 or redis.call('EXISTS', KEYS[8]) == 1 then
+if redis.call('GET', KEYS[7]) ~= ARGV[4] or redis.call('EXISTS', KEYS[8]) == 1 then
   redis.call('SET', KEYS[6], '1', 'PX', ARGV[2])
 end
 local seen = redis.call('ZSCORE', KEYS[2], ARGV[1])

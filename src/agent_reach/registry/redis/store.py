@@ -196,6 +196,9 @@ class RedisStore:
         self.now: Callable[[], float] = _unbound  # the liveness clock (set by the registry)
         self.offset: float | None = None  # Redis time - liveness time, from the last measure
         self.last_sync: float | None = None  # liveness time of the last measure
+        # the epoch token as this gateway last saw it (kept by the view's sync): a removal
+        # made by a gateway that has not seen the token Redis holds now leaves a tombstone
+        self.epoch: str | None = None
 
     @contextlib.contextmanager
     def _io(self) -> Iterator[None]:
@@ -283,8 +286,9 @@ class RedisStore:
         liveness clock: not written when the id was registered after that."""
         at = "" if made is None or self.offset is None else f"{made + self.offset:.6f}"
         keys = [*self._keys(endpoint_id), self.epoch_key, self.reset_key]
+        args = [endpoint_id, _RESET_WINDOW_MS, at, self.epoch or ""]
         with self._io():
-            out = await self._remove(keys=keys, args=[endpoint_id, _RESET_WINDOW_MS, at])
+            out = await self._remove(keys=keys, args=args)
         if not out:
             return 0, None
         version, seen, *flat = out

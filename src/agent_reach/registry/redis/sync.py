@@ -60,7 +60,6 @@ class ViewSync:
         self._store, self._view, self._versions = store, view, versions
         self._buffer, self._link = buffer, link
         self.cursor = 0.0  # Redis time up to which heartbeats were read
-        self.epoch: str | None = None
 
     async def _apply(self, fetched: Fetched) -> None:
         endpoint_id = fetched.record.endpoint_id
@@ -80,8 +79,8 @@ class ViewSync:
 
     async def _check_epoch(self, epoch: str | None) -> bool:
         """Whether Redis lost its data since the last look (then this view was re-published)."""
-        if epoch is not None and (self.epoch is None or epoch == self.epoch):
-            self.epoch = epoch
+        if epoch is not None and (self._store.epoch is None or epoch == self._store.epoch):
+            self._store.epoch = epoch
             return False
         # the token is gone (or replaced): Redis lost its data; put back what this view knows
         log(
@@ -90,7 +89,7 @@ class ViewSync:
             note="registry data lost in Redis; re-publishing this gateway's view",
             records=len(self._view),
         )
-        self.epoch = await self._store.renew_epoch()
+        self._store.epoch = await self._store.renew_epoch()
         # versions restart in an emptied Redis: the ones remembered from before would make
         # every notification of the new era look stale
         self._versions.clear()
@@ -162,8 +161,8 @@ class ViewSync:
             # listener's, after a resubscription) stands, for the next reconcile
             self._link.reconcile_due = False
             snap = await self._store.snapshot()
-            if self.epoch is None:
-                self.epoch = snap.epoch
+            if self._store.epoch is None:
+                self._store.epoch = snap.epoch
                 break
             if not await self._check_epoch(snap.epoch):
                 break
