@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -427,3 +430,106 @@ def test_a_trace_id_is_fetched_from_the_other_domain_as_one_path_segment(
     remote = [e for e in trace["events"] if e.get("from_domain") == "chengdu"]
     received = [e for e in remote if e["kind"] == "received"]
     assert [e["msg_id"] for e in received] == [answer["msg_id"]], remote
+
+
+class GrayGateway(BaseHTTPRequestHandler):
+    """Another domain's gateway in a gray failure: /healthz answers at once (its probes pass),
+    a forwarded send gets no answer (held until the test ends)."""
+
+    released = threading.Event()
+
+    def do_GET(self) -> None:
+        body = b'{"status": "ok"}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.released.wait(30)
+        self.close_connection = True
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+@contextmanager
+def gray_domain(directory_url: str, domain: str, tag: str) -> Iterator[str]:
+    """A GrayGateway, its summary (one healthy endpoint for ``tag``) published to the
+    directory every interval as a gateway would; yields its URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), GrayGateway)
+    server.daemon_threads = True
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    stop = threading.Event()
+
+    def publish() -> None:
+        while not stop.is_set():
+            summary = {
+                "domain": domain,
+                "gateway_url": url,
+                "at": time.time(),
+                "intents": {tag: {"healthy": 1, "degraded": 0, "p95_ms": None, "inflight": 0}},
+            }
+            http("PUT", f"{directory_url}/v1/summaries/{domain}", summary, timeout=5)
+            stop.wait(INTERVAL)
+
+    threads = [
+        threading.Thread(target=server.serve_forever, daemon=True),
+        threading.Thread(target=publish, daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        yield url
+    finally:
+        stop.set()
+        GrayGateway.released.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_domain_whose_sends_hang_while_its_probes_pass_is_tried_last(fed: Federation) -> None:
+    # "gray" is nearer than "steady" (whose gateway sits behind a 20 ms proxy): first by the
+    # contract's order. Its sends hang; after three forwards in a row left without an answer,
+    # it is tried after every other domain, and requests go straight to "steady".
+    tag = "ledger.post"
+    with ExitStack() as stack:
+        GrayGateway.released.clear()
+        stack.enter_context(gray_domain(fed.directory.url, "gray", tag))
+        port = free_port()
+        proxy = stack.enter_context(DelayProxy(f"http://127.0.0.1:{port}", delay_ms=20.0))
+        flags = domain_flags("steady", fed.directory.url, "--port", str(port))
+        steady = stack.enter_context(gateway(*flags, "--advertise-url", proxy.url))
+        agent = start_agent(steady.url, "agent://ledger-steady-01", intents=tag)
+        stack.callback(agent.stop)
+        origin = stack.enter_context(gateway(*domain_flags("ledger-origin", fed.directory.url)))
+
+        def ordered() -> bool:
+            peers = {p["domain"]: p for p in federation(origin)["peers"]}
+            rtt = [peers.get(d, {}).get("rtt_ms") for d in ("gray", "steady")]
+            return (
+                offered(origin, "gray", tag)
+                and offered(origin, "steady", tag)
+                and None not in rtt
+                and rtt[0] * 2 < rtt[1]
+            )
+
+        wait_until(ordered, timeout=15)
+        body = {"intent": tag, "timeout_ms": 6000}
+        with ThreadPoolExecutor(3) as pool:  # three at once: each waits out its per-try timeout
+            first = list(pool.map(lambda _: send(origin, body), range(3)))
+        for code, answer in first:
+            assert code == 200, answer
+            outcomes = [(a["domain"], a["outcome"]) for a in answer["attempts"]]
+            assert outcomes == [("gray", "timeout"), ("steady", "ok")], outcomes
+        assert any(e.get("event") == "federation.peer_tried_last" for e in origin.log_lines())
+        for _ in range(5):
+            started = time.monotonic()
+            code, answer = send(origin, body)
+            assert code == 200, answer
+            assert [a["domain"] for a in answer["attempts"]] == ["steady"], answer
+            assert time.monotonic() - started < 1.0
+        peer = next(p for p in federation(origin)["peers"] if p["domain"] == "gray")
+        assert peer["reachable"] is True  # its probes pass all along: not the passive check

@@ -4,15 +4,25 @@ domain patterns, and the decoding of summaries."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+
 import pytest
 
 from agent_reach.core.health import EndpointStats
+from agent_reach.core.model import Outcome
 from agent_reach.core.names import qualified, split_domain
 from agent_reach.core.policy import Pattern
+from agent_reach.core.retry import Deadline, RetryBudget
 from agent_reach.core.routing import Tiers
-from agent_reach.errors import InvalidRequest
-from agent_reach.federation.peers import MAX_PEERS, Peers
+from agent_reach.errors import AgentError, InvalidRequest, Overloaded
+from agent_reach.federation.peers import DEMOTED_S, MAX_PEERS, Peers
 from agent_reach.federation.summary import build_summary
+from agent_reach.gateway.forward import Forwarder, ForwardRequest
+from agent_reach.gateway.metrics import GatewayMetrics
+from agent_reach.testing import FakeClock
+from agent_reach.transport.base import Delivery
+from agent_reach.wire.bodies import SendBody
 from agent_reach.wire.federation import (
     DirectoryEntry,
     IntentSummary,
@@ -213,3 +223,107 @@ def test_a_remote_endpoint_is_always_named_with_the_domain_forwarded_to() -> Non
     assert _remote_id("agent://x", "chengdu") == "agent://x@chengdu"
     assert _remote_id("agent://x@shanghai", "chengdu") == "agent://x@chengdu"  # no third one
     assert _remote_id("not an id", "chengdu") == "@chengdu"
+
+
+def test_a_domain_whose_gateway_leaves_forwards_unanswered_is_tried_last_then_one_at_a_time() -> (
+    None
+):
+    peers = Peers("beijing", stale_after_s=100.0)
+    peers.update([entry("gray", weather_query=(1, 0)), entry("good", weather_query=(1, 0))], 0.0)
+    peers.probed("gray", 1.0)  # its /healthz answers, fast: first by the round trip
+    peers.probed("good", 20.0)
+
+    def order(now: float) -> list[str]:
+        return [p.domain for p in peers.candidates(TAG, now)]
+
+    assert order(1.0) == ["gray", "good"]
+    assert peers.forward_failed("gray", 1.0) is False
+    assert peers.forward_failed("gray", 2.0) is False
+    assert order(2.0) == ["gray", "good"]  # two in a row: not yet
+    assert peers.forward_failed("gray", 3.0) is True
+    assert order(3.0) == ["good", "gray"]  # tried last, still a candidate
+    assert order(3.0 + DEMOTED_S - 0.01) == ["good", "gray"]
+    assert order(3.0 + DEMOTED_S) == ["gray", "good"]  # then one forward tries it again...
+    gray = peers.get("gray")
+    assert gray is not None
+    gray.stats.inflight += 1
+    assert order(3.0 + DEMOTED_S) == ["good", "gray"]  # ...one at a time
+    gray.stats.inflight -= 1
+    assert peers.forward_failed("gray", 9.0) is False  # that one failed too: last again
+    assert order(9.0) == ["good", "gray"]
+    assert peers.forward_answered("gray") is True  # an answer (even a refusal) ends it
+    assert order(9.0) == ["gray", "good"]
+    assert peers.forward_answered("gray") is False
+    # an answer in between resets the count
+    peers.forward_failed("gray", 10.0)
+    peers.forward_failed("gray", 10.0)
+    peers.forward_answered("gray")
+    peers.forward_failed("gray", 10.0)
+    assert order(10.0) == ["gray", "good"]
+
+
+class ScriptedTransport:
+    """Other domains' gateways as a script: what each domain's gateway answers a forward."""
+
+    def __init__(self, answers: dict[str, Delivery]) -> None:
+        self.answers = answers
+        self.asked: list[str] = []
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def deliver(
+        self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float
+    ) -> Delivery:
+        domain = url.removeprefix("http://").split(":")[0]
+        self.asked.append(domain)
+        return self.answers[domain]
+
+
+def forwarding(answers: dict[str, Delivery]) -> tuple[Forwarder, ScriptedTransport]:
+    clock = FakeClock()
+    peers = Peers("origin", stale_after_s=100.0)
+    peers.update([entry(d, weather_query=(1, 0)) for d in answers], clock.now)
+    for i, domain in enumerate(answers):
+        peers.probed(domain, 1.0 + i)  # tried in the order given
+    transport = ScriptedTransport(answers)
+    metrics = GatewayMetrics(lambda: {})
+    forwarder = Forwarder("origin", peers, transport, RetryBudget(), metrics, clock, lambda: {})
+    return forwarder, transport
+
+
+def forward_request(forwarder: Forwarder) -> ForwardRequest:
+    body = SendBody(intent=TAG, msg_id="m-1", trace_id="t-1", sender=None)
+    deadline = Deadline(forwarder.clock.monotonic() + 10.0)
+    return ForwardRequest(body, TAG, deadline, 10_000, lambda *a, **k: None, "")
+
+
+def refusal(error: str, status: int, **more: object) -> Delivery:
+    body = json.dumps({"error": error, "detail": "no", **more}).encode()
+    return Delivery(Outcome.SERVER_ERROR, status, body, reached=False)
+
+
+async def test_a_request_is_forwarded_to_three_domains_at_most() -> None:
+    # refusals cost no retry budget: without a cap one request would ask every domain
+    answers = {f"d{i}": refusal("overloaded", 503, retry_after_s=2.0) for i in range(6)}
+    forwarder, transport = forwarding(answers)
+    with pytest.raises(Overloaded):
+        await forwarder.forward(forward_request(forwarder), [])
+    assert transport.asked == ["d0", "d1", "d2"]
+
+
+async def test_another_domains_retry_after_is_passed_on_within_a_minute() -> None:
+    forwarder, _ = forwarding({"d0": refusal("overloaded", 503, retry_after_s=1e300)})
+    with pytest.raises(Overloaded) as raised:
+        await forwarder.forward(forward_request(forwarder), [])
+    assert raised.value.retry_after_s == 60.0
+
+
+async def test_a_200_that_is_not_a_send_answer_is_an_agent_error_not_forwarded_again() -> None:
+    # the other domain said the work was done: asking the next one would do it twice
+    odd = Delivery(Outcome.OK, 200, b'{"surprise": true}')
+    forwarder, transport = forwarding({"d0": odd, "d1": refusal("overloaded", 503)})
+    with pytest.raises(AgentError, match="not a send answer"):
+        await forwarder.forward(forward_request(forwarder), [])
+    assert transport.asked == ["d0"]

@@ -13,7 +13,12 @@ Invariants (CONTRACT.md v1.1, "Federation"):
   from a refused connection (the passive check, as for agents) or a failed round-trip probe;
   a probe that answers clears it.
 - Candidates are ordered healthy first (a domain with a healthy endpoint before one with only
-  degraded ones), then by the measured round trip (unmeasured last), then by name.
+  degraded ones), then by the measured round trip (unmeasured last), then by name; but a
+  domain whose gateway left :data:`FAIL_AFTER` forwards in a row without an answer (no HTTP
+  answer within the forward's timeout, or one that is not of the contract: a gray failure
+  that its probes, which only read ``/healthz``, do not see) goes after all the others: for
+  :data:`DEMOTED_S` after its last such failure, then while a forward to it is in flight (one
+  forward at a time tries it again), until a forward to it is answered.
 """
 
 from __future__ import annotations
@@ -30,10 +35,12 @@ from agent_reach.wire.federation import (
     check_summary,
 )
 
-__all__ = ["MAX_PEERS", "Peer", "Peers"]
+__all__ = ["DEMOTED_S", "FAIL_AFTER", "MAX_PEERS", "Peer", "Peers"]
 
 MAX_PEERS = 1024  # domains a gateway keeps summaries of (the rest are ignored, and counted)
 RTT_WEIGHT = 0.3  # weight of a new round-trip sample in the moving average
+FAIL_AFTER = 3  # forwards in a row left unanswered by a domain's gateway: it is tried last
+DEMOTED_S = 5.0  # ... for this long after the last of them, then one forward at a time
 
 
 @dataclass(slots=True)
@@ -46,6 +53,8 @@ class Peer:
     rtt_ms: float | None = None  # moving average of the probes' round trips
     unreachable: str = ""  # why its gateway is not forwarded to now ("": it is)
     stats: EndpointStats = field(default_factory=EndpointStats)  # what forwards to it saw
+    failures: int = 0  # forwards in a row its gateway left unanswered
+    failed_at: float = 0.0  # when the last of them ended
 
     def age_s(self, now: float) -> float:
         return max(0.0, now - self.received_at)
@@ -130,6 +139,33 @@ class Peers:
             peer.unreachable = ""
         return bool(was) != bool(peer.unreachable)
 
+    def forward_failed(self, domain: str, now: float) -> bool:
+        """A forward to ``domain`` got no answer of the contract from its gateway (none within
+        its timeout, or not one of ours). True when that makes it tried last (the
+        :data:`FAIL_AFTER`-th in a row)."""
+        peer = self._peers.get(domain)
+        if peer is None:
+            return False
+        peer.failures += 1
+        peer.failed_at = now
+        return peer.failures == FAIL_AFTER
+
+    def forward_answered(self, domain: str) -> bool:
+        """A forward to ``domain`` was answered by its gateway (a send answer or a refusal of
+        the contract). True when that ends its being tried last."""
+        peer = self._peers.get(domain)
+        if peer is None:
+            return False
+        was = peer.failures >= FAIL_AFTER
+        peer.failures = 0
+        return was
+
+    def demoted(self, peer: Peer, now: float) -> bool:
+        """Whether ``peer`` is tried after every other candidate now (module docstring)."""
+        if peer.failures < FAIL_AFTER:
+            return False
+        return now - peer.failed_at < DEMOTED_S or peer.stats.inflight > 0
+
     def refused(self, domain: str, why: str) -> None:
         """A forward's connection was refused or reset: not forwarded to until a probe
         answers (the passive check)."""
@@ -151,7 +187,7 @@ class Peers:
     def candidates(self, tag: str, now: float, exclude: Iterable[str] = ()) -> list[Peer]:
         """The peers a request for ``tag`` may be forwarded to, best first (module docstring)."""
         skip = set(exclude)
-        found: list[tuple[int, float, str, Peer]] = []
+        found: list[tuple[bool, int, float, str, Peer]] = []
         for peer in self._peers.values():
             if peer.domain in skip or peer.unreachable or not self.fresh(peer, now):
                 continue
@@ -159,9 +195,10 @@ class Peers:
             if counts is None:
                 continue
             rtt = peer.rtt_ms if peer.rtt_ms is not None else float("inf")
-            found.append((0 if counts.healthy > 0 else 1, rtt, peer.domain, peer))
-        found.sort(key=lambda item: item[:3])
-        return [item[3] for item in found]
+            healthy = 0 if counts.healthy > 0 else 1
+            found.append((self.demoted(peer, now), healthy, rtt, peer.domain, peer))
+        found.sort(key=lambda item: item[:4])
+        return [item[4] for item in found]
 
     def offers(self, tag: str, now: float) -> bool:
         """Whether any fresh peer lists ``tag`` with a routable endpoint (reachable or not)."""

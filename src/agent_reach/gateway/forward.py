@@ -14,10 +14,15 @@ Invariants:
   ``X-Reach-Origin`` and ``X-Reach-Hops: 1``; the receiving gateway never forwards it further.
 - The answer names the remote endpoint ``agent://NAME@DOMAIN``; each forward is one entry of
   ``attempts`` with its ``domain``.
-- A domain that refuses (nothing routable there after all, a loop, its policy) is a failed
-  attempt that reached no agent: the next domain is tried, and when none is left the last
-  refusal is the answer (the caller learns why), or ``all_attempts_failed`` when an attempt
-  reached agents there.
+- A domain that refuses (nothing routable there after all, a loop, its policy, overload) is a
+  failed attempt that reached no agent: the next domain is tried, and when none is left the
+  last refusal is the answer (the caller learns why; another domain's ``Retry-After`` at most
+  :data:`MAX_RETRY_AFTER_S`), or ``all_attempts_failed`` when an attempt reached agents
+  there. Refusals cost no retry budget, so one request is forwarded to at most
+  :data:`MAX_DOMAINS` domains: a federation that sheds load is not asked N times for it.
+- A 200 whose body is not a send answer is ``agent_error``, not forwarded again (the other
+  domain said the work was done). A domain whose gateway leaves forwards without an answer
+  of the contract is tried last (:mod:`agent_reach.federation.peers`).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from agent_reach.errors import (
     Overloaded,
     error_from_answer,
 )
-from agent_reach.federation.peers import Peer, Peers
+from agent_reach.federation.peers import DEMOTED_S, FAIL_AFTER, Peer, Peers
 from agent_reach.gateway.metrics import GatewayMetrics
 from agent_reach.observability.logs import log
 from agent_reach.transport.base import Transport
@@ -56,6 +61,9 @@ __all__ = ["HOPS_HEADER", "ORIGIN_HEADER", "ForwardRequest", "Forwarder"]
 ORIGIN_HEADER = "X-Reach-Origin"
 DEADLINE_SLACK_S = 0.05  # a forward that timed out this close to the deadline ran it out
 HOPS_HEADER = "X-Reach-Hops"
+_NOT_OURS = "not a contract answer"
+MAX_DOMAINS = 3  # domains one request is forwarded to at most (refusals cost no budget)
+MAX_RETRY_AFTER_S = 60.0  # the most of another domain's Retry-After passed on
 # a domain's refusals passed on to the caller when no other domain could serve
 _REFUSALS = frozenset(
     {
@@ -180,7 +188,7 @@ class Forwarder:
         refusal: AgentReachError | None = None
         reached_any = False
         self.budget.record_request(self.clock.monotonic())
-        while True:
+        while len(tried) < MAX_DOMAINS:
             targets = self._targets(fw, tried)
             if not targets:
                 break
@@ -192,7 +200,7 @@ class Forwarder:
                     f"deadline of {fw.timeout_ms} ms ran out after {len(tried)} forward(s)"
                 )
             attempt_s = remaining
-            if len(targets) > 1:
+            if len(targets) > 1 and len(tried) < MAX_DOMAINS - 1:  # another could follow
                 attempt_s = min(remaining, per_try_timeout_ms(peer.stats.p95_ms()) / 1000.0)
             if tried and reached_any and not self.budget.try_spend(now):
                 self.metrics.retry_budget_exhausted.inc()
@@ -227,9 +235,9 @@ class Forwarder:
                 f"deadline of {fw.timeout_ms} ms ran out after {len(tried)} forward(s)"
                 f" ({', '.join(tried)})"
             )
+        more = "no other domain offers" if len(tried) < MAX_DOMAINS else "no more are tried for"
         raise AllAttemptsFailed(
-            f"{len(tried)} forward(s) failed ({', '.join(tried)}) and no other domain offers"
-            f" {fw.tag!r}"
+            f"{len(tried)} forward(s) failed ({', '.join(tried)}) and {more} {fw.tag!r}"
         )
 
     async def _one(
@@ -276,6 +284,7 @@ class Forwarder:
         endpoint_id = f"@{domain}"
         refusal: AgentReachError | None = None
         answer: _Reply | None = None
+        answered = True  # by the other domain's gateway, in the contract's terms
         if delivery.outcome is Outcome.AGENT_ERROR and delivery.status is None:
             # nothing usable came back though the other domain did the work (its answer was
             # over this gateway's cap): not forwarded again, as an agent's would not be
@@ -287,11 +296,19 @@ class Forwarder:
                     answer = _reply.decode(delivery.body)
                     outcome = Outcome.OK
                 except (msgspec.DecodeError, msgspec.ValidationError):
-                    outcome, error = Outcome.SERVER_ERROR, "not a send answer"
+                    # a 200 is the other domain's word that the work was done: not forwarded
+                    # again, as an agent's answer that cannot be read is not retried
+                    answered, error = False, "its 200 answer is not a send answer"
+                    outcome = Outcome.AGENT_ERROR
+                    refusal = AgentError(f"{domain}: {error} (not forwarded again)")
             else:
                 outcome, reached, error, refusal, endpoint_id = self._refused(
                     domain, delivery.status, delivery.body
                 )
+                answered = not error.endswith(_NOT_OURS)
+        else:
+            answered = False  # no HTTP answer: refused, reset, or none within the timeout
+        self._answered(domain, answered, outcome, now)
         if answer is not None:
             endpoint_id = _remote_id(answer.endpoint_id, domain)
             stats.observe(latency_ms, now)
@@ -336,6 +353,25 @@ class Forwarder:
             raise refusal
         return None, reached, refusal
 
+    def _answered(self, domain: str, answered: bool, outcome: Outcome, now: float) -> None:
+        """Count an answer of the contract from the domain's gateway, or a forward it left
+        without one (a refused connection is the passive check's, not counted here): past
+        :data:`~agent_reach.federation.peers.FAIL_AFTER` in a row it is tried last."""
+        if answered:
+            if self.peers.forward_answered(domain):
+                log(logging.INFO, "federation.peer_answers", domain=domain)
+        elif outcome is not Outcome.CONNECT_ERROR and self.peers.forward_failed(domain, now):
+            log(
+                logging.WARNING,
+                "federation.peer_tried_last",
+                domain=domain,
+                failures=FAIL_AFTER,
+                outcome=outcome.value,
+                note=f"its gateway left {FAIL_AFTER} forwards in a row without an answer"
+                f" (its probes may pass): other domains first, for {DEMOTED_S:g} s and then"
+                " while a forward to it is in flight",
+            )
+
     def _refused(
         self, domain: str, status: int, data: bytes
     ) -> tuple[Outcome, bool, str, AgentReachError | None, str]:
@@ -347,7 +383,7 @@ class Forwarder:
             return (
                 Outcome.SERVER_ERROR,
                 False,
-                f"HTTP {status}, not a contract answer",
+                f"HTTP {status}, {_NOT_OURS}",
                 None,
                 (f"@{domain}"),
             )
@@ -372,7 +408,8 @@ class Forwarder:
         elif got.error in ("overloaded", "rate_limited"):
             # the other domain asks to come back later: so does this answer, with its delay
             retry_after = got.retry_after_s if got.retry_after_s is not None else 1.0
-            refusal = Overloaded(said, retry_after_s=max(1.0, retry_after))
+            retry_after = min(MAX_RETRY_AFTER_S, max(1.0, retry_after))  # another's number
+            refusal = Overloaded(said, retry_after_s=retry_after)
         elif got.error in ("unauthorized", "forbidden"):
             log(logging.WARNING, "federation.forward_refused", domain=domain, detail=said)
         return Outcome.SERVER_ERROR, False, said, refusal, endpoint_id
