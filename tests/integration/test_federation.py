@@ -533,3 +533,36 @@ def test_a_domain_whose_sends_hang_while_its_probes_pass_is_tried_last(fed: Fede
             assert time.monotonic() - started < 1.0
         peer = next(p for p in federation(origin)["peers"] if p["domain"] == "gray")
         assert peer["reachable"] is True  # its probes pass all along: not the passive check
+
+
+def test_a_domain_whose_summary_the_directory_refuses_still_forwards_to_the_others() -> None:
+    # the directory takes summaries of 2 KB at most; "bulky" registers 40 tags, so its summary
+    # is refused (413) at every round. Publishing and reading the others are one call: it
+    # still reads theirs (GET /v1/summaries), and forwards to them, instead of losing them
+    # all 3 intervals later.
+    with ExitStack() as stack:
+        d = stack.enter_context(directory("--max-body-bytes", "2048"))
+        small = stack.enter_context(gateway(*domain_flags("small", d.url)))
+        agent = start_agent(small.url, "agent://tiny-01", intents="tiny.job")
+        stack.callback(agent.stop)
+        bulky = stack.enter_context(gateway(*domain_flags("bulky", d.url)))
+        tags = [f"bulky.capability-number-{i:03d}" for i in range(40)]
+        register = {"endpoint_id": "agent://bulky-01", "capabilities": tags}
+        register["endpoint_url"] = "http://127.0.0.1:9/bulky"
+        code, answer = http("POST", f"{bulky.url}/v1/register", register)
+        assert code == 200, answer
+        wait_until(lambda: "HTTP 413" in (federation(bulky)["directory_error"] or ""), timeout=10)
+        refused_at = time.monotonic()
+        # past the 1.5 s a summary stays fresh: read again since the refusals began
+        wait_until(
+            lambda: (
+                time.monotonic() - refused_at > 3 * INTERVAL + 0.5
+                and offered(bulky, "small", "tiny.job")
+            ),
+            timeout=10,
+        )
+        code, answer = send(bulky, {"intent": "tiny.job"})
+        assert code == 200 and answer["endpoint_id"] == "agent://tiny-01@small", answer
+        view = federation(bulky)
+        assert view["directory_ok"] is False and "413" in view["directory_error"]
+        assert not offered(small, "bulky", tags[0])  # its own summary never got through

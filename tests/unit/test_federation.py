@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+import msgspec
 import pytest
 
 from agent_reach.core.health import EndpointStats
@@ -16,8 +17,9 @@ from agent_reach.core.policy import Pattern
 from agent_reach.core.retry import Deadline, RetryBudget
 from agent_reach.core.routing import Tiers
 from agent_reach.errors import AgentError, InvalidRequest, Overloaded
+from agent_reach.federation.directory import fit_answer
 from agent_reach.federation.peers import DEMOTED_S, MAX_PEERS, Peers
-from agent_reach.federation.summary import build_summary
+from agent_reach.federation.summary import build_summary, trim_summary
 from agent_reach.gateway.forward import Forwarder, ForwardRequest
 from agent_reach.gateway.metrics import GatewayMetrics
 from agent_reach.testing import FakeClock
@@ -25,8 +27,10 @@ from agent_reach.transport.base import Delivery
 from agent_reach.wire.bodies import SendBody
 from agent_reach.wire.federation import (
     DirectoryEntry,
+    DomainSummary,
     IntentSummary,
     decode_summary,
+    estimated_bytes,
 )
 
 TAG = "weather.query"
@@ -327,3 +331,35 @@ async def test_a_200_that_is_not_a_send_answer_is_an_agent_error_not_forwarded_a
     with pytest.raises(AgentError, match="not a send answer"):
         await forwarder.forward(forward_request(forwarder), [])
     assert transport.asked == ["d0"]
+
+
+def test_a_summary_over_the_directorys_bounds_is_cut_to_its_best_served_tags() -> None:
+    intents = {
+        "a.lone": IntentSummary(1, 0, None, 0),
+        "b.many": IntentSummary(5, 0, None, 0),
+        "c.degraded": IntentSummary(0, 2, None, 0),
+        "d.two": IntentSummary(2, 1, None, 0),
+    }
+    summary = DomainSummary("here", "http://here:7700", 1.0, intents)
+    assert trim_summary(summary) == (summary, 0)  # within: the same object
+    cut, left_out = trim_summary(summary, max_intents=2)
+    assert list(cut.intents) == ["b.many", "d.two"] and left_out == 2
+    assert cut.domain == "here" and cut.gateway_url == summary.gateway_url and cut.at == 1.0
+    # by size: each tag costs its length and a bound of its counts' JSON
+    size = estimated_bytes(DomainSummary("here", "http://here:7700", 1.0, {}))
+    room = size + 3 * (len("b.many") + 96)
+    cut, left_out = trim_summary(summary, max_bytes=room)
+    assert list(cut.intents) == ["b.many", "d.two", "a.lone"] and left_out == 1
+    assert estimated_bytes(cut) <= room < estimated_bytes(summary)
+    # the estimate bounds the real JSON of honest counts (under a million each)
+    big = IntentSummary(999_999, 999_999, 123456.789, 999_999)
+    real = len(msgspec.json.encode(DomainSummary("x", "http://x:1", 1.0, {"t.tag": big})))
+    small = IntentSummary(0, 0, None, 0)
+    assert real <= estimated_bytes(DomainSummary("x", "http://x:1", 1.0, {"t.tag": small}))
+
+
+def test_a_directory_answer_keeps_the_smallest_summaries_within_its_bound() -> None:
+    entries = [entry(f"d{i}", weather_query=(1, 0)) for i in range(4)]
+    assert fit_answer(entries, [10, 10, 10, 10], 40) is entries
+    assert [e.domain for e in fit_answer(entries, [30, 5, 20, 10], 40)] == ["d1", "d3", "d2"]
+    assert fit_answer(entries, [50, 60, 70, 80], 40) == []

@@ -8,6 +8,9 @@ table of :mod:`agent_reach.wire.status`:
   ``domain`` is DOMAIN: kept as received now; the answer is a
   :class:`~agent_reach.wire.federation.DirectoryAnswer` of the OTHER domains' fresh summaries.
 - ``GET /v1/summaries``: every fresh summary.
+- An answer carries at most about :data:`MAX_ANSWER_BYTES` of summaries (the smallest first;
+  the others are left out of it and logged ``directory.answer_trimmed``): under what a gateway
+  reads (64 MiB, past which it would take none), whatever the domains publish.
 - ``GET /healthz``: ``{"ok": true, "store": "memory"|"redis", "domains": N}`` (no token).
 
 Invariants:
@@ -53,10 +56,15 @@ from agent_reach.federation.dirstore import SummaryStore, open_store
 from agent_reach.observability.logs import Throttle, log
 from agent_reach.settings import is_loopback
 from agent_reach.wire.bodies import encode
-from agent_reach.wire.federation import DirectoryAnswer, decode_summary
+from agent_reach.wire.federation import (
+    DirectoryAnswer,
+    DirectoryEntry,
+    decode_summary,
+    estimated_bytes,
+)
 from agent_reach.wire.status import headers_for, status_for
 
-__all__ = ["Directory", "DirectorySettings"]
+__all__ = ["MAX_ANSWER_BYTES", "Directory", "DirectorySettings", "fit_answer"]
 
 KEYS_CHECK_S = 2.0  # token mode: how often the key directory is checked for changes
 _BEARERS = frozenset(Kind) - {Kind.DELIVERY}
@@ -64,6 +72,7 @@ _PUBLISHERS = frozenset({Kind.PEER})
 _READERS = frozenset({Kind.PEER, Kind.OPERATOR})
 _JSON = {"Content-Type": "application/json"}
 _SUMMARIES = "/v1/summaries"
+MAX_ANSWER_BYTES = 48 << 20  # summaries in one answer, about (estimated_bytes)
 T = TypeVar("T")
 
 
@@ -132,6 +141,7 @@ class Directory:
         self._keys_checked = 0.0
         self._store_ok = True
         self._throttle = Throttle(monotonic=self.clock.monotonic)
+        self._sizes: dict[str, tuple[float, int]] = {}  # domain -> (its summary's at, size)
         self._browsers: Any = None
         if settings.auth == "open":
             from agent_reach.gateway.guards import BrowserGuard
@@ -228,11 +238,38 @@ class Directory:
             gateway_url=summary.gateway_url,
             intents=len(summary.intents),
         )
-        return DirectoryAnswer(summaries=others)
+        return DirectoryAnswer(summaries=self._within(others))
 
     async def _summaries(self, request: web.BaseRequest, _: str) -> DirectoryAnswer:
         self._admit(request, _READERS, "read the summaries")
-        return DirectoryAnswer(summaries=await self._store(self.store.fresh()))
+        return DirectoryAnswer(summaries=self._within(await self._store(self.store.fresh())))
+
+    def _size(self, entry: DirectoryEntry) -> int:
+        """:func:`estimated_bytes` of the entry, computed once per summary received (a pass
+        over its tags), kept per domain (as many as the store keeps)."""
+        known = self._sizes.get(entry.domain)
+        if known is not None and known[0] == entry.at:
+            return known[1]
+        if len(self._sizes) >= self.settings.max_domains:
+            self._sizes.clear()
+        size = estimated_bytes(entry)
+        self._sizes[entry.domain] = (entry.at, size)
+        return size
+
+    def _within(self, entries: list[DirectoryEntry]) -> list[DirectoryEntry]:
+        """``entries`` within :data:`MAX_ANSWER_BYTES`, the smallest first: a few domains
+        with huge summaries cannot crowd the others out of every gateway's view."""
+        kept = fit_answer(entries, [self._size(entry) for entry in entries], MAX_ANSWER_BYTES)
+        if len(kept) == len(entries):
+            return entries
+        self._throttle.log(
+            logging.WARNING,
+            "directory.answer_trimmed",
+            left_out=len(entries) - len(kept),
+            domains=len(entries),
+            max_bytes=MAX_ANSWER_BYTES,
+        )
+        return kept
 
     async def _health(self, request: web.BaseRequest, _: str) -> dict[str, Any]:
         domains = await self._store(self.store.count())
@@ -343,3 +380,20 @@ def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -
 
 def _a(word: str) -> str:
     return f"{'an' if word[:1] in 'aeiou' else 'a'} {word}"
+
+
+def fit_answer(
+    entries: list[DirectoryEntry], sizes: list[int], max_bytes: int
+) -> list[DirectoryEntry]:
+    """The entries whose ``sizes`` add up to at most ``max_bytes``, taken smallest first (all
+    of them, in their order, when they fit)."""
+    if sum(sizes) <= max_bytes:
+        return entries
+    kept: list[DirectoryEntry] = []
+    total = 0
+    for size, entry in sorted(zip(sizes, entries, strict=True), key=lambda item: item[0]):
+        total += size
+        if total > max_bytes:
+            break
+        kept.append(entry)
+    return kept

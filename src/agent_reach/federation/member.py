@@ -28,9 +28,10 @@ import msgspec
 
 from agent_reach.clock import Clock
 from agent_reach.federation.peers import Peers
-from agent_reach.observability.logs import log
+from agent_reach.federation.summary import trim_summary
+from agent_reach.observability.logs import Throttle, log
 from agent_reach.transport.http import Fetched
-from agent_reach.wire.federation import DirectoryAnswer, DomainSummary
+from agent_reach.wire.federation import DirectoryEntry, DomainSummary
 
 __all__ = ["STALE_INTERVALS", "Membership"]
 
@@ -39,7 +40,16 @@ KEEP_INTERVALS = 20  # ... and forgotten past this many (shown as stale until th
 MAX_ANSWER_BYTES = 64 << 20  # a directory answer read at most
 PROBE_TIMEOUT_S = 1.0
 
-_answer_decoder = msgspec.json.Decoder(DirectoryAnswer)
+
+class _RawAnswer(msgspec.Struct):
+    """A :class:`~agent_reach.wire.federation.DirectoryAnswer` whose summaries are decoded
+    later, one at a time."""
+
+    summaries: list[msgspec.Raw]
+
+
+_raw_answer = msgspec.json.Decoder(_RawAnswer)
+_entry_decoder = msgspec.json.Decoder(DirectoryEntry)
 _encode = msgspec.json.Encoder().encode
 
 
@@ -78,6 +88,8 @@ class Membership:
         self.last_summary: DomainSummary | None = None
         self.publish_ms: float | None = None  # what building and sending the last one took
         self.summary_bytes = 0
+        self.intents_left_out = 0  # tags the last summary left out (trim_summary)
+        self._trims = Throttle(every_s=60.0, monotonic=clock.monotonic)
 
     def serving(self, url: str) -> None:
         """The gateway listens at ``url`` (or the --advertise-url it was given)."""
@@ -129,55 +141,73 @@ class Membership:
                 probing.cancel()
 
     async def publish(self) -> bool:
-        """One publication: the summary out, the others' in. Whether the directory answered."""
+        """One publication: the summary out, the others' in. Whether the directory took this
+        domain's summary. When it answers but refuses it (over its bounds, its store full, a
+        token it does not take), the others' are read all the same (``GET /v1/summaries``):
+        this domain goes on forwarding to them while it cannot be forwarded to."""
         assert self._session is not None and self.gateway_url is not None
         started = self.clock.monotonic()
-        summary = self._summarize(self.gateway_url)
+        summary, left_out = trim_summary(self._summarize(self.gateway_url))
+        if left_out:  # at most a line a minute: the count moves with the tags' health
+            self._trims.log(
+                logging.WARNING,
+                "federation.summary_trimmed",
+                left_out=left_out,
+                published=len(summary.intents),
+                note="the tags with the fewest healthy endpoints are left out of the summary:"
+                " a directory refuses a summary over its bounds whole",
+            )
+        self.intents_left_out = left_out
         body = _encode(summary)
         self.last_summary, self.summary_bytes = summary, len(body)
         url = f"{self.directory}/v1/summaries/{self.domain}"
-        timeout = min(max(0.25, self.interval_s), 10.0)  # within the round's cadence
-        error = ""
-        answer: DirectoryAnswer | None = None
-        try:
-            async with asyncio.timeout(timeout):
-                resp = await self._session.put(
-                    url,
-                    data=body,
-                    headers={"Content-Type": "application/json", **self.headers()},
-                )
-                async with resp:
-                    data = await _read_capped(resp)
-                    status = resp.status
-            if len(data) > MAX_ANSWER_BYTES:
-                error = f"its answer is over {MAX_ANSWER_BYTES} bytes"
-            elif status != 200:
-                error = f"HTTP {status}: {_detail(data)}"
-            else:
-                answer = _answer_decoder.decode(data)
-        except TimeoutError:
-            error = f"no answer within {timeout:g} s"
-        except aiohttp.ClientError as exc:
-            error = f"cannot reach it: {exc}"
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            error = f"its answer is not a directory answer: {exc}"
+        status, data, error = await self._call("PUT", url, body)
+        entries: list[DirectoryEntry] | None = None
+        if status == 200:
+            entries, error = await _entries(data)
+        elif status is not None:
+            error = f"HTTP {status}: {_detail(data)}"
+            got, data, _ = await self._call("GET", f"{self.directory}/v1/summaries", None)
+            if got == 200:
+                entries, _ = await _entries(data)
+            if entries is not None:
+                error += " (this domain's summary was refused; the others' were read)"
         now = self.clock.monotonic()
         self.publish_ms = round((now - started) * 1000.0, 3)
-        if answer is not None:
-            before = self.peers.version
-            self.peers.update(answer.summaries, now)
+        taken = status == 200 and entries is not None
+        before = self.peers.version
+        if entries is not None:
+            self.peers.update(entries, now)
+        if taken:
             self.published_at = now
-            self._directory_state(True, "")
-        else:
-            self._directory_state(False, error)
-            before = self.peers.version
-        self._on_published(answer is not None)
+        self._directory_state(taken, error)
+        self._on_published(taken)
         gone = self.peers.drop_stale(now, KEEP_INTERVALS * self.interval_s)
         for domain in gone:
             log(logging.INFO, "federation.peer_forgotten", domain=domain)
         if self.peers.version != before:
             self._on_peers_changed()
-        return answer is not None
+        return taken
+
+    async def _call(
+        self, method: str, url: str, body: bytes | None
+    ) -> tuple[int | None, bytes, str]:
+        """One call to the directory, bounded by the round's cadence: (its status, or None
+        when it did not answer; its body, at most MAX_ANSWER_BYTES + 1; why it failed)."""
+        assert self._session is not None
+        timeout = min(max(0.25, self.interval_s), 10.0)
+        headers = {"Content-Type": "application/json", **self.headers()}
+        try:
+            async with asyncio.timeout(timeout):
+                resp = await self._session.request(
+                    method, url, data=body, headers=headers, allow_redirects=False
+                )
+                async with resp:
+                    return resp.status, await _read_capped(resp), ""
+        except TimeoutError:
+            return None, b"", f"no answer within {timeout:g} s"
+        except aiohttp.ClientError as exc:
+            return None, b"", f"cannot reach it: {exc}"
 
     def _directory_state(self, ok: bool, error: str) -> None:
         if ok and self.directory_ok is not True:
@@ -294,6 +324,7 @@ class Membership:
                 **msgspec.to_builtins(self.last_summary),
                 "age_s": None if self.published_at is None else round(now - self.published_at, 3),
                 "bytes": self.summary_bytes,
+                "intents_left_out": self.intents_left_out,
                 "publish_ms": self.publish_ms,
             }
         return {
@@ -306,6 +337,23 @@ class Membership:
             "summary": own,
             "peers": peers,
         }
+
+
+async def _entries(data: bytes) -> tuple[list[DirectoryEntry] | None, str]:
+    """The summaries of a directory answer (None and why when it is not one), decoded one at a
+    time with a yield to the event loop between two: an answer of many megabytes takes tens
+    of milliseconds a megabyte to decode, and the gateway routes meanwhile."""
+    if len(data) > MAX_ANSWER_BYTES:
+        return None, f"its answer is over {MAX_ANSWER_BYTES} bytes"
+    try:
+        raw = _raw_answer.decode(data)
+        entries = []
+        for item in raw.summaries:
+            entries.append(_entry_decoder.decode(item))
+            await asyncio.sleep(0)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return None, f"its answer is not a directory answer: {exc}"
+    return entries, ""
 
 
 async def _read_capped(resp: aiohttp.ClientResponse) -> bytes:

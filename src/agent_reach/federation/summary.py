@@ -12,9 +12,20 @@ from collections.abc import Callable, Iterable, Mapping
 
 from agent_reach.core.health import EndpointStats
 from agent_reach.core.routing import Tiers
-from agent_reach.wire.federation import DomainSummary, IntentSummary
+from agent_reach.wire.federation import (
+    ENTRY_OVERHEAD_BYTES,
+    MAX_SUMMARY_INTENTS,
+    TAG_OVERHEAD_BYTES,
+    DomainSummary,
+    IntentSummary,
+    estimated_bytes,
+)
 
-__all__ = ["build_summary"]
+__all__ = ["MAX_SUMMARY_BYTES", "build_summary", "trim_summary"]
+
+# what a summary is cut to before it is published: under the directory's default body cap
+# (--max-body-bytes, 16 MiB), which refuses the whole summary past it
+MAX_SUMMARY_BYTES = 15 << 20
 
 
 def build_summary(
@@ -55,3 +66,29 @@ def build_summary(
             inflight,
         )
     return DomainSummary(domain, gateway_url, round(at, 3), intents)
+
+
+def trim_summary(
+    summary: DomainSummary,
+    max_intents: int = MAX_SUMMARY_INTENTS,
+    max_bytes: int = MAX_SUMMARY_BYTES,
+) -> tuple[DomainSummary, int]:
+    """``summary`` within what a directory takes (the contract's count of tags, and about
+    ``max_bytes`` of JSON), and how many tags were left out to make it so: those with the
+    fewest healthy, then degraded, endpoints go first (then by name, so the cut is stable).
+    A directory refuses a summary over its bounds whole, which would take the domain out of
+    the federation for the sake of its least-served tags."""
+    if len(summary.intents) <= max_intents and estimated_bytes(summary) <= max_bytes:
+        return summary, 0
+    ranked = sorted(
+        summary.intents.items(), key=lambda item: (-item[1].healthy, -item[1].degraded, item[0])
+    )
+    kept: dict[str, IntentSummary] = {}
+    size = ENTRY_OVERHEAD_BYTES + len(summary.gateway_url)
+    for tag, counts in ranked:
+        size += len(tag) + TAG_OVERHEAD_BYTES
+        if len(kept) >= max_intents or size > max_bytes:
+            break
+        kept[tag] = counts
+    trimmed = DomainSummary(summary.domain, summary.gateway_url, summary.at, kept)
+    return trimmed, len(summary.intents) - len(kept)

@@ -28,10 +28,13 @@ __all__ = [
     "IntentSummary",
     "check_summary",
     "decode_summary",
+    "estimated_bytes",
     "gateway_url_refusal",
 ]
 
 MAX_SUMMARY_INTENTS = 100_000  # tags a summary may carry (a registry's --max-endpoints)
+ENTRY_OVERHEAD_BYTES = 256  # an entry's JSON beside its tags (domain, URL, times): at most
+TAG_OVERHEAD_BYTES = 96  # a tag's JSON beside the tag itself (its counts): at most
 
 
 class IntentSummary(msgspec.Struct, frozen=True):
@@ -71,6 +74,16 @@ class DirectoryAnswer(msgspec.Struct, frozen=True):
 
     summaries: list[DirectoryEntry]
     ok: bool = True
+
+
+def estimated_bytes(summary: DomainSummary | DirectoryEntry) -> int:
+    """The summary's size as JSON, estimated without encoding it: its tags' lengths and a
+    fixed share per tag and per entry (a bound while counts stay under a million)."""
+    return (
+        ENTRY_OVERHEAD_BYTES
+        + len(summary.gateway_url)
+        + sum(len(tag) + TAG_OVERHEAD_BYTES for tag in summary.intents)
+    )
 
 
 _summary_decoder = msgspec.json.Decoder(DomainSummary)
