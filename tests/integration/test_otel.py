@@ -8,6 +8,7 @@ gateway and agent processes. Needs the ``otel`` extra (part of ``test``).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -29,7 +30,8 @@ from agent_reach.observability.tracecontext import otel_trace_id, parse_tracepar
 from agent_reach.sdk import Agent, ReachContext
 from agent_reach.settings import GatewaySettings
 from tests.agents.sdk_support import HERE
-from tests.support import Proc, _start, gateway
+from tests.federation_support import directory, domain_flags
+from tests.support import Proc, _start, gateway, start_agent
 
 pytest.importorskip("opentelemetry.sdk.trace", reason="the otel extra is not installed")
 
@@ -86,7 +88,10 @@ async def serving(settings: GatewaySettings | None = None) -> AsyncIterator[str]
     await runner.setup()
     try:
         await web.TCPSite(runner, "127.0.0.1", 0).start()
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        if node.membership is not None:  # federation: it publishes once it listens (as serve)
+            node.membership.serving(url)
+        yield url
     finally:
         await runner.cleanup()
         await node.close()
@@ -265,6 +270,43 @@ async def test_failed_attempts_and_the_retry_are_recorded(exporter: InMemorySpan
     # no traceparent, no trace_id: the gateway's span starts the trace and names the trace_id
     assert receive.parent is None
     assert body["trace_id"] == f"trace_{trace_of(receive):032x}"
+
+
+async def test_a_forward_to_another_domain_is_an_attempt_span_and_carries_its_traceparent(
+    exporter: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # federation: the origin gateway (this process, exporting) forwards to another domain's
+    # (a real process, whose agent answers the traceparent it saw); the processes do not
+    # export (an OTLP exporter with nothing to take its spans holds their exit 5 s)
+    monkeypatch.delenv("OTEL_TRACES_EXPORTER")
+    with directory() as d, gateway(*domain_flags("otel-remote", d.url)) as remote:
+        agent = start_agent(remote.url, "agent://otel-remote-01", intents="otel.far")
+        monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+        try:
+            settings = GatewaySettings(
+                port=0, domain="otel-origin", directory=d.url, summary_interval=0.5, matcher="none"
+            )
+            async with serving(settings) as url, aiohttp.ClientSession() as session:
+                for _ in range(200):  # the remote's summary read: 10 s at most
+                    async with session.get(f"{url}/v1/federation") as resp:
+                        peers = (await resp.json())["peers"]
+                    if any("otel.far" in p["intents"] and p["reachable"] for p in peers):
+                        break
+                    await asyncio.sleep(0.05)
+                status, body = await post_send(url, {"intent": "otel.far"}, TRACEPARENT)
+        finally:
+            agent.stop()
+    assert status == 200, body
+    assert body["endpoint_id"] == "agent://otel-remote-01@otel-remote"
+    spans = exporter.get_finished_spans()
+    (receive,) = by_name(spans, "agent_reach.receive")
+    (attempt,) = by_name(spans, "agent_reach.attempt")
+    assert attempt.attributes["agent_reach.domain"] == "otel-remote"
+    assert attempt.attributes["agent_reach.outcome"] == "ok"
+    assert parent_of(attempt) == span_id(receive)
+    assert trace_of(attempt) == int(TRACE, 16)
+    seen = parse_traceparent(body["result"]["traceparent"])  # at the other domain's agent
+    assert seen is not None and seen.trace_id == TRACE
 
 
 async def test_an_error_answer_ends_the_request_span_with_its_code(

@@ -187,6 +187,7 @@ class Reacher:
                 assert self.forwarder is not None
                 routed.forward.trace = lambda kind, **data: self._trace(trace_id, kind, **data)
                 routed.forward.traceparent = opened.parent
+                routed.forward.span = opened.span
                 domains = self.forwarder.domains_for(tag, routed.forward.domain)
                 self._trace(
                     trace_id,

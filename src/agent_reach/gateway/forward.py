@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -55,6 +55,9 @@ from agent_reach.observability.logs import log
 from agent_reach.transport.base import Transport
 from agent_reach.wire.answers import Attempt
 from agent_reach.wire.bodies import SendBody
+
+if TYPE_CHECKING:
+    from agent_reach.observability.spans import ReceiveSpan
 
 __all__ = ["HOPS_HEADER", "ORIGIN_HEADER", "ForwardRequest", "Forwarder"]
 
@@ -106,10 +109,11 @@ class ForwardRequest:
     deadline: Deadline
     timeout_ms: int
     trace: Callable[..., None]  # (kind, **fields) -> the request's trace
-    traceparent: str
+    traceparent: str  # what a forward carries while OpenTelemetry is off ("" while on)
     hint: str | None = None  # agent://NAME at that domain
     domain: str | None = None  # the hint's domain: only there
     local: AgentReachError | None = None  # why it was not served at home
+    span: ReceiveSpan | None = None  # the request's server span (OpenTelemetry on)
 
 
 class Forwarder:
@@ -268,14 +272,30 @@ class Forwarder:
             ORIGIN_HEADER: self.domain,
             HOPS_HEADER: "1",
             "X-Reach-Trace-Id": body.trace_id or "",
-            "traceparent": fw.traceparent,
         }
         url = f"{peer.summary.gateway_url}/v1/send"
+        attempt_span = None
+        if fw.span is not None:  # a client span per forward, as per delivery attempt
+            attempt_span = fw.span.attempt(
+                body.trace_id or "",
+                {
+                    "agent_reach.attempt": len(attempts) + 1,
+                    "agent_reach.domain": domain,
+                    "url.full": url,
+                },
+            )
+            headers["traceparent"] = attempt_span.traceparent
+        elif fw.traceparent:
+            headers["traceparent"] = fw.traceparent
         stats = peer.stats
         stats.inflight += 1
         started = self.clock.monotonic()
         try:
             delivery = await self.transport.deliver(url, payload, headers, attempt_s)
+        except BaseException:  # cancelled (the caller left)
+            if attempt_span is not None:
+                attempt_span.end("cancelled", (self.clock.monotonic() - started) * 1000.0)
+            raise
         finally:
             stats.inflight -= 1
         now = self.clock.monotonic()
@@ -325,6 +345,8 @@ class Forwarder:
         elif outcome is Outcome.TIMEOUT:
             stats.observe(latency_ms, now, answered=False, penalty_ms=2000.0)
         rounded = round3(latency_ms)
+        if attempt_span is not None:
+            attempt_span.end(outcome.value, latency_ms, delivery.status, error or delivery.detail)
         attempts.append(Attempt(endpoint_id, outcome.value, rounded, domain))
         self.metrics.forwarded(domain, outcome.value)
         fw.trace(
