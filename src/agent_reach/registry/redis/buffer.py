@@ -147,6 +147,11 @@ class WriteBuffer:
         Raises BackendUnavailable (what is not written stays buffered). A flush called while
         another runs waits for it, then writes what is left."""
         async with self._flushing:
+            if self.writes:
+                # the times of the writes are mapped to Redis's clock as it is now: after a
+                # partition, or a failover to another host, it may not be the one measured
+                # before (the writes are compared with records written meanwhile)
+                await store.measure_offset()
             while self.writes:
                 endpoint_id, record = next(iter(self.writes.items()))
                 self.new.discard(endpoint_id)  # on its way: it may land even if the call fails

@@ -24,10 +24,15 @@ Invariants (the key layout is in :mod:`agent_reach.registry.redis.store`):
   same step: versions increase along the channel, and an id's versions increase over its
   whole history (a removed id registered again gets a version above its removal's), so no
   tombstone has to stay in Redis.
-- **A change written late loses to a later one.** ``{P}:ep:ID`` keeps ``at``, the Redis time
-  its registration was made. A registration or removal buffered by a gateway that could not
-  reach Redis is written with the time it was made, and not at all when the id's record was
-  registered after that (through another gateway meanwhile): the later change stands.
+- **A change written late loses to a later registration.** ``{P}:ep:ID`` keeps ``at``, the
+  Redis time its registration was made (0 for a re-publication: when the copy put back was
+  registered is not known, and it gives way to any real change). A registration or removal
+  buffered by a gateway that could not reach Redis is written with the time it was made (never
+  later than Redis's ``TIME``), and not at all when the id's record was registered after that
+  (through another gateway meanwhile): the later registration stands. A later *removal* leaves
+  no time behind (outside the reset window, nothing at all), so a late registration of an id
+  removed meanwhile is written. Records written by an older release have no ``at``: a late
+  write replaces them, as before.
 - **Checks and writes are one step.** The hold of token mode and the record cap are checked
   in the script that writes, so that two gateways cannot both pass a check that only one
   write may pass.
@@ -83,8 +88,10 @@ end
     + _NEXT_VERSION
     + """
 redis.call('DEL', KEYS[1], KEYS[6])
+local made = ts
+if ARGV[10] == 'again' then made = 0 end
 redis.call('HSET', KEYS[1], 'caps', ARGV[2], 'url', ARGV[3], 'desc', ARGV[4], 'owner', ARGV[7],
-  'at', string.format('%.6f', ts))
+  'at', string.format('%.6f', made))
 if ARGV[6] == 'GT' then redis.call('ZADD', KEYS[2], 'GT', ts, ARGV[1])
 else redis.call('ZADD', KEYS[2], ts, ARGV[1]) end
 local seen = redis.call('ZSCORE', KEYS[2], ARGV[1])
@@ -107,8 +114,10 @@ return {seen, ver}
 REMOVE = (
     """
 if ARGV[3] ~= '' then
+  local t = redis.call('TIME')
+  local removed = math.min(tonumber(ARGV[3]), tonumber(t[1]) + tonumber(t[2]) / 1000000)
   local made = redis.call('HGET', KEYS[1], 'at')
-  if made and tonumber(made) > tonumber(ARGV[3]) then return {} end
+  if made and tonumber(made) > removed then return {} end
 end
 if redis.call('GET', KEYS[7]) ~= ARGV[4] or redis.call('EXISTS', KEYS[8]) == 1 then
   redis.call('SET', KEYS[6], '1', 'PX', ARGV[2])

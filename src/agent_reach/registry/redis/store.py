@@ -23,8 +23,9 @@ Invariants:
 - **Bounded by the live ids.** ``{P}:ep:*``, ``{P}:seen`` and ``{P}:ver`` hold one entry per
   registered id and nothing else (the scripts keep them in step, see
   :mod:`~agent_reach.registry.redis.scripts`); a full read (:meth:`RedisStore.snapshot`) costs
-  what is registered now, not what ever was. Tombstones exist only for the removals of the
-  :data:`RESET_WINDOW_S` after Redis lost its data, and expire with it.
+  what is registered now, not what ever was. Tombstones exist only for removals made in a reset
+  window (by a gateway that has not seen Redis's current epoch token, or while the reset key
+  lives) and expire :data:`RESET_WINDOW_S` after they were left.
 - **One time source.** Last-seen times in Redis are Redis's ``TIME``. Every read that measures
   (:meth:`RedisStore.snapshot`, :meth:`RedisStore.heartbeats`) runs ``TIME`` in the same
   transaction, bracketed by two reads of the liveness clock, and updates :attr:`offset`
@@ -310,6 +311,15 @@ class RedisStore:
         return None if token is None else str(token)
 
     # --- reads -----------------------------------------------------------------------------
+
+    async def measure_offset(self) -> None:
+        """Measure :attr:`offset` again (Redis's ``TIME`` between two reads of the liveness
+        clock), and only that: no read of the registry, so :attr:`last_sync` stays."""
+        t0 = self.now()
+        with self._io():
+            secs, micros = await self._redis.time()
+        t1 = self.now()
+        self.offset = secs + micros / 1e6 - (t0 + t1) / 2
 
     async def _measure(self, commands: Callable[[Any], object]) -> list[Any]:
         """Run ``TIME`` and ``commands`` in one transaction; update the clock offset."""
