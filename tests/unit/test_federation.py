@@ -26,6 +26,8 @@ from agent_reach.testing import FakeClock
 from agent_reach.transport.base import Delivery
 from agent_reach.wire.bodies import SendBody
 from agent_reach.wire.federation import (
+    MAX_COUNT,
+    TAG_OVERHEAD_BYTES,
     DirectoryEntry,
     DomainSummary,
     IntentSummary,
@@ -158,6 +160,18 @@ def test_a_summary_counts_routable_endpoints_only_with_the_healthy_tiers_best_p9
             b' "inflight": 0}}}',
             "intents",
         ),
+        (  # over MAX_COUNT: a summary's size would outgrow its estimate
+            b'{"domain": "a", "gateway_url": "http://x", "at": 1,'
+            b' "intents": {"a.b": {"healthy": 1, "degraded": 0, "p95_ms": null,'
+            b' "inflight": 99999999999999999999}}}',
+            "intents",
+        ),
+        (
+            b'{"domain": "a", "gateway_url": "http://x", "at": 1,'
+            b' "intents": {"a.b": {"healthy": 1, "degraded": 0, "p95_ms": 1e300,'
+            b' "inflight": 0}}}',
+            "intents",
+        ),
     ],
 )
 def test_a_bad_summary_is_refused_by_the_field_it_fails_on(body: bytes, field: str) -> None:
@@ -285,7 +299,9 @@ class ScriptedTransport:
         return self.answers[domain]
 
 
-def forwarding(answers: dict[str, Delivery]) -> tuple[Forwarder, ScriptedTransport]:
+def forwarding(
+    answers: dict[str, Delivery], budget: RetryBudget | None = None
+) -> tuple[Forwarder, ScriptedTransport]:
     clock = FakeClock()
     peers = Peers("origin", stale_after_s=100.0)
     peers.update([entry(d, weather_query=(1, 0)) for d in answers], clock.now)
@@ -293,7 +309,9 @@ def forwarding(answers: dict[str, Delivery]) -> tuple[Forwarder, ScriptedTranspo
         peers.probed(domain, 1.0 + i)  # tried in the order given
     transport = ScriptedTransport(answers)
     metrics = GatewayMetrics(lambda: {})
-    forwarder = Forwarder("origin", peers, transport, RetryBudget(), metrics, clock, lambda: {})
+    forwarder = Forwarder(
+        "origin", peers, transport, budget or RetryBudget(), metrics, clock, lambda: {}
+    )
     return forwarder, transport
 
 
@@ -308,13 +326,16 @@ def refusal(error: str, status: int, **more: object) -> Delivery:
     return Delivery(Outcome.SERVER_ERROR, status, body, reached=False)
 
 
-async def test_a_request_is_forwarded_to_three_domains_at_most() -> None:
-    # refusals cost no retry budget: without a cap one request would ask every domain
-    answers = {f"d{i}": refusal("overloaded", 503, retry_after_s=2.0) for i in range(6)}
-    forwarder, transport = forwarding(answers)
-    with pytest.raises(Overloaded):
+async def test_failovers_after_refusals_are_charged_to_the_retry_budget() -> None:
+    # a refusal cost the other domain's gateway work: without a charge, every caller would
+    # ask every domain of a federation that sheds load. The budget here allows 4 retries;
+    # then the last refusal is the answer, its Retry-After with it
+    answers = {f"d{i}": refusal("overloaded", 503, retry_after_s=2.0) for i in range(7)}
+    forwarder, transport = forwarding(answers, RetryBudget(min_per_second=0.4, window=10))
+    with pytest.raises(Overloaded) as raised:
         await forwarder.forward(forward_request(forwarder), [])
-    assert transport.asked == ["d0", "d1", "d2"]
+    assert transport.asked == ["d0", "d1", "d2", "d3", "d4"]
+    assert raised.value.retry_after_s == 2.0
 
 
 async def test_another_domains_retry_after_is_passed_on_within_a_minute() -> None:
@@ -324,11 +345,21 @@ async def test_another_domains_retry_after_is_passed_on_within_a_minute() -> Non
     assert raised.value.retry_after_s == 60.0
 
 
-async def test_a_200_that_is_not_a_send_answer_is_an_agent_error_not_forwarded_again() -> None:
-    # the other domain said the work was done: asking the next one would do it twice
-    odd = Delivery(Outcome.OK, 200, b'{"surprise": true}')
+@pytest.mark.parametrize(
+    "odd",
+    [
+        Delivery(Outcome.OK, 200, b'{"surprise": true}'),  # JSON, not a send answer
+        # what the transport makes of a 2xx that is not JSON, or compressed, and of a 3xx
+        Delivery(Outcome.AGENT_ERROR, 200, None, "answered 200 with a body that is not JSON"),
+        Delivery(Outcome.AGENT_ERROR, 302, None, "answered 302"),
+    ],
+)
+async def test_a_2xx_that_is_not_a_send_answer_is_an_agent_error_not_forwarded_again(
+    odd: Delivery,
+) -> None:
+    # the other domain may have done the work: asking the next one would do it twice
     forwarder, transport = forwarding({"d0": odd, "d1": refusal("overloaded", 503)})
-    with pytest.raises(AgentError, match="not a send answer"):
+    with pytest.raises(AgentError, match="not forwarded again"):
         await forwarder.forward(forward_request(forwarder), [])
     assert transport.asked == ["d0"]
 
@@ -347,12 +378,12 @@ def test_a_summary_over_the_directorys_bounds_is_cut_to_its_best_served_tags() -
     assert cut.domain == "here" and cut.gateway_url == summary.gateway_url and cut.at == 1.0
     # by size: each tag costs its length and a bound of its counts' JSON
     size = estimated_bytes(DomainSummary("here", "http://here:7700", 1.0, {}))
-    room = size + 3 * (len("b.many") + 96)
+    room = size + 3 * (len("b.many") + TAG_OVERHEAD_BYTES)
     cut, left_out = trim_summary(summary, max_bytes=room)
     assert list(cut.intents) == ["b.many", "d.two", "a.lone"] and left_out == 1
     assert estimated_bytes(cut) <= room < estimated_bytes(summary)
-    # the estimate bounds the real JSON of honest counts (under a million each)
-    big = IntentSummary(999_999, 999_999, 123456.789, 999_999)
+    # the estimate bounds the real JSON of any counts a checked summary may carry
+    big = IntentSummary(MAX_COUNT, MAX_COUNT, 1.2345678901234567e-300, MAX_COUNT)
     real = len(msgspec.json.encode(DomainSummary("x", "http://x:1", 1.0, {"t.tag": big})))
     small = IntentSummary(0, 0, None, 0)
     assert real <= estimated_bytes(DomainSummary("x", "http://x:1", 1.0, {"t.tag": small}))

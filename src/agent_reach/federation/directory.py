@@ -141,7 +141,8 @@ class Directory:
         self._keys_checked = 0.0
         self._store_ok = True
         self._throttle = Throttle(monotonic=self.clock.monotonic)
-        self._sizes: dict[str, tuple[float, int]] = {}  # domain -> (its summary's at, size)
+        # domain -> ((its summary's at, its number of tags), its estimated size)
+        self._sizes: dict[str, tuple[tuple[float, int], int]] = {}
         self._browsers: Any = None
         if settings.auth == "open":
             from agent_reach.gateway.guards import BrowserGuard
@@ -222,6 +223,7 @@ class Directory:
             )
         try:
             others, added = await self._store(self.store.publish(summary))
+            self._sizes.pop(domain, None)  # measured again: the publisher chooses its at
         except RegistryFull:
             self._throttle.log(
                 logging.WARNING,
@@ -245,15 +247,17 @@ class Directory:
         return DirectoryAnswer(summaries=self._within(await self._store(self.store.fresh())))
 
     def _size(self, entry: DirectoryEntry) -> int:
-        """:func:`estimated_bytes` of the entry, computed once per summary received (a pass
-        over its tags), kept per domain (as many as the store keeps)."""
+        """:func:`estimated_bytes` of the entry (a bound: counts are checked), computed once
+        per summary (a pass over its tags), kept per domain (as many as the store keeps): by
+        its ``at`` and its number of tags, and measured again after each publication here."""
+        key = (entry.at, len(entry.intents))
         known = self._sizes.get(entry.domain)
-        if known is not None and known[0] == entry.at:
+        if known is not None and known[0] == key:
             return known[1]
         if len(self._sizes) >= self.settings.max_domains:
             self._sizes.clear()
         size = estimated_bytes(entry)
-        self._sizes[entry.domain] = (entry.at, size)
+        self._sizes[entry.domain] = (key, size)
         return size
 
     def _within(self, entries: list[DirectoryEntry]) -> list[DirectoryEntry]:

@@ -167,11 +167,17 @@ class Membership:
             entries, error = await _entries(data)
         elif status is not None:
             error = f"HTTP {status}: {_detail(data)}"
-            got, data, _ = await self._call("GET", f"{self.directory}/v1/summaries", None)
-            if got == 200:
-                entries, _ = await _entries(data)
-            if entries is not None:
-                error += " (this domain's summary was refused; the others' were read)"
+            if _refused_summary(status, data):
+                got, data, why = await self._call("GET", f"{self.directory}/v1/summaries", None)
+                if got == 200:
+                    entries, why = await _entries(data)
+                elif got is not None:
+                    why = f"HTTP {got}: {_detail(data)}"
+                error += (
+                    "; the others' summaries were read (GET /v1/summaries)"
+                    if entries is not None
+                    else f"; reading the others' failed too: {why}"
+                )
         now = self.clock.monotonic()
         self.publish_ms = round((now - started) * 1000.0, 3)
         taken = status == 200 and entries is not None
@@ -180,7 +186,7 @@ class Membership:
             self.peers.update(entries, now)
         if taken:
             self.published_at = now
-        self._directory_state(taken, error)
+        self._directory_state(taken, error, answered=status is not None)
         self._on_published(taken)
         gone = self.peers.drop_stale(now, KEEP_INTERVALS * self.interval_s)
         for domain in gone:
@@ -209,13 +215,15 @@ class Membership:
         except aiohttp.ClientError as exc:
             return None, b"", f"cannot reach it: {exc}"
 
-    def _directory_state(self, ok: bool, error: str) -> None:
+    def _directory_state(self, ok: bool, error: str, *, answered: bool = False) -> None:
+        """Log a change of the directory's state once: back, unreachable, or (``answered``)
+        refusing this domain's summary."""
         if ok and self.directory_ok is not True:
             log(logging.INFO, "federation.directory_back", directory=self.directory)
         elif not ok and (self.directory_ok is not False or error != self.directory_error):
             log(
                 logging.WARNING,
-                "federation.directory_unreachable",
+                "federation.summary_refused" if answered else "federation.directory_unreachable",
                 directory=self.directory,
                 error=error,
                 peers=len(self.peers),
@@ -367,6 +375,19 @@ async def _read_capped(resp: aiohttp.ClientResponse) -> bytes:
         if size > MAX_ANSWER_BYTES:
             break
     return b"".join(chunks)
+
+
+def _refused_summary(status: int, data: bytes) -> bool:
+    """Whether a directory's error answer refuses this domain's summary (its size, its
+    contents, the token, the directory's bound on domains), rather than saying the directory
+    cannot serve at all (then reading the others' would fail too)."""
+    if 400 <= status < 500:
+        return True
+    try:
+        answer = msgspec.json.decode(data[:4096])
+    except msgspec.DecodeError:
+        return False
+    return isinstance(answer, dict) and answer.get("error") == "registry_full"
 
 
 def _detail(data: bytes) -> str:

@@ -105,8 +105,9 @@ class Peers:
             if peer.summary.intents.keys() != summary.intents.keys():
                 self.version += 1
             if peer.summary.gateway_url != summary.gateway_url:
-                peer.rtt_ms = None  # another gateway now: measured again
-                peer.unreachable = ""
+                peer.rtt_ms = None  # another gateway now: measured again, and not held to
+                peer.unreachable = ""  # what the one before did
+                peer.failures = 0
             peer.summary, peer.received_at = summary, received_at
 
     def drop_stale(self, now: float, keep_for_s: float) -> list[str]:

@@ -18,8 +18,10 @@ Invariants:
   failed attempt that reached no agent: the next domain is tried, and when none is left the
   last refusal is the answer (the caller learns why; another domain's ``Retry-After`` at most
   :data:`MAX_RETRY_AFTER_S`), or ``all_attempts_failed`` when an attempt reached agents
-  there. Refusals cost no retry budget, so one request is forwarded to at most
-  :data:`MAX_DOMAINS` domains: a federation that sheds load is not asked N times for it.
+  there. Every failover after a forward that another domain's gateway answered (a refusal
+  too: it cost that gateway work) is charged to the retry budget, so a federation that sheds
+  load is not asked by every caller for every domain; once the budget is used up, the last
+  refusal is the answer. A failover after a connection that could not be made is free.
 - A 200 whose body is not a send answer is ``agent_error``, not forwarded again (the other
   domain said the work was done). A domain whose gateway leaves forwards without an answer
   of the contract is tried last (:mod:`agent_reach.federation.peers`).
@@ -65,7 +67,7 @@ ORIGIN_HEADER = "X-Reach-Origin"
 DEADLINE_SLACK_S = 0.05  # a forward that timed out this close to the deadline ran it out
 HOPS_HEADER = "X-Reach-Hops"
 _NOT_OURS = "not a contract answer"
-MAX_DOMAINS = 3  # domains one request is forwarded to at most (refusals cost no budget)
+FORWARD_SLACK_MS = 25  # a forward's timeout_ms is this much (and the round trip) under its cut
 MAX_RETRY_AFTER_S = 60.0  # the most of another domain's Retry-After passed on
 # a domain's refusals passed on to the caller when no other domain could serve
 _REFUSALS = frozenset(
@@ -190,9 +192,10 @@ class Forwarder:
         """Forward ``fw`` until a domain answers; (the remote endpoint id, its result)."""
         tried: list[str] = []
         refusal: AgentReachError | None = None
-        reached_any = False
+        reached_any = False  # a forward reached agents of the other domain
+        charged = False  # a forward was answered by the other domain's gateway: it cost it work
         self.budget.record_request(self.clock.monotonic())
-        while len(tried) < MAX_DOMAINS:
+        while True:
             targets = self._targets(fw, tried)
             if not targets:
                 break
@@ -204,21 +207,26 @@ class Forwarder:
                     f"deadline of {fw.timeout_ms} ms ran out after {len(tried)} forward(s)"
                 )
             attempt_s = remaining
-            if len(targets) > 1 and len(tried) < MAX_DOMAINS - 1:  # another could follow
+            if len(targets) > 1:  # another could follow: this one gets its per-try timeout
                 attempt_s = min(remaining, per_try_timeout_ms(peer.stats.p95_ms()) / 1000.0)
-            if tried and reached_any and not self.budget.try_spend(now):
+            if tried and (reached_any or charged) and not self.budget.try_spend(now):
                 self.metrics.retry_budget_exhausted.inc()
+                if refusal is not None and not reached_any:
+                    raise refusal
                 raise AllAttemptsFailed(
                     f"{len(tried)} forward(s) failed and the retry budget is used up"
                 )
             if tried:
                 self.metrics.retries.labels("failover").inc()
+                if fw.span is not None:
+                    fw.span.retry("failover", f"@{peer.domain}", 0.0)
                 log(logging.INFO, "route.failover", from_domain=tried[-1], to_domain=peer.domain)
             tried.append(peer.domain)
-            answer, reached, refusal_now = await self._one(fw, peer, attempt_s, attempts)
+            answer, reached, refusal_now, answered = await self._one(fw, peer, attempt_s, attempts)
             if answer is not None:
                 return answer
             reached_any = reached_any or reached
+            charged = charged or answered
             if refusal_now is not None:
                 refusal = refusal_now
         if not tried:
@@ -239,20 +247,23 @@ class Forwarder:
                 f"deadline of {fw.timeout_ms} ms ran out after {len(tried)} forward(s)"
                 f" ({', '.join(tried)})"
             )
-        more = "no other domain offers" if len(tried) < MAX_DOMAINS else "no more are tried for"
         raise AllAttemptsFailed(
-            f"{len(tried)} forward(s) failed ({', '.join(tried)}) and {more} {fw.tag!r}"
+            f"{len(tried)} forward(s) failed ({', '.join(tried)}) and no other domain offers"
+            f" {fw.tag!r}"
         )
 
     async def _one(
         self, fw: ForwardRequest, peer: Peer, attempt_s: float, attempts: list[Attempt]
-    ) -> tuple[tuple[str, msgspec.Raw] | None, bool, AgentReachError | None]:
+    ) -> tuple[tuple[str, msgspec.Raw] | None, bool, AgentReachError | None, bool]:
         """One forward: (the answer or None, whether it reached agents, the domain's
-        refusal)."""
+        refusal, whether its gateway answered at all)."""
         domain = peer.domain
         body = fw.body
         rtt_ms = peer.rtt_ms if peer.rtt_ms is not None else 1.0
-        timeout_ms = max(1, int(attempt_s * 1000.0 - rtt_ms))
+        # the other gateway answers deadline_exceeded a few ms before the timeout it is given:
+        # the slack keeps that answer ahead of this gateway's own cut, so that a domain whose
+        # agents are slow is not taken for one whose gateway does not answer
+        timeout_ms = max(1, int(attempt_s * 1000.0 - rtt_ms - FORWARD_SLACK_MS))
         payload = _encode(
             {
                 "msg_id": body.msg_id,
@@ -305,9 +316,13 @@ class Forwarder:
         refusal: AgentReachError | None = None
         answer: _Reply | None = None
         answered = True  # by the other domain's gateway, in the contract's terms
-        if delivery.outcome is Outcome.AGENT_ERROR and delivery.status is None:
-            # nothing usable came back though the other domain did the work (its answer was
-            # over this gateway's cap): not forwarded again, as an agent's would not be
+        if delivery.outcome is Outcome.AGENT_ERROR and (
+            delivery.status is None or delivery.body is None or delivery.status < 400
+        ):
+            # nothing usable came back though the other domain may have done the work (its
+            # answer was over this gateway's cap; a 2xx that is not JSON, compressed; a 3xx):
+            # not forwarded again, as an agent's would not be
+            answered = delivery.status is None  # over the cap: an answer of ours, too long
             outcome, error = Outcome.AGENT_ERROR, delivery.detail
             refusal = AgentError(f"{domain}: {delivery.detail} (not forwarded again)")
         elif delivery.status is not None and delivery.body is not None:
@@ -362,7 +377,7 @@ class Forwarder:
             remote_attempts=None if answer is None else len(answer.attempts),
         )
         if answer is not None:
-            return (endpoint_id, answer.result), True, None
+            return (endpoint_id, answer.result), True, None, True
         log(
             logging.WARNING,
             "reach.forward_failed",
@@ -373,7 +388,7 @@ class Forwarder:
         )
         if outcome is Outcome.AGENT_ERROR and isinstance(refusal, AgentError):
             raise refusal
-        return None, reached, refusal
+        return None, reached, refusal, delivery.status is not None
 
     def _answered(self, domain: str, answered: bool, outcome: Outcome, now: float) -> None:
         """Count an answer of the contract from the domain's gateway, or a forward it left

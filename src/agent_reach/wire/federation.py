@@ -33,8 +33,9 @@ __all__ = [
 ]
 
 MAX_SUMMARY_INTENTS = 100_000  # tags a summary may carry (a registry's --max-endpoints)
+MAX_COUNT = 1_000_000_000  # a count of a summary's tag, and its p95 in ms, at most
 ENTRY_OVERHEAD_BYTES = 256  # an entry's JSON beside its tags (domain, URL, times): at most
-TAG_OVERHEAD_BYTES = 96  # a tag's JSON beside the tag itself (its counts): at most
+TAG_OVERHEAD_BYTES = 112  # a tag's JSON beside the tag itself (its counts): at most
 
 
 class IntentSummary(msgspec.Struct, frozen=True):
@@ -78,7 +79,8 @@ class DirectoryAnswer(msgspec.Struct, frozen=True):
 
 def estimated_bytes(summary: DomainSummary | DirectoryEntry) -> int:
     """The summary's size as JSON, estimated without encoding it: its tags' lengths and a
-    fixed share per tag and per entry (a bound while counts stay under a million)."""
+    fixed share per tag and per entry (a bound for a checked summary: counts and p95 at most
+    :data:`MAX_COUNT`)."""
     return (
         ENTRY_OVERHEAD_BYTES
         + len(summary.gateway_url)
@@ -119,13 +121,13 @@ def check_summary(summary: DomainSummary) -> None:
             raise InvalidRequest(f"intents: {tag!r} is not an intent tag", field="intents")
         p95 = counts.p95_ms
         if (
-            counts.healthy < 0
-            or counts.degraded < 0
-            or counts.inflight < 0
-            or (p95 is not None and not (math.isfinite(p95) and p95 >= 0))
+            not 0 <= counts.healthy <= MAX_COUNT
+            or not 0 <= counts.degraded <= MAX_COUNT
+            or not 0 <= counts.inflight <= MAX_COUNT
+            or (p95 is not None and not 0 <= p95 <= MAX_COUNT)  # NaN fails too
         ):
             raise InvalidRequest(
-                f"intents.{tag}: counts must be >= 0 and p95_ms finite", field="intents"
+                f"intents.{tag}: counts and p95_ms must be 0-{MAX_COUNT}", field="intents"
             )
 
 
