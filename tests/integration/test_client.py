@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 from aiohttp import web
@@ -23,7 +26,8 @@ from agent_reach import (
     RecipientNotFound,
     TraceNotFound,
 )
-from agent_reach.sdk import ReachClient, SyncReachClient
+from agent_reach.errors import Overloaded
+from agent_reach.sdk import Agent, ReachClient, ReachContext, SyncReachClient
 from tests.support import Proc, gateway, start_agent
 
 
@@ -294,3 +298,222 @@ async def test_no_available_agent_when_the_only_capable_one_is_down(gw: Proc) ->
             with pytest.raises(NoAvailableAgent) as exc:
                 await c.send("cl.stale")
             assert exc.value.http_status == 503
+
+
+async def test_an_answer_is_read_within_a_bound_and_never_decompressed() -> None:
+    # a small gzip body that expands a thousandfold: the client asks for no compression and
+    # reads the bytes as sent (not JSON: unusable); a body past 64 MiB is not read at all
+    bomb = gzip.compress(b"[" + b"0," * 5_000_000 + b"0]")
+
+    async def compressed(request: web.Request) -> web.Response:
+        assert "gzip" not in request.headers.get("Accept-Encoding", "")
+        return web.Response(body=bomb, headers={"Content-Encoding": "gzip"})
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()  # chunked: no length to refuse it by
+        await resp.prepare(request)
+        chunk = b" " * (1 << 20)
+        for _ in range(80):
+            await resp.write(chunk)
+        return resp
+
+    for handler, expected in ((compressed, "not JSON"), (endless, "more than")):
+        runner, url = await _serve(handler)
+        try:
+            async with ReachClient(url) as c:
+                with pytest.raises(GatewayUnavailable, match=expected) as exc:
+                    await c.get("/v1/anything")
+                assert exc.value.http_status == 200
+        finally:
+            await runner.cleanup()
+
+
+async def test_a_send_whose_answer_cannot_be_read_keeps_its_ids_to_send_it_again() -> None:
+    # a proxy's page after the gateway may have taken the send: the caller must be able to
+    # send it again with the same msg_id (the agent's dedup makes that harmless)
+    async def proxy_page(request: web.Request) -> web.Response:
+        return web.Response(status=504, text="<html>timeout</html>", content_type="text/html")
+
+    async def odd_200(request: web.Request) -> web.Response:
+        return web.json_response({"surprise": True})
+
+    for handler in (proxy_page, odd_200):
+        runner, url = await _serve(handler)
+        try:
+            async with ReachClient(url) as c:
+                with pytest.raises(GatewayUnavailable) as exc:
+                    await c.send("cl.echo", trace_id="trace_cl_page")
+            assert str(exc.value.fields["msg_id"]).startswith("msg_")
+            assert exc.value.fields["trace_id"] == "trace_cl_page"
+        finally:
+            await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [("2", 2.0), ("0.5", 0.5), ("\u00b2", None), ("9" * 400, 3600.0), ("soon", None)],
+)
+async def test_retry_after_is_read_as_seconds_within_an_hour_or_not_at_all(
+    header: str, expected: float | None
+) -> None:
+    async def overloaded(request: web.Request) -> web.Response:
+        body = {"ok": False, "error": "overloaded", "detail": "busy"}
+        return web.json_response(body, status=503, headers={"Retry-After": header})
+
+    runner, url = await _serve(overloaded)
+    try:
+        async with ReachClient(url) as c:
+            with pytest.raises(Overloaded) as exc:
+                await c.send("cl.echo")
+        assert exc.value.fields.get("retry_after_s") == expected
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_200_that_says_ok_false_is_not_a_success() -> None:
+    async def not_ok(request: web.Request) -> web.Response:
+        return web.json_response({"ok": False})
+
+    runner, url = await _serve(not_ok)
+    try:
+        async with ReachClient(url) as c:
+            with pytest.raises(GatewayUnavailable, match="ok: False"):
+                await c.healthz()
+            with pytest.raises(GatewayUnavailable, match="ok: False"):
+                await c.deregister("agent://cl-nobody")
+    finally:
+        await runner.cleanup()
+
+
+async def test_the_last_gateway_left_gets_the_rest_of_the_time_to_connect() -> None:
+    # the first gateway refuses connections; the second's listen queue is full (a gateway
+    # under a burst), so the kernel drops the client's SYN and the connect completes only at
+    # a retransmission after it starts accepting (1.5 s). Each gateway but the last gets 1 s
+    # to connect; the last one left gets what is left of the deadline (it gave up at 1 s)
+    refused = socket.socket()
+    refused.bind(("127.0.0.1", 0))
+    dead = f"http://127.0.0.1:{refused.getsockname()[1]}"
+    refused.close()  # nothing listens there: connection refused
+    slow = socket.socket()
+    slow.bind(("127.0.0.1", 0))
+    slow.listen(0)
+    fillers = []
+    for _ in range(3):  # the accept queue full, and SYNs beyond it dropped
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(slow.getsockname())
+        fillers.append(filler)
+
+    async def agents(request: web.Request) -> web.Response:
+        return web.json_response({"agents": []})
+
+    app = web.Application()
+    app.router.add_get("/v1/agents", agents)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+
+    async def accept_later() -> None:
+        await asyncio.sleep(1.5)
+        await web.SockSite(runner, slow).start()
+
+    opening = asyncio.create_task(accept_later())
+    try:
+        async with ReachClient([dead, f"http://127.0.0.1:{slow.getsockname()[1]}"]) as c:
+            started = time.monotonic()
+            assert await c.agents() == []
+            assert 1.5 <= time.monotonic() - started < 8.0
+    finally:
+        await opening
+        for filler in fillers:
+            filler.close()
+        await runner.cleanup()
+
+
+class SilentGateway:
+    """A gateway that reads requests and never answers, on a thread of its own; ``arrived``
+    is set once a request's bytes came in."""
+
+    def __init__(self) -> None:
+        self.server = socket.socket()
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen(64)
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        self.arrived = threading.Event()
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:  # closed
+                return
+            self.held.append(conn)
+            if conn.recv(65536):
+                self.arrived.set()
+
+    def close(self) -> None:
+        self.server.close()
+        for conn in self.held:
+            conn.close()
+
+
+@contextmanager
+def silent_gateway() -> Iterator[SilentGateway]:
+    gateway = SilentGateway()
+    try:
+        yield gateway
+    finally:
+        gateway.close()
+
+
+def test_closing_the_sync_client_ends_a_call_in_flight() -> None:
+    # close() from another thread while a send waits: the call raises at once (it waited on a
+    # loop that close() had stopped, for ever), and close() returns
+    with silent_gateway() as silent:
+        client = SyncReachClient(silent.url)
+        outcome: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                client.send("cl.echo", timeout_ms=20_000)
+            except BaseException as exc:  # what the caller sees
+                outcome.append(exc)
+
+        caller = threading.Thread(target=call, daemon=True)
+        caller.start()
+        assert silent.arrived.wait(5.0)  # the call is in flight
+        started = time.monotonic()
+        client.close()
+        caller.join(timeout=3.0)
+        assert not caller.is_alive(), "the call still waits after close()"
+        assert time.monotonic() - started < 3.0
+        assert isinstance(outcome[0], RuntimeError) and "closed" in str(outcome[0])
+        with pytest.raises(RuntimeError, match="closed"):
+            client.send("cl.echo")
+
+
+async def test_an_onward_reach_ends_with_the_request_it_serves() -> None:
+    # a handler's ctx.reach to a gateway that stalls: the client allows the network a second
+    # past the onward timeout_ms, which would outlive the request; it ends at its deadline
+    with silent_gateway() as silent:
+        agent = Agent("agent://cl-relay", gateway=silent.url)
+        ctx = ReachContext(
+            msg_id="m-1",
+            trace_id="trace_cl_onward",
+            intent="cl.relay",
+            sender=None,
+            priority="normal",
+            attempt=1,
+            deadline_ms=500,
+            deadline_at=time.monotonic() + 0.5,
+            _agent=agent,
+        )
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded) as late:
+            await ctx.reach("cl.echo", {})
+        took = time.monotonic() - started
+        await agent.stop()
+    assert 0.4 <= took < 0.75, took
+    assert late.value.trace_id == "trace_cl_onward"
+    assert str(late.value.fields["msg_id"]).startswith("msg_")

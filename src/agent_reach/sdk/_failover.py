@@ -39,6 +39,7 @@ from agent_reach.observability.logs import log
 __all__ = [
     "CONNECT_TIMEOUT_S",
     "COOLOFF_S",
+    "MAX_ANSWER_BYTES",
     "Failover",
     "GatewayPool",
     "GatewayRing",
@@ -52,6 +53,10 @@ __all__ = [
 COOLOFF_S = 5.0
 # how long making a connection to a gateway may take before the next one is tried
 CONNECT_TIMEOUT_S = 1.0
+# the most of a gateway's answer read (a page of agents, a trace, an agent's answer within
+# the gateway's own 1 MiB cap): past it, an unusable answer; nothing is decompressed, since
+# a gateway never compresses (a small gzip body that expands to gigabytes is not read)
+MAX_ANSWER_BYTES = 64 << 20
 
 
 class GatewayRing:
@@ -178,6 +183,8 @@ class GatewayPool:
                 connector=aiohttp.TCPConnector(limit=self._max_connections),
                 headers=self._headers,
                 json_serialize=lambda obj: msgspec.json.encode(obj).decode(),
+                auto_decompress=False,  # MAX_ANSWER_BYTES counts the bytes really held
+                skip_auto_headers=("Accept-Encoding",),
             )
         return self._session
 
@@ -221,10 +228,18 @@ class GatewayPool:
                 # the gateways tried so far took the whole time
                 what = f"no gateway could be reached ({_listing(tried)})"
                 raise self._late(late, what, [u for u, _ in tried]) from failure
+            last = index + 1 == len(order)
             try:
                 status, raw, answer_headers = await self._once(
-                    url, method, path, payload, params, timeout_s - spent, headers
+                    url, method, path, payload, params, timeout_s - spent, headers, last=last
                 )
+            except _TooLarge as exc:
+                self.ring.worked(url)  # it answered
+                raise unusable(
+                    f"the gateway at {url} answered HTTP {exc.status} with more than"
+                    f" {MAX_ANSWER_BYTES} bytes",
+                    exc.status,
+                ) from None
             except (aiohttp.ClientError, TimeoutError) as exc:
                 self.ring.failed(url, clock.monotonic())
                 unsent = never_sent(exc)
@@ -272,6 +287,8 @@ class GatewayPool:
         params: Mapping[str, str] | None,
         timeout_s: float,
         extra: Mapping[str, str] | None = None,
+        *,
+        last: bool = True,
     ) -> tuple[int, bytes, Mapping[str, str]]:
         data = None if body is None else msgspec.json.encode(body)
         headers = {"Content-Type": "application/json"} if data is not None else {}
@@ -279,8 +296,9 @@ class GatewayPool:
             headers["Authorization"] = f"Bearer {token}"
         if extra:
             headers.update(extra)
-        # a connect timeout of its own only where there is another gateway to go to
-        connect = self.connect_timeout_s if len(self.ring.urls) > 1 else timeout_s
+        # a connect timeout of its own only where there is another gateway to go to: the last
+        # one left may take the whole time (a gateway whose listen queue is full answers late)
+        connect = timeout_s if last else self.connect_timeout_s
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(connect, timeout_s))
         async with self._pool().request(
             method,
@@ -291,7 +309,7 @@ class GatewayPool:
             timeout=timeout,
             allow_redirects=False,
         ) as resp:
-            return resp.status, await resp.read(), resp.headers
+            return resp.status, await _read_capped(resp), resp.headers
 
     def _unavailable(
         self, tried: list[tuple[str, str]], fields: Mapping[str, Any] | None, *, delivered: bool
@@ -313,6 +331,28 @@ class GatewayPool:
         return GatewayUnavailable(
             f"cannot reach any of the {len(tried)} gateways: {_listing(tried)}", **extra
         )
+
+
+class _TooLarge(Exception):
+    """An answer over :data:`MAX_ANSWER_BYTES` (``status``: its HTTP status)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+async def _read_capped(resp: aiohttp.ClientResponse) -> bytes:
+    """The whole body; _TooLarge past :data:`MAX_ANSWER_BYTES` (read no further)."""
+    if resp.content_length is not None and resp.content_length > MAX_ANSWER_BYTES:
+        raise _TooLarge(resp.status)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_any():
+        size += len(chunk)
+        if size > MAX_ANSWER_BYTES:
+            raise _TooLarge(resp.status)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _listing(tried: list[tuple[str, str]]) -> str:

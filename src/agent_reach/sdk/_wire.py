@@ -15,6 +15,7 @@ is not the contract's becomes :class:`~agent_reach.errors.GatewayUnavailable` wi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -114,6 +115,9 @@ def token_request(
 def parse(answer: Any, kind: type[T], status: int, what: str) -> T:
     """``answer`` (the JSON of a 200) as ``kind``; :func:`~._failover.unusable` when it is not
     the contract's. ``what`` names the call in the error (``the answer of ... to POST ...``)."""
+    if isinstance(answer, dict) and answer.get("ok", True) is not True:
+        # a success answer says ok: true (or, from older gateways, nothing)
+        raise unusable(f"{what} is a {status} that says ok: {answer.get('ok')!r}", status)
     try:
         return msgspec.convert(answer, kind)
     except msgspec.ValidationError as exc:
@@ -123,10 +127,27 @@ def parse(answer: Any, kind: type[T], status: int, what: str) -> T:
 def error_of(status: int, answer: Any, headers: Mapping[str, str]) -> AgentReachError:
     """The typed error of an error answer, with ``retry_after_s`` from ``Retry-After``."""
     err = error_from_answer(status, answer)
-    retry_after = headers.get("Retry-After", "")
-    if retry_after.replace(".", "", 1).isdigit():
-        err.fields.setdefault("retry_after_s", float(retry_after))
+    seconds = retry_after_s(headers.get("Retry-After", ""))
+    given = err.fields.get("retry_after_s")  # the body's, when it has one: taken first
+    if isinstance(given, int | float) and not isinstance(given, bool) and 0 <= given < math.inf:
+        seconds = min(float(given), MAX_RETRY_AFTER_S)
+    if seconds is None:
+        err.fields.pop("retry_after_s", None)  # not a number of seconds: not passed on
+    else:
+        err.fields["retry_after_s"] = seconds
     return err
+
+
+MAX_RETRY_AFTER_S = 3600.0  # the most of a gateway's Retry-After taken as said
+
+
+def retry_after_s(value: str) -> float | None:
+    """A ``Retry-After`` of delta-seconds (ASCII digits, a fraction allowed) in seconds, at most
+    :data:`MAX_RETRY_AFTER_S` (a caller sleeps on it); None for anything else (an HTTP date,
+    ``"²"``, which ``str.isdigit`` takes for a digit)."""
+    if not value.isascii() or not value.replace(".", "", 1).isdigit():
+        return None
+    return min(float(value), MAX_RETRY_AFTER_S)
 
 
 def traceparent_header(given: str | None) -> dict[str, str]:

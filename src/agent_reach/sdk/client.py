@@ -34,7 +34,7 @@ from urllib.parse import quote
 import msgspec
 
 from agent_reach.clock import Clock
-from agent_reach.errors import ConfigError, DeadlineExceeded, GatewayUnavailable
+from agent_reach.errors import AgentReachError, ConfigError, DeadlineExceeded, GatewayUnavailable
 from agent_reach.sdk._credentials import Credentials
 from agent_reach.sdk._failover import (
     CONNECT_TIMEOUT_S,
@@ -309,27 +309,31 @@ class ReachClient:
             left_ms = deadline_ms - math.ceil(spent_s * 1000)
             return msgspec.structs.replace(body, timeout_ms=left_ms) if left_ms >= 1 else None
 
-        status, answer, headers, _ = await self._gateways.call(
-            "POST",
-            "/v1/send",
-            late=late,
-            body=body,
-            retry_body=retry_body,
-            # one timeout: the caller's deadline, which the gateway keeps, plus the wire
-            timeout_s=max(deadline_ms, 0) / 1000 + NETWORK_ALLOWANCE_S,
-            resend=False,
-            fields=ids,
-            headers={
-                **traceparent_header(traceparent),
-                **(self._tokens.as_endpoint(body.sender) or {}),
-            },
-        )
-        if status != 200:
-            err = error_of(status, answer, headers)
+        try:
+            status, answer, headers, _ = await self._gateways.call(
+                "POST",
+                "/v1/send",
+                late=late,
+                body=body,
+                retry_body=retry_body,
+                # one timeout: the caller's deadline, which the gateway keeps, plus the wire
+                timeout_s=max(deadline_ms, 0) / 1000 + NETWORK_ALLOWANCE_S,
+                resend=False,
+                fields=ids,
+                headers={
+                    **traceparent_header(traceparent),
+                    **(self._tokens.as_endpoint(body.sender) or {}),
+                },
+            )
+            if status != 200:
+                raise error_of(status, answer, headers)
+            return parse(answer, Reply, status, "the gateway's send answer")
+        except AgentReachError as err:
+            # every failure names the send (an unusable answer too: a proxy's page after the
+            # gateway took it), so that the caller can send it again with the same msg_id
             for key, value in ids.items():
                 err.fields.setdefault(key, value)
-            raise err
-        return parse(answer, Reply, status, "the gateway's send answer")
+            raise
 
     async def agents(
         self,

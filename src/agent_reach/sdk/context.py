@@ -3,6 +3,7 @@ a request on purpose (:class:`Reject`)."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_reach.errors import AgentReachError, DeadlineExceeded
 from agent_reach.sdk._wire import EMPTY
+from agent_reach.wire.ids import new_id
 
 if TYPE_CHECKING:
     from agent_reach.observability.spans import HandleSpan
@@ -115,6 +117,7 @@ class ReachContext:
         if self._agent is None:
             raise RuntimeError("this context belongs to no running agent")
         options.setdefault("trace_id", self.trace_id)
+        options.setdefault("msg_id", new_id("msg"))  # named by a DeadlineExceeded below
         left = self.remaining_ms() - ONWARD_MARGIN_MS
         if left != math.inf:
             if left < 1:
@@ -127,11 +130,11 @@ class ReachContext:
             options["timeout_ms"] = int(left if wanted is None else min(wanted, left))
         if self._span is None:
             options.setdefault("traceparent", self.traceparent)
-            return await self._agent.reach(intent, payload, **options)
+            return await self._within_deadline(intent, payload, options)
         span = self._span.reach(intent, options["trace_id"])
         options.setdefault("traceparent", span.traceparent)
         try:
-            reply = await self._agent.reach(intent, payload, **options)
+            reply = await self._within_deadline(intent, payload, options)
         except AgentReachError as exc:
             span.end(exc.code, detail=exc.detail)
             raise
@@ -140,6 +143,27 @@ class ReachContext:
             raise
         span.end("ok", reply.endpoint_id)
         return reply
+
+    async def _within_deadline(self, intent: str, payload: Any, options: dict[str, Any]) -> Reply:
+        """The onward send, given no longer than this request's deadline: the client allows
+        the network a second past the onward ``timeout_ms``, which a stalled gateway would
+        take from the request this hop serves."""
+        assert self._agent is not None
+        left_s = self.remaining_s()
+        if left_s == math.inf:
+            return await self._agent.reach(intent, payload, **options)
+        try:
+            async with asyncio.timeout(left_s) as scope:
+                return await self._agent.reach(intent, payload, **options)
+        except TimeoutError:
+            if not scope.expired():
+                raise
+            raise DeadlineExceeded(
+                f"no answer to an onward reach of {intent!r} before this request's deadline",
+                msg_id=options["msg_id"],
+                trace_id=options["trace_id"],
+                attempts=[],
+            ) from None
 
     def reach_sync(self, intent: str, payload: Any = EMPTY, **options: Any) -> Reply:
         """:meth:`reach` for sync handlers (which run on the agent's worker threads): blocks

@@ -9,6 +9,7 @@ every call, the async one. Also importable from :mod:`agent_reach.sdk.client` an
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Coroutine, Sequence
 from types import TracebackType
@@ -38,7 +39,9 @@ class SyncReachClient:
     made on the private loop, at the first call).
 
     It owns a private event loop in a daemon thread; every method submits the async call there and
-    waits for it. Safe to share between threads. ``close()`` (or ``with``) stops the loop.
+    waits for it. Safe to share between threads. ``close()`` (or ``with``) stops the loop; a call
+    still in flight then raises RuntimeError, as does a call made after it, or one made on the
+    private loop itself (an ``on_failover`` callback), which could never be answered.
     """
 
     def __init__(self, gateway: str | Sequence[str] | None = None, **options: Any) -> None:
@@ -51,6 +54,9 @@ class SyncReachClient:
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="agent-reach-client", daemon=True
         )
+        self._lock = threading.Lock()  # a call is submitted, or the client closed, not both
+        self._closed = False
+        self._calls: set[concurrent.futures.Future[Any]] = set()  # in flight, to cancel
         self._thread.start()
 
     @property
@@ -68,10 +74,25 @@ class SyncReachClient:
         return self.client.endpoint_token(endpoint_id)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        if not self._thread.is_alive():
+        if threading.current_thread() is self._thread:
             coro.close()
-            raise RuntimeError("this SyncReachClient is closed")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+            raise RuntimeError(
+                "a SyncReachClient cannot be called from its own loop (an on_failover callback):"
+                " the call would wait for the loop it blocks"
+            )
+        with self._lock:
+            if self._closed:
+                coro.close()
+                raise RuntimeError("this SyncReachClient is closed")
+            future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+            self._calls.add(future)
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            raise RuntimeError("this SyncReachClient was closed during the call") from None
+        finally:
+            with self._lock:
+                self._calls.discard(future)
 
     def __enter__(self) -> Self:
         return self
@@ -82,13 +103,22 @@ class SyncReachClient:
         self.close()
 
     def close(self) -> None:
-        """Close the pool and stop the private loop (idempotent)."""
-        if not self._thread.is_alive():
-            return
-        self._run(self.client.close())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
-        self._loop.close()
+        """Cancel the calls in flight, close the pool and stop the private loop
+        (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            calls = list(self._calls)
+        for call in calls:  # their tasks are cancelled on the loop before the close below
+            call.cancel()
+        try:
+            asyncio.run_coroutine_threadsafe(self.client.close(), self._loop).result(timeout=10)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+            if not self._thread.is_alive():
+                self._loop.close()
 
     def send(self, intent: str | None, payload: Any = EMPTY, **options: Any) -> Reply:
         """:meth:`ReachClient.send`, blocking."""
