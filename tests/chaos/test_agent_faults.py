@@ -153,8 +153,12 @@ def test_2_an_agent_sigstopped() -> None:
     )
     assert not failed, failed
     assert late == 0
-    # healthy again within one interval (smoke: two, on a shared machine)
-    assert worst <= interval * (1 if FULL else 2), rows
+    # healthy again within one interval. Smoke: five of its 1 s intervals. When attempts timed
+    # out during the pause, the agent is also slow (the latency rule) until fast answers come
+    # back through the probe share, after a backoff that grows with its strikes up to
+    # PROBE_BACKOFF_MAX_S (5 s), whatever the interval: 3.3 s was seen in a full `make test`
+    # (0.003 s when nothing timed out). The full run's 10 s interval holds the goal.
+    assert worst <= interval * (1 if FULL else 5), rows
 
 
 @bounded(60, 180)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import socket
 import threading
@@ -10,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 
+import msgspec
 import pytest
 from aiohttp import web
 
@@ -302,7 +304,7 @@ async def test_no_available_agent_when_the_only_capable_one_is_down(gw: Proc) ->
 
 async def test_an_answer_is_read_within_a_bound_and_never_decompressed() -> None:
     # a small gzip body that expands a thousandfold: the client asks for no compression and
-    # reads the bytes as sent (not JSON: unusable); a body past 64 MiB is not read at all
+    # reads the bytes as sent (not JSON: unusable); a body past max_answer_bytes is not read
     bomb = gzip.compress(b"[" + b"0," * 5_000_000 + b"0]")
 
     async def compressed(request: web.Request) -> web.Response:
@@ -313,14 +315,14 @@ async def test_an_answer_is_read_within_a_bound_and_never_decompressed() -> None
         resp = web.StreamResponse()  # chunked: no length to refuse it by
         await resp.prepare(request)
         chunk = b" " * (1 << 20)
-        for _ in range(80):
+        for _ in range(20):
             await resp.write(chunk)
         return resp
 
     for handler, expected in ((compressed, "not JSON"), (endless, "more than")):
         runner, url = await _serve(handler)
         try:
-            async with ReachClient(url) as c:
+            async with ReachClient(url, max_answer_bytes=16 << 20) as c:
                 with pytest.raises(GatewayUnavailable, match=expected) as exc:
                     await c.get("/v1/anything")
                 assert exc.value.http_status == 200
@@ -350,15 +352,29 @@ async def test_a_send_whose_answer_cannot_be_read_keeps_its_ids_to_send_it_again
 
 
 @pytest.mark.parametrize(
-    ("header", "expected"),
-    [("2", 2.0), ("0.5", 0.5), ("\u00b2", None), ("9" * 400, 3600.0), ("soon", None)],
+    ("header", "given", "expected"),
+    [
+        ("2", None, 2.0),
+        ("0.5", None, 0.5),
+        ("\u00b2", None, None),
+        ("9" * 400, None, 3600.0),
+        ("soon", None, None),
+        ("2", 10**400, 3600.0),  # the body's own number, too large for a float
+        ("2", 7, 7.0),
+        ("2", "soon", 2.0),
+    ],
 )
 async def test_retry_after_is_read_as_seconds_within_an_hour_or_not_at_all(
-    header: str, expected: float | None
+    header: str, given: object, expected: float | None
 ) -> None:
     async def overloaded(request: web.Request) -> web.Response:
-        body = {"ok": False, "error": "overloaded", "detail": "busy"}
-        return web.json_response(body, status=503, headers={"Retry-After": header})
+        body: dict[str, object] = {"ok": False, "error": "overloaded", "detail": "busy"}
+        if given is not None:
+            body["retry_after_s"] = given
+        text = msgspec.json.encode(body).decode()  # json.dumps: no integer of 400 digits
+        return web.Response(
+            text=text, status=503, content_type="application/json", headers={"Retry-After": header}
+        )
 
     runner, url = await _serve(overloaded)
     try:
@@ -449,13 +465,17 @@ class SilentGateway:
             except OSError:  # closed
                 return
             self.held.append(conn)
-            if conn.recv(65536):
-                self.arrived.set()
+            try:
+                if conn.recv(65536):
+                    self.arrived.set()
+            except OSError:  # shut down by close()
+                return
 
     def close(self) -> None:
-        self.server.close()
-        for conn in self.held:
-            conn.close()
+        for sock in (self.server, *self.held):  # shutdown wakes the thread blocked on it
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
 
 
 @contextmanager
@@ -514,6 +534,6 @@ async def test_an_onward_reach_ends_with_the_request_it_serves() -> None:
             await ctx.reach("cl.echo", {})
         took = time.monotonic() - started
         await agent.stop()
-    assert 0.4 <= took < 0.75, took
+    assert 0.4 <= took < 1.2, took  # with the network's allowance it took 1.45 s
     assert late.value.trace_id == "trace_cl_onward"
     assert str(late.value.fields["msg_id"]).startswith("msg_")

@@ -37,6 +37,7 @@ from agent_reach.errors import AgentReachError, GatewayUnavailable
 from agent_reach.observability.logs import log
 
 __all__ = [
+    "CONNECT_MARGIN_S",
     "CONNECT_TIMEOUT_S",
     "COOLOFF_S",
     "MAX_ANSWER_BYTES",
@@ -53,10 +54,14 @@ __all__ = [
 COOLOFF_S = 5.0
 # how long making a connection to a gateway may take before the next one is tried
 CONNECT_TIMEOUT_S = 1.0
-# the most of a gateway's answer read (a page of agents, a trace, an agent's answer within
-# the gateway's own 1 MiB cap): past it, an unusable answer; nothing is decompressed, since
-# a gateway never compresses (a small gzip body that expands to gigabytes is not read)
-MAX_ANSWER_BYTES = 64 << 20
+# the most of a gateway's answer read by default (ReachClient's max_answer_bytes): the whole
+# list of agents at 100,000 endpoints with long descriptions fits; past it, an unusable
+# answer. Nothing is decompressed, since a gateway never compresses (a small gzip body that
+# expands to gigabytes is not read)
+MAX_ANSWER_BYTES = 256 << 20
+# the last gateway left may take the rest of the call's time to connect, less this: its
+# connect timeout then fires before the call's own, and says that nothing was sent
+CONNECT_MARGIN_S = 0.05
 
 
 class GatewayRing:
@@ -161,8 +166,10 @@ class GatewayPool:
         clock: Clock | None = None,
         token: Callable[[], str | None] | None = None,
         on_failover: Callable[[Failover], None] = log_failover,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
         self.ring = ring
+        self.max_answer_bytes = max_answer_bytes
         self.on_failover = on_failover
         self._token = token  # the bearer token of each call (token mode), read when it is made
         self.connect_timeout_s = connect_timeout_s
@@ -237,7 +244,8 @@ class GatewayPool:
                 self.ring.worked(url)  # it answered
                 raise unusable(
                     f"the gateway at {url} answered HTTP {exc.status} with more than"
-                    f" {MAX_ANSWER_BYTES} bytes",
+                    f" {self.max_answer_bytes} bytes (the client's max_answer_bytes; a list"
+                    " of agents can be read in pages: page_size)",
                     exc.status,
                 ) from None
             except (aiohttp.ClientError, TimeoutError) as exc:
@@ -298,7 +306,7 @@ class GatewayPool:
             headers.update(extra)
         # a connect timeout of its own only where there is another gateway to go to: the last
         # one left may take the whole time (a gateway whose listen queue is full answers late)
-        connect = timeout_s if last else self.connect_timeout_s
+        connect = max(timeout_s - CONNECT_MARGIN_S, 0.001) if last else self.connect_timeout_s
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(connect, timeout_s))
         async with self._pool().request(
             method,
@@ -309,7 +317,7 @@ class GatewayPool:
             timeout=timeout,
             allow_redirects=False,
         ) as resp:
-            return resp.status, await _read_capped(resp), resp.headers
+            return resp.status, await _read_capped(resp, self.max_answer_bytes), resp.headers
 
     def _unavailable(
         self, tried: list[tuple[str, str]], fields: Mapping[str, Any] | None, *, delivered: bool
@@ -334,22 +342,22 @@ class GatewayPool:
 
 
 class _TooLarge(Exception):
-    """An answer over :data:`MAX_ANSWER_BYTES` (``status``: its HTTP status)."""
+    """An answer over the client's bound (``status``: its HTTP status)."""
 
     def __init__(self, status: int) -> None:
         super().__init__(status)
         self.status = status
 
 
-async def _read_capped(resp: aiohttp.ClientResponse) -> bytes:
-    """The whole body; _TooLarge past :data:`MAX_ANSWER_BYTES` (read no further)."""
-    if resp.content_length is not None and resp.content_length > MAX_ANSWER_BYTES:
+async def _read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The whole body; _TooLarge past ``limit`` bytes (read no further)."""
+    if resp.content_length is not None and resp.content_length > limit:
         raise _TooLarge(resp.status)
     chunks: list[bytes] = []
     size = 0
     async for chunk in resp.content.iter_any():
         size += len(chunk)
-        if size > MAX_ANSWER_BYTES:
+        if size > limit:
             raise _TooLarge(resp.status)
         chunks.append(chunk)
     return b"".join(chunks)

@@ -15,7 +15,6 @@ is not the contract's becomes :class:`~agent_reach.errors.GatewayUnavailable` wi
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -129,8 +128,9 @@ def error_of(status: int, answer: Any, headers: Mapping[str, str]) -> AgentReach
     err = error_from_answer(status, answer)
     seconds = retry_after_s(headers.get("Retry-After", ""))
     given = err.fields.get("retry_after_s")  # the body's, when it has one: taken first
-    if isinstance(given, int | float) and not isinstance(given, bool) and 0 <= given < math.inf:
-        seconds = min(float(given), MAX_RETRY_AFTER_S)
+    if isinstance(given, int | float) and not isinstance(given, bool) and given >= 0:
+        # compared before float(): an integer of 400 digits does not fit one
+        seconds = float(min(given, MAX_RETRY_AFTER_S))
     if seconds is None:
         err.fields.pop("retry_after_s", None)  # not a number of seconds: not passed on
     else:

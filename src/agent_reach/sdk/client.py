@@ -39,6 +39,7 @@ from agent_reach.sdk._credentials import Credentials
 from agent_reach.sdk._failover import (
     CONNECT_TIMEOUT_S,
     COOLOFF_S,
+    MAX_ANSWER_BYTES,
     Failover,
     GatewayPool,
     GatewayRing,
@@ -107,10 +108,12 @@ class ReachClient:
     ``$AGENT_REACH_GATEWAY``, same forms, or ``http://127.0.0.1:7700``). With several, a call
     that cannot reach the current one goes to the next (module docstring), a gateway that
     failed is tried last for ``cooloff_s`` seconds, making a connection may take at most
-    ``connect_timeout_s``, and each move is handed to ``on_failover`` (default: a
-    ``client.gateway_failover`` log line). ``sender`` goes on every send that names none;
-    ``timeout_s`` bounds each call that is not a send, across the gateways tried (register,
-    heartbeat and deregister take a bound of their own too); ``headers`` go on every request.
+    ``connect_timeout_s`` (but to the last gateway left, which may take the rest of the call's
+    time), and each move is handed to ``on_failover`` (default: a ``client.gateway_failover``
+    log line). An answer is read up to ``max_answer_bytes`` (256 MiB; never decompressed): past
+    it, GatewayUnavailable. ``sender`` goes on every send that names none; ``timeout_s`` bounds
+    each call that is not a send, across the gateways tried (register, heartbeat and deregister
+    take a bound of their own too); ``headers`` go on every request.
 
     Over NATS (``nats://[USER:PASSWORD@]HOST:PORT[/PREFIX]``, docs/client.md): several URLs are
     the servers of one NATS system, the gateways serving PREFIX share the requests (no
@@ -142,6 +145,7 @@ class ReachClient:
         clock: Clock | None = None,
         token: str | Callable[[], str | None] | None = None,
         on_failover: Callable[[Failover], None] | None = None,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
         self._tokens = Credentials(token)
         urls = gateway_urls(gateway)
@@ -155,6 +159,7 @@ class ReachClient:
                 clock=clock,
                 token=self._tokens.own,
                 on_failover=on_failover or log_failover,
+                max_answer_bytes=max_answer_bytes,
             )
         else:  # the servers of one NATS system, and the gateways' prefix
             self._gateways = _over_nats(

@@ -117,7 +117,8 @@ class ReachContext:
         if self._agent is None:
             raise RuntimeError("this context belongs to no running agent")
         options.setdefault("trace_id", self.trace_id)
-        options.setdefault("msg_id", new_id("msg"))  # named by a DeadlineExceeded below
+        if options.get("msg_id") is None:  # named by a DeadlineExceeded below
+            options["msg_id"] = new_id("msg")
         left = self.remaining_ms() - ONWARD_MARGIN_MS
         if left != math.inf:
             if left < 1:

@@ -56,6 +56,7 @@ class SyncReachClient:
         )
         self._lock = threading.Lock()  # a call is submitted, or the client closed, not both
         self._closed = False
+        self._stopped = threading.Event()  # set once close() has stopped the loop
         self._calls: set[concurrent.futures.Future[Any]] = set()  # in flight, to cancel
         self._thread.start()
 
@@ -73,13 +74,19 @@ class SyncReachClient:
         """:meth:`ReachClient.endpoint_token`."""
         return self.client.endpoint_token(endpoint_id)
 
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+    def _own_loop(self) -> None:
         if threading.current_thread() is self._thread:
-            coro.close()
             raise RuntimeError(
                 "a SyncReachClient cannot be called from its own loop (an on_failover callback):"
                 " the call would wait for the loop it blocks"
             )
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        try:
+            self._own_loop()
+        except RuntimeError:
+            coro.close()
+            raise
         with self._lock:
             if self._closed:
                 coro.close()
@@ -89,6 +96,8 @@ class SyncReachClient:
         try:
             return future.result()
         except concurrent.futures.CancelledError:
+            if not self._closed:
+                raise
             raise RuntimeError("this SyncReachClient was closed during the call") from None
         finally:
             with self._lock:
@@ -105,11 +114,14 @@ class SyncReachClient:
     def close(self) -> None:
         """Cancel the calls in flight, close the pool and stop the private loop
         (idempotent)."""
+        self._own_loop()
         with self._lock:
-            if self._closed:
-                return
+            closing = not self._closed
             self._closed = True
             calls = list(self._calls)
+        if not closing:  # another thread closes it: done once the loop is stopped
+            self._stopped.wait(15.0)
+            return
         for call in calls:  # their tasks are cancelled on the loop before the close below
             call.cancel()
         try:
@@ -119,6 +131,7 @@ class SyncReachClient:
             self._thread.join(timeout=5)
             if not self._thread.is_alive():
                 self._loop.close()
+            self._stopped.set()
 
     def send(self, intent: str | None, payload: Any = EMPTY, **options: Any) -> Reply:
         """:meth:`ReachClient.send`, blocking."""
