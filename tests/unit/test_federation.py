@@ -394,3 +394,28 @@ def test_a_directory_answer_keeps_the_smallest_summaries_within_its_bound() -> N
     assert fit_answer(entries, [10, 10, 10, 10], 40) is entries
     assert [e.domain for e in fit_answer(entries, [30, 5, 20, 10], 40)] == ["d1", "d3", "d2"]
     assert fit_answer(entries, [50, 60, 70, 80], 40) == []
+
+
+def test_only_a_refusal_of_the_summary_sends_a_gateway_to_read_the_others_with_get() -> None:
+    from agent_reach.federation.member import _refused_summary
+
+    assert _refused_summary(413, b'{"ok": false, "error": "payload_too_large"}')
+    assert _refused_summary(403, b"")
+    assert _refused_summary(503, b'{"ok": false, "error": "registry_full", "detail": "full"}')
+    # the directory cannot serve at all: a GET would fail too
+    assert not _refused_summary(503, b'{"ok": false, "error": "backend_unavailable"}')
+    assert not _refused_summary(502, b"<html>bad gateway</html>")
+
+
+def test_a_new_gateway_url_starts_a_demoted_domain_afresh() -> None:
+    peers = Peers("beijing", stale_after_s=100.0)
+    peers.update([entry("gray", weather_query=(1, 0)), entry("good", weather_query=(1, 0))], 0.0)
+    peers.probed("gray", 1.0)
+    peers.probed("good", 20.0)
+    for _ in range(3):
+        peers.forward_failed("gray", 1.0)
+    assert [p.domain for p in peers.candidates(TAG, 1.0)] == ["good", "gray"]
+    intents = entry("gray", weather_query=(1, 0)).intents
+    peers.update([DirectoryEntry("gray", "http://gray-2:7700", 2.0, intents, 0.0)], 1.5)
+    peers.probed("gray", 1.0)
+    assert [p.domain for p in peers.candidates(TAG, 1.5)] == ["gray", "good"]

@@ -8,7 +8,7 @@ table of :mod:`agent_reach.wire.status`:
   ``domain`` is DOMAIN: kept as received now; the answer is a
   :class:`~agent_reach.wire.federation.DirectoryAnswer` of the OTHER domains' fresh summaries.
 - ``GET /v1/summaries``: every fresh summary.
-- An answer carries at most about :data:`MAX_ANSWER_BYTES` of summaries (the smallest first;
+- An answer carries at most about :data:`MAX_ANSWER_SUMMARY_BYTES` of summaries (the smallest first;
   the others are left out of it and logged ``directory.answer_trimmed``): under what a gateway
   reads (64 MiB, past which it would take none), whatever the domains publish.
 - ``GET /healthz``: ``{"ok": true, "store": "memory"|"redis", "domains": N}`` (no token).
@@ -64,7 +64,7 @@ from agent_reach.wire.federation import (
 )
 from agent_reach.wire.status import headers_for, status_for
 
-__all__ = ["MAX_ANSWER_BYTES", "Directory", "DirectorySettings", "fit_answer"]
+__all__ = ["MAX_ANSWER_SUMMARY_BYTES", "Directory", "DirectorySettings", "fit_answer"]
 
 KEYS_CHECK_S = 2.0  # token mode: how often the key directory is checked for changes
 _BEARERS = frozenset(Kind) - {Kind.DELIVERY}
@@ -72,7 +72,7 @@ _PUBLISHERS = frozenset({Kind.PEER})
 _READERS = frozenset({Kind.PEER, Kind.OPERATOR})
 _JSON = {"Content-Type": "application/json"}
 _SUMMARIES = "/v1/summaries"
-MAX_ANSWER_BYTES = 48 << 20  # summaries in one answer, about (estimated_bytes)
+MAX_ANSWER_SUMMARY_BYTES = 48 << 20  # summaries in one answer, about (estimated_bytes)
 T = TypeVar("T")
 
 
@@ -261,9 +261,11 @@ class Directory:
         return size
 
     def _within(self, entries: list[DirectoryEntry]) -> list[DirectoryEntry]:
-        """``entries`` within :data:`MAX_ANSWER_BYTES`, the smallest first: a few domains
+        """``entries`` within :data:`MAX_ANSWER_SUMMARY_BYTES`, the smallest first: a few domains
         with huge summaries cannot crowd the others out of every gateway's view."""
-        kept = fit_answer(entries, [self._size(entry) for entry in entries], MAX_ANSWER_BYTES)
+        kept = fit_answer(
+            entries, [self._size(entry) for entry in entries], MAX_ANSWER_SUMMARY_BYTES
+        )
         if len(kept) == len(entries):
             return entries
         self._throttle.log(
@@ -271,7 +273,7 @@ class Directory:
             "directory.answer_trimmed",
             left_out=len(entries) - len(kept),
             domains=len(entries),
-            max_bytes=MAX_ANSWER_BYTES,
+            max_bytes=MAX_ANSWER_SUMMARY_BYTES,
         )
         return kept
 

@@ -11,6 +11,9 @@ Invariants:
 - The directory away changes nothing but the ages: the peers' last summaries are used until
   they are stale (3 intervals), and the loop goes on trying; its state changes are logged once
   each (``federation.directory_unreachable``, ``federation.directory_back``), not every round.
+- A summary the directory refuses (its bounds, a token, its bound on domains) does not cost
+  the others': they are read with ``GET /v1/summaries`` (``federation.summary_refused``). The
+  summary is cut to what a directory takes first (:func:`~.summary.trim_summary`).
 - Nothing here decides a route: forwarding is the gateway's (:mod:`agent_reach.gateway.forward`).
 - The loop catches per round, logs, and lets cancellation pass; every call is bounded in time.
 """
@@ -37,7 +40,7 @@ __all__ = ["STALE_INTERVALS", "Membership"]
 
 STALE_INTERVALS = 3  # a summary older than this many intervals is not used (CONTRACT.md)
 KEEP_INTERVALS = 20  # ... and forgotten past this many (shown as stale until then)
-MAX_ANSWER_BYTES = 64 << 20  # a directory answer read at most
+MAX_DIRECTORY_ANSWER_BYTES = 64 << 20  # a directory answer read at most
 PROBE_TIMEOUT_S = 1.0
 
 
@@ -165,9 +168,10 @@ class Membership:
         entries: list[DirectoryEntry] | None = None
         if status == 200:
             entries, error = await _entries(data)
-        elif status is not None:
+        refused = status is not None and status != 200 and _refused_summary(status, data)
+        if status is not None and status != 200:
             error = f"HTTP {status}: {_detail(data)}"
-            if _refused_summary(status, data):
+            if refused:
                 got, data, why = await self._call("GET", f"{self.directory}/v1/summaries", None)
                 if got == 200:
                     entries, why = await _entries(data)
@@ -186,7 +190,7 @@ class Membership:
             self.peers.update(entries, now)
         if taken:
             self.published_at = now
-        self._directory_state(taken, error, answered=status is not None)
+        self._directory_state(taken, error, refused=refused)
         self._on_published(taken)
         gone = self.peers.drop_stale(now, KEEP_INTERVALS * self.interval_s)
         for domain in gone:
@@ -199,7 +203,7 @@ class Membership:
         self, method: str, url: str, body: bytes | None
     ) -> tuple[int | None, bytes, str]:
         """One call to the directory, bounded by the round's cadence: (its status, or None
-        when it did not answer; its body, at most MAX_ANSWER_BYTES + 1; why it failed)."""
+        when it did not answer; its body, at most MAX_DIRECTORY_ANSWER_BYTES + 1; why it failed)."""
         assert self._session is not None
         timeout = min(max(0.25, self.interval_s), 10.0)
         headers = {"Content-Type": "application/json", **self.headers()}
@@ -215,15 +219,15 @@ class Membership:
         except aiohttp.ClientError as exc:
             return None, b"", f"cannot reach it: {exc}"
 
-    def _directory_state(self, ok: bool, error: str, *, answered: bool = False) -> None:
-        """Log a change of the directory's state once: back, unreachable, or (``answered``)
-        refusing this domain's summary."""
+    def _directory_state(self, ok: bool, error: str, *, refused: bool = False) -> None:
+        """Log a change of the directory's state once: back, unreachable (or answering what
+        this gateway cannot use), or (``refused``) refusing this domain's summary."""
         if ok and self.directory_ok is not True:
             log(logging.INFO, "federation.directory_back", directory=self.directory)
         elif not ok and (self.directory_ok is not False or error != self.directory_error):
             log(
                 logging.WARNING,
-                "federation.summary_refused" if answered else "federation.directory_unreachable",
+                "federation.summary_refused" if refused else "federation.directory_unreachable",
                 directory=self.directory,
                 error=error,
                 peers=len(self.peers),
@@ -351,8 +355,8 @@ async def _entries(data: bytes) -> tuple[list[DirectoryEntry] | None, str]:
     """The summaries of a directory answer (None and why when it is not one), decoded one at a
     time with a yield to the event loop between two: an answer of many megabytes takes tens
     of milliseconds a megabyte to decode, and the gateway routes meanwhile."""
-    if len(data) > MAX_ANSWER_BYTES:
-        return None, f"its answer is over {MAX_ANSWER_BYTES} bytes"
+    if len(data) > MAX_DIRECTORY_ANSWER_BYTES:
+        return None, f"its answer is over {MAX_DIRECTORY_ANSWER_BYTES} bytes"
     try:
         raw = _raw_answer.decode(data)
         entries = []
@@ -365,14 +369,14 @@ async def _entries(data: bytes) -> tuple[list[DirectoryEntry] | None, str]:
 
 
 async def _read_capped(resp: aiohttp.ClientResponse) -> bytes:
-    """The whole body, or its first MAX_ANSWER_BYTES + 1 bytes when it is longer (the caller
-    refuses those). ``content.read(n)`` would give only what is buffered so far."""
+    """The whole body, or its first MAX_DIRECTORY_ANSWER_BYTES + 1 bytes when it is longer
+    (the caller refuses those). ``content.read(n)`` would give only what is buffered so far."""
     chunks: list[bytes] = []
     size = 0
     async for chunk in resp.content.iter_chunked(1 << 16):
         chunks.append(chunk)
         size += len(chunk)
-        if size > MAX_ANSWER_BYTES:
+        if size > MAX_DIRECTORY_ANSWER_BYTES:
             break
     return b"".join(chunks)
 

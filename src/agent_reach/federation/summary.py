@@ -4,6 +4,7 @@ Pure: the caller hands in the tags, a way to read each tag's tiers and the endpo
 Per tag: the healthy and degraded endpoints now, the lowest p95 among them (the healthy tier's
 first: where most traffic goes), and the attempts in flight across them. A tag whose endpoints
 are all suspect or down is left out: another domain could not be served by it anyway.
+:func:`trim_summary` cuts a summary to what a directory takes (its least-served tags first).
 """
 
 from __future__ import annotations

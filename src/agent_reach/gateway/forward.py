@@ -17,7 +17,7 @@ Invariants:
 - A domain that refuses (nothing routable there after all, a loop, its policy, overload) is a
   failed attempt that reached no agent: the next domain is tried, and when none is left the
   last refusal is the answer (the caller learns why; another domain's ``Retry-After`` at most
-  :data:`MAX_RETRY_AFTER_S`), or ``all_attempts_failed`` when an attempt reached agents
+  :data:`MAX_PEER_RETRY_AFTER_S`), or ``all_attempts_failed`` when an attempt reached agents
   there. Every failover after a forward that another domain's gateway answered (a refusal
   too: it cost that gateway work) is charged to the retry budget, so a federation that sheds
   load is not asked by every caller for every domain; once the budget is used up, the last
@@ -64,11 +64,13 @@ if TYPE_CHECKING:
 __all__ = ["HOPS_HEADER", "ORIGIN_HEADER", "ForwardRequest", "Forwarder"]
 
 ORIGIN_HEADER = "X-Reach-Origin"
-DEADLINE_SLACK_S = 0.05  # a forward that timed out this close to the deadline ran it out
+# a forward that timed out this close to the deadline ran it out (the other gateway answers
+# its deadline_exceeded FORWARD_SLACK_MS and a round trip before this one's cut)
+DEADLINE_SLACK_S = 0.075
 HOPS_HEADER = "X-Reach-Hops"
 _NOT_OURS = "not a contract answer"
 FORWARD_SLACK_MS = 25  # a forward's timeout_ms is this much (and the round trip) under its cut
-MAX_RETRY_AFTER_S = 60.0  # the most of another domain's Retry-After passed on
+MAX_PEER_RETRY_AFTER_S = 60.0  # the most of another domain's Retry-After passed on
 # a domain's refusals passed on to the caller when no other domain could serve
 _REFUSALS = frozenset(
     {
@@ -222,11 +224,11 @@ class Forwarder:
                     fw.span.retry("failover", f"@{peer.domain}", 0.0)
                 log(logging.INFO, "route.failover", from_domain=tried[-1], to_domain=peer.domain)
             tried.append(peer.domain)
-            answer, reached, refusal_now, answered = await self._one(fw, peer, attempt_s, attempts)
+            answer, reached, refusal_now, costly = await self._one(fw, peer, attempt_s, attempts)
             if answer is not None:
                 return answer
             reached_any = reached_any or reached
-            charged = charged or answered
+            charged = charged or costly
             if refusal_now is not None:
                 refusal = refusal_now
         if not tried:
@@ -241,7 +243,7 @@ class Forwarder:
         last = attempts[-1].outcome if attempts else None
         left = fw.deadline.remaining(self.clock.monotonic())
         # the deadline ran out in the last forward: at this gateway (its timeout) or at the
-        # other (its deadline_exceeded comes a round trip, a few ms, before ours)
+        # other (its deadline_exceeded comes FORWARD_SLACK_MS and a round trip before ours)
         if left <= 0.001 or (last == Outcome.TIMEOUT.value and left <= DEADLINE_SLACK_S):
             raise DeadlineExceeded(
                 f"deadline of {fw.timeout_ms} ms ran out after {len(tried)} forward(s)"
@@ -256,7 +258,8 @@ class Forwarder:
         self, fw: ForwardRequest, peer: Peer, attempt_s: float, attempts: list[Attempt]
     ) -> tuple[tuple[str, msgspec.Raw] | None, bool, AgentReachError | None, bool]:
         """One forward: (the answer or None, whether it reached agents, the domain's
-        refusal, whether its gateway answered at all)."""
+        refusal, whether it cost the other gateway work: any HTTP answer, of the contract or
+        not)."""
         domain = peer.domain
         body = fw.body
         rtt_ms = peer.rtt_ms if peer.rtt_ms is not None else 1.0
@@ -445,7 +448,7 @@ class Forwarder:
         elif got.error in ("overloaded", "rate_limited"):
             # the other domain asks to come back later: so does this answer, with its delay
             retry_after = got.retry_after_s if got.retry_after_s is not None else 1.0
-            retry_after = min(MAX_RETRY_AFTER_S, max(1.0, retry_after))  # another's number
+            retry_after = min(MAX_PEER_RETRY_AFTER_S, max(1.0, retry_after))  # another's number
             refusal = Overloaded(said, retry_after_s=retry_after)
         elif got.error in ("unauthorized", "forbidden"):
             log(logging.WARNING, "federation.forward_refused", domain=domain, detail=said)

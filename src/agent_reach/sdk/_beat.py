@@ -28,8 +28,9 @@ one, and through the next when it cannot connect (each move logged as ``agent.ga
 with ``failed`` = the call). When the current gateway connects but gives no answer in time, the
 line registers at once through the others (an idempotent upsert, which counts as a heartbeat),
 each gateway at most once a round; only when none can be reached does it back off. To keep
-heartbeats within the interval across a move, making a connection may take at most
-``connect_timeout_s`` and a fifth of the interval (at least 0.1 s), and a heartbeat waits for
+heartbeats within the interval across a move, making a connection to any gateway but the last
+one left may take at most ``connect_timeout_s`` and a fifth of the interval (at least 0.1 s; the
+last one may take the rest of the call's time), and a heartbeat waits for
 its answer at most 0.15 x the interval (at least 0.25 s): the rest of the interval is left for
 registering elsewhere (with one gateway, a registration keeps ``request_timeout_s``, and a
 heartbeat the bound above: until 0.9 x the interval after the previous call). An answer,

@@ -123,6 +123,9 @@ def parse(answer: Any, kind: type[T], status: int, what: str) -> T:
         raise unusable(f"{what} is not the contract's: {exc}", status) from exc
 
 
+MAX_RETRY_AFTER_S = 3600.0  # the most of a gateway's Retry-After taken as said
+
+
 def error_of(status: int, answer: Any, headers: Mapping[str, str]) -> AgentReachError:
     """The typed error of an error answer, with ``retry_after_s`` from ``Retry-After``."""
     err = error_from_answer(status, answer)
@@ -136,9 +139,6 @@ def error_of(status: int, answer: Any, headers: Mapping[str, str]) -> AgentReach
     else:
         err.fields["retry_after_s"] = seconds
     return err
-
-
-MAX_RETRY_AFTER_S = 3600.0  # the most of a gateway's Retry-After taken as said
 
 
 def retry_after_s(value: str) -> float | None:

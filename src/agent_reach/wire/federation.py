@@ -21,7 +21,10 @@ from agent_reach.core.names import is_domain, is_intent
 from agent_reach.errors import InvalidRequest
 
 __all__ = [
+    "ENTRY_OVERHEAD_BYTES",
+    "MAX_COUNT",
     "MAX_SUMMARY_INTENTS",
+    "TAG_OVERHEAD_BYTES",
     "DirectoryAnswer",
     "DirectoryEntry",
     "DomainSummary",

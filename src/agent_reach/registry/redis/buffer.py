@@ -163,7 +163,8 @@ class WriteBuffer:
                         versions.removed(endpoint_id, version, now())
                 else:
                     version = await store.upsert(record, fresh=False, again=again)
-                    if version:  # a re-publication Redis did not take: the reconcile reads it
+                    if version:  # 0: not written (a re-publication of an id Redis has, or a
+                        # late registration of one registered since): the reconcile reads it
                         versions.registered(endpoint_id, version)
                 if self.writes.get(endpoint_id, _MISSING) is record and (
                     again == (endpoint_id in self.again)

@@ -23,7 +23,7 @@ Invariants (the key layout is in :mod:`agent_reach.registry.redis.store`):
   value of the counter ``{P}:seq`` as its version, and publishes it with the change, in the
   same step: versions increase along the channel, and an id's versions increase over its
   whole history (a removed id registered again gets a version above its removal's), so no
-  tombstone has to stay in Redis.
+  removal's version has to stay in Redis (the views keep theirs, :mod:`.versions`).
 - **A change written late loses to a later registration.** ``{P}:ep:ID`` keeps ``at``, the
   Redis time its registration was made (0 for a re-publication: when the copy put back was
   registered is not known, and it gives way to any real change). A registration or removal
