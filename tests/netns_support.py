@@ -872,28 +872,30 @@ class DelayProxy:
         assert task is not None and self._open is not None
         writers = self._conns[task]  # [writer], registered by _accept
         clean = False
-        try:
-            await self._open.wait()  # a cut holds new connections too
+        try:  # tracked in _conns until its sockets are closed: a stop meanwhile aborts them
             try:
-                up_reader, up_writer = await asyncio.open_connection(*self.target)
-            except OSError:
-                return  # the target is not there: the client sees its connection closed
-            writers.append(up_writer)
-            async with asyncio.TaskGroup() as group:
-                group.create_task(self._pump(reader, up_writer))
-                group.create_task(self._pump(up_reader, writer))
-            clean = True
-        except* OSError:
-            pass  # a reset on either side ends the relay; both sides are aborted below
+                await self._open.wait()  # a cut holds new connections too
+                try:
+                    up_reader, up_writer = await asyncio.open_connection(*self.target)
+                except OSError:
+                    return  # the target is not there: the client sees its connection closed
+                writers.append(up_writer)
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(self._pump(reader, up_writer))
+                    group.create_task(self._pump(up_reader, writer))
+                clean = True
+            except* OSError:
+                pass  # a reset on either side ends the relay; both sides are aborted below
+            finally:
+                for w in writers:
+                    if not clean:
+                        w.transport.abort()
+            for w in writers:  # both directions ended: flush what is left, then close
+                w.close()
+                with contextlib.suppress(OSError):
+                    await w.wait_closed()
         finally:
             self._conns.pop(task, None)
-            for w in writers:
-                if not clean:
-                    w.transport.abort()
-        for w in writers:  # both directions ended: flush what is left, then close
-            w.close()
-            with contextlib.suppress(OSError):
-                await w.wait_closed()
 
     async def _pump(self, source: asyncio.StreamReader, dest: asyncio.StreamWriter) -> None:
         """``source`` to ``dest``, each chunk ``delay`` after it was read, in order."""
