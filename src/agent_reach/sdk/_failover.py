@@ -47,6 +47,7 @@ __all__ = [
     "describe",
     "log_failover",
     "never_sent",
+    "read_capped",
     "unusable",
 ]
 
@@ -317,7 +318,13 @@ class GatewayPool:
             timeout=timeout,
             allow_redirects=False,
         ) as resp:
-            return resp.status, await _read_capped(resp, self.max_answer_bytes), resp.headers
+            limit = self.max_answer_bytes
+            body = None
+            if resp.content_length is None or resp.content_length <= limit:
+                body = await read_capped(resp.content, limit)
+            if body is None:
+                raise _TooLarge(resp.status)
+            return resp.status, body, resp.headers
 
     def _unavailable(
         self, tried: list[tuple[str, str]], fields: Mapping[str, Any] | None, *, delivered: bool
@@ -349,16 +356,15 @@ class _TooLarge(Exception):
         self.status = status
 
 
-async def _read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
-    """The whole body; _TooLarge past ``limit`` bytes (read no further)."""
-    if resp.content_length is not None and resp.content_length > limit:
-        raise _TooLarge(resp.status)
+async def read_capped(stream: aiohttp.StreamReader, limit: int) -> bytes | None:
+    """The whole body, or None once it passes ``limit`` bytes (chunked bodies included): a
+    gateway's answer here, a delivery in the agent's server."""
     chunks: list[bytes] = []
     size = 0
-    async for chunk in resp.content.iter_any():
+    async for chunk in stream.iter_any():
         size += len(chunk)
         if size > limit:
-            raise _TooLarge(resp.status)
+            return None
         chunks.append(chunk)
     return b"".join(chunks)
 

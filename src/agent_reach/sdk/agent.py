@@ -35,7 +35,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
-from aiohttp import StreamReader, web
+from aiohttp import web
 
 from agent_reach.core.names import is_endpoint_id, is_intent
 from agent_reach.errors import ConfigError
@@ -48,6 +48,7 @@ from agent_reach.sdk._delivery import (
     not_allowed,
     too_large,
 )
+from agent_reach.sdk._failover import read_capped
 from agent_reach.sdk._lifeline import Lifeline
 from agent_reach.sdk._wire import EMPTY, register_body
 from agent_reach.sdk.asgi import AsgiDelivery
@@ -336,7 +337,7 @@ class Agent:
         elif request.content_length is not None and request.content_length > limit:
             answer = too_large(limit)
         else:
-            body = await _read_capped(request.content, limit)
+            body = await read_capped(request.content, limit)
             if body is None:
                 answer = too_large(limit)
             else:
@@ -477,15 +478,3 @@ def _require_nats() -> None:
             "serving over NATS needs nats-py: pip install 'agent-reach-gateway[nats]'",
             source="serve",
         )
-
-
-async def _read_capped(stream: StreamReader, limit: int) -> bytes | None:
-    """The whole body, or None once it passes ``limit`` bytes (chunked bodies included)."""
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in stream.iter_any():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
