@@ -22,6 +22,7 @@ import os
 import select
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -262,6 +263,66 @@ def window(
 ) -> list[Sent]:
     """The requests started in [since, until)."""
     return [s for s in results if since <= s.start < until]
+
+
+Window = tuple[bool, float, float]  # (a fault phase?, from, until)
+
+
+def take_turns(
+    rounds: int,
+    calm: Callable[[int], tuple[float, float]],
+    fault: Callable[[int], tuple[float, float]],
+) -> list[Window]:
+    """Rounds of a calm phase and a fault phase, in the order CF FC CF ..., each phase run by
+    its function (the round's number given), which returns when the phase is over with the
+    window of it that is measured. Interleaved, a spell of the machine's own noise (a two-core
+    VM's neighbours) falls on both sides of a comparison rather than on one."""
+    windows: list[Window] = []
+    for r in range(rounds):
+        for is_fault in (False, True) if r % 2 == 0 else (True, False):
+            since, until = (fault if is_fault else calm)(r)
+            windows.append((is_fault, since, until))
+    return windows
+
+
+@dataclass
+class Phases:
+    """The requests of every calm window and of every fault window of :func:`take_turns`, and
+    each round's pair of p99s."""
+
+    quiet: list[Sent] = field(default_factory=list)
+    loud: list[Sent] = field(default_factory=list)
+    rounds: list[tuple[float, float]] = field(default_factory=list)  # (quiet, loud) p99s
+    sent: list[Sent] = field(default_factory=list)  # every request
+
+    @classmethod
+    def split(cls, sent: list[Sent], windows: list[Window]) -> Phases:
+        """Each request counted in the window it started in (none when it started outside)."""
+        phases = cls(sent=sent)
+        for i in range(0, len(windows) - 1, 2):  # a round's two windows, in either order
+            pair = {}
+            for is_loud, since, until in windows[i : i + 2]:
+                part = window(sent, since, until)
+                (phases.loud if is_loud else phases.quiet).extend(part)
+                pair[is_loud] = pct(latencies(part), 99)
+            phases.rounds.append((pair[False], pair[True]))
+        return phases
+
+    def figures(self) -> dict[str, Any]:
+        ratios = [loud / quiet for quiet, loud in self.rounds]
+        return {
+            "rounds": len(self.rounds),
+            "per_side": [len(self.quiet), len(self.loud)],
+            "round_p99s_ms": [[r3(q), r3(loud)] for q, loud in self.rounds],
+            "round_ratio_median": r3(statistics.median(ratios)) if ratios else None,
+        }
+
+
+def worst(results: Iterable[Sent], n: int = 5) -> list[list[float | None]]:
+    """The ``n`` slowest requests as ``[client ms, gateway ms]``: what the gateway's own
+    ``latency_ms`` does not cover was spent in the sockets, the kernel or the client."""
+    slowest = sorted(results, key=lambda s: s.latency_ms, reverse=True)[:n]
+    return [[r3(s.latency_ms), None if s.gateway_ms is None else r3(s.gateway_ms)] for s in slowest]
 
 
 def errors(results: Iterable[Sent]) -> Counter[str]:

@@ -25,13 +25,11 @@ import math
 import random
 import resource
 import socket
-import statistics
 import string
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
@@ -41,6 +39,7 @@ from agent_reach.settings import GatewaySettings
 from tests.chaos.support import (
     FULL,
     Load,
+    Phases,
     Poller,
     Sent,
     bounded,
@@ -56,7 +55,8 @@ from tests.chaos.support import (
     report,
     rss_mb,
     stopping,
-    window,
+    take_turns,
+    worst,
 )
 from tests.fuzz_support import ROUTING_5XX
 from tests.support import Proc, gateway, http
@@ -84,80 +84,36 @@ def p99(results: list[Sent]) -> float:
     return pct(latencies(results), 99)
 
 
-@dataclass
-class Phases:
-    """What :func:`interleaved` measured: the legitimate requests of every quiet phase and of
-    every hostile one, and each round's pair of p99s."""
-
-    quiet: list[Sent] = field(default_factory=list)
-    loud: list[Sent] = field(default_factory=list)
-    rounds: list[tuple[float, float]] = field(default_factory=list)  # (quiet, loud) p99s
-    sent: list[Sent] = field(default_factory=list)  # every legitimate request
-
-    def figures(self) -> dict[str, Any]:
-        ratios = [loud / quiet for quiet, loud in self.rounds]
-        return {
-            "rounds": len(self.rounds),
-            "phase_s": PHASE_S,
-            "legit_per_side": [len(self.quiet), len(self.loud)],
-            "round_p99s_ms": [[r3(q), r3(loud)] for q, loud in self.rounds],
-            "round_ratio_median": r3(statistics.median(ratios)) if ratios else None,
-        }
-
-
 def interleaved(gw: Proc, hostile: Callable[[int], float | None], rounds: int = ROUNDS) -> Phases:
     """Rounds of a quiet phase (:data:`PHASE_S`) and a hostile one (``hostile(round)``, which
     returns when its phase is over: with the instant it began when that was not at the call,
     say after a helper process of the test's started), in the order QH HQ QH ..., under one
     legitimate load; each request counted in the phase it started in."""
-    windows: list[tuple[bool, float, float]] = []  # (hostile?, from, until)
 
-    def quiet() -> None:
+    def quiet(_: int) -> tuple[float, float]:
         began = time.monotonic()
         time.sleep(PHASE_S)  # the quiet phase is a measuring window: nothing to wait for
-        windows.append((False, began + QUIET_WAKE_S, time.monotonic()))
+        return began + QUIET_WAKE_S, time.monotonic()
 
-    def loud(r: int) -> None:
+    def loud(r: int) -> tuple[float, float]:
         called = time.monotonic()
         began = hostile(r)
-        windows.append((True, called if began is None else began, time.monotonic()))
+        return called if began is None else began, time.monotonic()
 
     load = legit(gw, 3600)
     try:
-        for r in range(rounds):
-            if r % 2 == 0:
-                quiet()
-                loud(r)
-            else:
-                loud(r)
-                quiet()
+        windows = take_turns(rounds, quiet, loud)
     except BaseException:
         load.stop()
         load.join()  # the driver ended and its files gone, whatever the test does next
         raise
     load.stop()
-    phases = Phases(sent=load.join())
+    phases = Phases.split(load.join(), windows)
     # every legitimate request must succeed, counted in a window or not (a quiet phase's
     # first second, a hostile one's set-up)
     failed = errors(phases.sent)
     assert not failed, failed
-    pair: list[float] = []
-    for is_loud, since, until in windows:
-        part = window(phases.sent, since, until)
-        (phases.loud if is_loud else phases.quiet).extend(part)
-        pair.append(p99(part))
-        if len(pair) == 2:  # a round's two phases, in either order: (quiet, loud)
-            first_loud = windows[len(phases.rounds) * 2][0]
-            phases.rounds.append((pair[1], pair[0]) if first_loud else (pair[0], pair[1]))
-            pair = []
     return phases
-
-
-def worst(results: list[Sent], n: int = 5) -> list[list[float | None]]:
-    """The ``n`` slowest requests as ``[client ms, gateway ms]``: what the gateway's own
-    ``latency_ms`` does not cover was spent in the sockets, the kernel or the client."""
-    slowest = sorted(results, key=lambda s: s.latency_ms, reverse=True)[:n]
-    return [[r3(s.latency_ms), None if s.gateway_ms is None else r3(s.gateway_ms)] for s in slowest]
 
 
 def judge(quiet: list[Sent], loud: list[Sent]) -> tuple[float, float, float]:
@@ -305,6 +261,7 @@ def test_15_fuzz_every_route() -> None:
             "legit_p99_ms": r3(loud_p99),
             "legit_p99_ratio": r3(ratio),
             **phases.figures(),
+            "phase_s": PHASE_S,
             "legit_worst_client_gateway_ms": worst(phases.loud),
             "fuzz_per_s": r3(cases / fuzz_s),
             "first_visits_s": r3(visits_s),
@@ -413,6 +370,7 @@ def test_15_a_thousand_idle_connections_under_1024_open_files() -> None:
             "legit_p99_ms": r3(loud_p99),
             "legit_p99_ratio": r3(ratio),
             **phases.figures(),
+            "phase_s": PHASE_S,
             "legit_worst_client_gateway_ms": worst(phases.loud),
             "rss_before_mb": r3(rss_before),
             "rss_peak_mb": r3(peak_rss),
@@ -491,6 +449,7 @@ def test_15_unknown_intent_flood_at_50000_tags(matcher: str) -> None:
             # work (the matcher's index builds) and the flood cost together
             "legit_p99_ratio_to_no_tags": r3(loud_p99 / p99(no_tags)),
             **phases.figures(),
+            "phase_s": PHASE_S,
             "legit_worst_client_gateway_ms": worst(phases.loud),
             "rss_before_mb": r3(rss_before),
             "rss_after_mb": r3(rss_after),
@@ -591,6 +550,7 @@ def test_15_metric_labels_under_register_deregister_cycles() -> None:
             "legit_p99_ms": r3(loud_p99),
             "legit_p99_ratio": r3(ratio),
             **phases.figures(),
+            "phase_s": PHASE_S,
             "legit_worst_client_gateway_ms": worst(phases.loud),
         },
         {
