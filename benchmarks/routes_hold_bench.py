@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing import Event, Process, Queue
 from typing import Any
 
-ROUTES = [
+ROUTES: list[tuple[str, str, Any]] = [
     ("GET", "/v1/agents", None),
     ("GET", "/v1/agents?limit=100", None),
     ("GET", "/v1/agents?intent=probe.t7&limit=100", None),
@@ -44,7 +44,16 @@ ROUTES = [
     ("GET", "/dashboard", None),
     ("GET", "/.well-known/agent-card.json", None),
     ("POST", "/v1/send", {"intent": "probe.nothere.x", "timeout_ms": 500}),
+    # the MCP tools over /mcp, by the 2025 protocol (a session opened first) and by the 2026 one
+    # (no session): list_agents with no argument is the whole v1 list, as GET /v1/agents
+    ("MCP", "2025", ("list_agents", {})),
+    ("MCP", "2026", ("list_agents", {})),
+    ("MCP", "2025", ("list_intents", {})),
+    ("MCP", "2026", ("list_intents", {})),
+    ("MCP", "2025", ("list_agents", {"limit": 100})),
 ]
+MCP_VERSION = "2025-06-18"
+MCP_MODERN = "2026-07-28"
 
 
 def free_port() -> int:
@@ -79,13 +88,44 @@ class Gateway:
 
     @staticmethod
     def call(
-        conn: http.client.HTTPConnection, method: str, path: str, body: object = None
+        conn: http.client.HTTPConnection,
+        method: str,
+        path: str,
+        body: object = None,
+        headers: dict[str, str] | None = None,
     ) -> tuple[int, bytes]:
         data = None if body is None else json.dumps(body)
-        headers = {} if body is None else {"Content-Type": "application/json"}
-        conn.request(method, path, data, headers)
+        sent = {} if body is None else {"Content-Type": "application/json"}
+        conn.request(method, path, data, {**sent, **(headers or {})})
         response = conn.getresponse()
         return response.status, response.read()
+
+    def mcp_session(self) -> dict[str, str]:
+        """An initialized MCP session: the headers its requests carry."""
+        conn = self.conn()
+        headers = {"Accept": "application/json, text/event-stream"}
+        hello = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": MCP_VERSION,
+                "capabilities": {},
+                "clientInfo": {"name": "routes_hold_bench", "version": "1"},
+            },
+        }
+        conn.request(
+            "POST", "/mcp", json.dumps(hello), {**headers, "Content-Type": "application/json"}
+        )
+        response = conn.getresponse()
+        response.read()
+        assert response.status == 200, response.status
+        headers["Mcp-Session-Id"] = response.headers["Mcp-Session-Id"]
+        headers["Mcp-Protocol-Version"] = MCP_VERSION
+        done = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        status, answer = self.call(conn, "POST", "/mcp", done, headers)
+        assert status == 202, (status, answer)
+        return headers
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -125,7 +165,9 @@ def probe(port: int, go: Any, stop: Any, out: Any) -> None:
     out.put(waits)
 
 
-def beside(gw: Gateway, method: str, path: str, body: object, reps: int) -> str:
+def beside(
+    gw: Gateway, method: str, path: str, body: Any, reps: int, headers: dict[str, str]
+) -> str:
     go, stop, out = Event(), Event(), Queue()
     prober = Process(target=probe, args=(gw.port, go, stop, out))
     prober.start()
@@ -133,9 +175,27 @@ def beside(gw: Gateway, method: str, path: str, body: object, reps: int) -> str:
     time.sleep(0.2)
     took, size, status = [], 0, 0
     conn = gw.conn()
+    send_headers = None
+    if method == "MCP":  # a tool called over /mcp: path is the protocol, body (tool, arguments)
+        protocol, tool, arguments = path, str(body[0]), dict(body[1])
+        params: dict[str, Any] = {"name": tool, "arguments": arguments}
+        send_headers = headers
+        if protocol == "2026":  # each request stands alone: its envelope in _meta and headers
+            params["_meta"] = {
+                "io.modelcontextprotocol/protocolVersion": MCP_MODERN,
+                "io.modelcontextprotocol/clientCapabilities": {},
+            }
+            send_headers = {
+                "Accept": "application/json, text/event-stream",
+                "Mcp-Protocol-Version": MCP_MODERN,
+                "Mcp-Method": "tools/call",
+                "Mcp-Name": tool,
+            }
+        method, path = "POST", f"/mcp {protocol} {tool}({json.dumps(arguments)})"
+        body = {"jsonrpc": "2.0", "id": 10, "method": "tools/call", "params": params}
     for _ in range(reps):
         started = time.perf_counter()
-        status, data = gw.call(conn, method, path, body)
+        status, data = gw.call(conn, method, path.split(" ")[0], body, send_headers)
         took.append(time.perf_counter() - started)
         size = len(data)
     stop.set()
@@ -158,8 +218,9 @@ def main() -> None:
         started = time.monotonic()
         register(gw, args.endpoints)
         print(f"{args.endpoints} endpoints registered in {time.monotonic() - started:.1f} s")
+        mcp = gw.mcp_session()
         for method, path, body in ROUTES:
-            print(beside(gw, method, path, body, args.reps), flush=True)
+            print(beside(gw, method, path, body, args.reps, mcp), flush=True)
     finally:
         gw.stop()
 

@@ -28,7 +28,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import ToolListChangedNotification
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from agent_reach.edges.mcp.tools import reachable_lines
+from agent_reach.edges.mcp.tools import MAX_STRUCTURED_BYTES, reachable_lines
 from tests.support import (
     MCP_ACCEPT,
     MCP_INITIALIZE,
@@ -250,6 +250,43 @@ async def test_list_and_explain_answer_as_the_http_api(net: dict[str, Any]) -> N
 def _records(listing: dict[str, Any]) -> list[dict[str, Any]]:
     """A /v1/agents listing's records without what time alone changes (last_seen_at)."""
     return [{k: v for k, v in a.items() if k != "last_seen_at"} for a in listing["agents"]]
+
+
+async def test_a_large_answer_is_carried_by_its_text_alone(net: dict[str, Any]) -> None:
+    """Past MAX_STRUCTURED_BYTES of JSON (a listing of ~1,000 agents or more) a result carries
+    the v1 answer as its text only: the SDK re-encodes a structured copy object by object on
+    the gateway's event loop (0.4-0.7 s at 50,000 agents: benchmarks/routes_hold_bench.py). A
+    small answer still carries both, and the big text is the v1 answer exactly."""
+    url = net["url"]
+    ids = [f"agent://zz-big-{i:03d}" for i in range(100)]  # 100 x ~3 KB: over 256 KiB
+    for i, endpoint_id in enumerate(ids):
+        body = {
+            "endpoint_id": endpoint_id,
+            "capabilities": [f"big.t{i}"],
+            "endpoint_url": "http://127.0.0.1:9/reach",
+            "description": f"agent {i} " + "of many words " * 214,
+        }
+        status, answer = http("POST", f"{url}/v1/register", body)
+        assert status == 200, answer
+    try:
+        for mode in MODES:
+            async with mcp_client(url, mode) as client:
+                whole = await client.call_tool("list_agents", {})
+                intents = await client.call_tool("list_intents", {})
+                page = await client.call_tool("list_agents", {"limit": 2})
+            _, direct = http("GET", f"{url}/v1/agents")
+            text = whole.content[0].text
+            assert len(text.encode()) > MAX_STRUCTURED_BYTES and not whole.is_error
+            assert whole.structured_content is None
+            assert _records(json.loads(text)) == _records(direct)
+            # smaller answers, a page and the intents, carry both, the same
+            assert [a["endpoint_id"] for a in _answer(page)["agents"]] == sorted(
+                a["endpoint_id"] for a in direct["agents"]
+            )[:2]
+            assert _answer(intents) == http("GET", f"{url}/v1/intents")[1]
+    finally:
+        for endpoint_id in ids:
+            http("POST", f"{url}/v1/deregister", {"endpoint_id": endpoint_id})
 
 
 async def test_bad_arguments_get_invalid_request_and_change_nothing(net: dict[str, Any]) -> None:

@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from agent_reach.gateway.listing import JUDGE_CHUNK, TAG_CHUNK, Routable
+from agent_reach.gateway.listing import JUDGE_CHUNK, TAG_CHUNK, Routable, intents_pieces
 from agent_reach.gateway.node import Node
 from agent_reach.gateway.service import Caller
 from agent_reach.settings import GatewaySettings
@@ -107,7 +107,6 @@ async def test_a_registration_during_a_tags_chunks_changes_nothing_counted() -> 
 
 @pytest.mark.parametrize("tags", [0, 1, TAG_CHUNK, TAG_CHUNK + 1, 2 * TAG_CHUNK + 7])
 async def test_the_intents_answer_in_pieces_is_the_answer_encoded_whole(tags: int) -> None:
-    from agent_reach.edges.http.app import _intents_pieces
     from agent_reach.wire.answers import IntentInfo, IntentsAnswer
     from agent_reach.wire.bodies import encode
 
@@ -118,7 +117,7 @@ async def test_the_intents_answer_in_pieces_is_the_answer_encoded_whole(tags: in
             for n in range(tags)
         ],
     )
-    pieces = [piece async for piece in _intents_pieces(answer)]
+    pieces = [piece async for piece in intents_pieces(answer)]
     assert b"".join(pieces) == encode(answer)
     assert len(pieces) == 2 + -(-tags // TAG_CHUNK)  # opening, a piece a chunk, closing
 

@@ -34,6 +34,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from agent_reach.core.model import ROUTABLE, EndpointRecord
+from agent_reach.wire.answers import IntentsAnswer
 from agent_reach.wire.bodies import AgentsQuery, encode, next_cursor
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ __all__ = [
     "AgentListing",
     "Routable",
     "describe",
+    "intents_pieces",
     "sorted_in_turns",
 ]
 
@@ -236,3 +238,14 @@ class AgentListing:
         chunk = records[start : start + DESCRIBE_CHUNK]
         encoded = encode([describe(router, cards, r, now) for r in chunk])
         return (_OPENING if start == 0 else b",") + encoded[1:-1]  # without its brackets
+
+
+async def intents_pieces(answer: IntentsAnswer) -> AsyncGenerator[bytes, None]:
+    """``encode(answer)`` in pieces, :data:`TAG_CHUNK` intents each, the loop turning between."""
+    intents = answer.intents
+    yield b'{"mode":' + encode(answer.mode) + b',"intents":['
+    for start in range(0, len(intents), TAG_CHUNK):
+        piece = encode(intents[start : start + TAG_CHUNK])[1:-1]
+        yield piece if start == 0 else b"," + piece
+        await asyncio.sleep(0)
+    yield b"]}"

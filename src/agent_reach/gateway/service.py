@@ -41,7 +41,13 @@ from agent_reach.errors import (
 )
 from agent_reach.gateway import explain
 from agent_reach.gateway.forward import HOPS_HEADER, ORIGIN_HEADER
-from agent_reach.gateway.listing import TAG_CHUNK, AgentListing, Routable, sorted_in_turns
+from agent_reach.gateway.listing import (
+    TAG_CHUNK,
+    AgentListing,
+    Routable,
+    intents_pieces,
+    sorted_in_turns,
+)
 from agent_reach.gateway.principal import (
     ENDPOINTS,
     OPERATORS,
@@ -79,6 +85,7 @@ __all__ = [
     "Caller",
     "Service",
     "delivery_refusal",
+    "intents_pieces",
     "with_ids",
 ]
 

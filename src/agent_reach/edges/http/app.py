@@ -35,9 +35,8 @@ from agent_reach.errors import (
     PayloadTooLarge,
 )
 from agent_reach.gateway.node import Node
-from agent_reach.gateway.service import TAG_CHUNK, Caller, delivery_refusal, with_ids
+from agent_reach.gateway.service import Caller, delivery_refusal, intents_pieces, with_ids
 from agent_reach.observability.logs import log
-from agent_reach.wire.answers import IntentsAnswer
 from agent_reach.wire.bodies import SendBody, decode, encode
 from agent_reach.wire.status import headers_for, status_for
 
@@ -95,17 +94,6 @@ def _load_static() -> dict[str, _Static]:
 
 def _json(body: Any, status: int = 200) -> web.Response:
     return web.Response(body=encode(body), status=status, headers=_JSON)
-
-
-async def _intents_pieces(answer: IntentsAnswer) -> AsyncGenerator[bytes, None]:
-    """``encode(answer)`` in pieces, :data:`TAG_CHUNK` intents each, the loop turning between."""
-    intents = answer.intents
-    yield b'{"mode":' + encode(answer.mode) + b',"intents":['
-    for start in range(0, len(intents), TAG_CHUNK):
-        piece = encode(intents[start : start + TAG_CHUNK])[1:-1]
-        yield piece if start == 0 else b"," + piece
-        await asyncio.sleep(0)
-    yield b"]}"
 
 
 def _gone(request: web.BaseRequest) -> bool:
@@ -348,7 +336,7 @@ class HttpEdge:
     async def intents(self, request: web.BaseRequest, _: str) -> web.StreamResponse:
         # 8 MB at 50,000 tags: encoded a chunk at a time and sent as it comes, as /v1/agents
         answer = await self.service.intents(self._caller(request))
-        return await self._stream(request, _intents_pieces(answer))
+        return await self._stream(request, intents_pieces(answer))
 
     async def agent(self, request: web.BaseRequest, name: str) -> web.Response:
         return _json(self.service.agent(self._caller(request), name))

@@ -5,8 +5,10 @@ or a gateway reached by the client SDK (``agent-reach mcp`` over stdio).
 tools: the input schemas are written for a model (what each field means, what a refusal means,
 that ``intent_text`` takes plain words), and the arguments are checked by the gateway's own
 wire structs, so that a bad argument gets the same ``invalid_request`` body that ``/v1/send``
-would answer, as an ``isError`` result. Every result carries the v1 answer twice: as
-``structuredContent`` and as its JSON text (hosts that show only text still see it all).
+would answer, as an ``isError`` result. Every result carries the v1 answer as its JSON text
+(hosts that show only text still see it all) and, up to :data:`MAX_STRUCTURED_BYTES` of it
+(~1,000 agents listed), as ``structuredContent`` too: a bigger one, re-encoded object by object
+by the SDK, would hold the event loop for most of a second at 50,000 agents.
 
 The descriptions of ``reach`` and ``explain_route`` list the intents the gateway can reach
 now (from the dictionary and the registry), read at every ``tools/list``; when they change,
@@ -64,17 +66,24 @@ CALLER: contextvars.ContextVar[Caller | None] = contextvars.ContextVar(
 MAX_LISTED = 40  # intents named in a description; the rest are counted (list_intents has all)
 _Args = TypeVar("_Args", RouteQuery, SendBody)
 NOTIFY_TIMEOUT_S = 1.0  # a 2025 session's event stream that takes longer is skipped this time
+# a result whose JSON is longer carries it as text only, not also as structuredContent: the SDK
+# re-encodes a structured answer object by object on the event loop (at 50,000 agents the
+# list held it 0.4-0.7 s; a string of the same JSON 30-60 ms: benchmarks/routes_hold_bench.py)
+MAX_STRUCTURED_BYTES = 256 * 1024
 
 
 class Backend(Protocol):
-    """What the tools call: the v1 answers as JSON-ready dicts, refusals as AgentReachError."""
+    """What the tools call: the v1 answers as JSON-ready dicts (the listings, which may be
+    large, as their JSON too), refusals as AgentReachError."""
 
-    async def agents(self, caller: Caller | None, query: Mapping[str, str]) -> dict[str, Any]:
+    async def agents(
+        self, caller: Caller | None, query: Mapping[str, str]
+    ) -> dict[str, Any] | bytes:
         """``GET /v1/agents?...``: the v1 list (no query), or one page (limit, cursor, intent,
         status)."""
         ...
 
-    async def intents(self, caller: Caller | None) -> dict[str, Any]:
+    async def intents(self, caller: Caller | None) -> dict[str, Any] | bytes:
         """``GET /v1/intents``."""
         ...
 
@@ -261,11 +270,17 @@ def _reachable_text(listing: Mapping[str, Any] | None) -> str:
 # --- the server ----------------------------------------------------------------------------
 
 
-def _result(answer: Mapping[str, Any], *, error: bool = False) -> CallToolResult:
-    text = msgspec.json.encode(answer).decode()
+def _result(answer: Mapping[str, Any] | bytes, *, error: bool = False) -> CallToolResult:
+    """The v1 answer (or its JSON) as the result's JSON text, and as ``structuredContent`` too
+    unless its JSON is over :data:`MAX_STRUCTURED_BYTES` (the text alone then: one string for
+    the SDK to copy)."""
+    data = answer if isinstance(answer, bytes) else msgspec.json.encode(answer)
+    structured: dict[str, Any] | None = None
+    if len(data) <= MAX_STRUCTURED_BYTES:
+        structured = msgspec.json.decode(data) if isinstance(answer, bytes) else dict(answer)
     return CallToolResult(
-        content=[TextContent(type="text", text=text)],
-        structured_content=dict(answer),
+        content=[TextContent(type="text", text=data.decode())],
+        structured_content=structured,
         is_error=error,
     )
 
@@ -360,10 +375,12 @@ class ReachMcp(MCPServer[Any]):
     async def list_tools(self) -> list[Tool]:
         """The four tools; the descriptions of reach and explain_route name the intents
         reachable now."""
+        listing: dict[str, Any] | None = None
         try:
-            listing: dict[str, Any] | None = await self.backend.intents(CALLER.get())
+            answer = await self.backend.intents(CALLER.get())
+            listing = msgspec.json.decode(answer) if isinstance(answer, bytes) else answer
         except AgentReachError:
-            listing = None  # e.g. a token that may not read them: the tools are still listed
+            pass  # e.g. a token that may not read them: the tools are still listed
         reachable = _reachable_text(listing)
         tools = []
         for name, (title, description, schema, hints) in _TOOLS.items():
