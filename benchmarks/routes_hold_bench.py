@@ -1,6 +1,6 @@
 """How long each read route of a large gateway makes every other request wait.
 
-``python benchmarks/routes_hold_bench.py [--endpoints 50000] [--reps 3]``
+``python benchmarks/routes_hold_bench.py [--endpoints 50000] [--reps 3] [--mcp-only]``
 
 A real gateway process (``agent-reach serve``, no fallback matcher, no registration limit)
 with ``--endpoints`` registered endpoints, each declaring a tag of its own and one of
@@ -11,7 +11,11 @@ time, and the slowest ``/healthz`` answered meanwhile, which is what any request
 the route's longest hold of the event loop (plus the loopback's and the prober's own noise: an
 idle gateway answers ``/healthz`` in ~0.3-1 ms here).
 
-Bounded: the registrations (four connections, ~15 s at 50,000) and ``--reps`` x 16 requests.
+The MCP tools (``list_agents``, ``list_intents``) and the tools' list are asked the same way
+over ``/mcp``, by the 2025 protocol (in a session opened just before) and by the 2026 one (each
+request on its own); a call that is not answered as a success stops the run.
+
+Bounded: the registrations (four connections, ~15 s at 50,000) and ``--reps`` x 23 requests.
 """
 
 from __future__ import annotations
@@ -51,6 +55,9 @@ ROUTES: list[tuple[str, str, Any]] = [
     ("MCP", "2025", ("list_intents", {})),
     ("MCP", "2026", ("list_intents", {})),
     ("MCP", "2025", ("list_agents", {"limit": 100})),
+    # the tools' list: the descriptions of reach and explain_route name the intents reachable
+    ("MCP", "2025", ("tools/list", {})),
+    ("MCP", "2026", ("tools/list", {})),
 ]
 MCP_VERSION = "2025-06-18"
 MCP_MODERN = "2026-07-28"
@@ -178,7 +185,10 @@ def beside(
     send_headers = None
     if method == "MCP":  # a tool called over /mcp: path is the protocol, body (tool, arguments)
         protocol, tool, arguments = path, str(body[0]), dict(body[1])
+        rpc = "tools/list" if tool == "tools/list" else "tools/call"
         params: dict[str, Any] = {"name": tool, "arguments": arguments}
+        if rpc == "tools/list":
+            params = {}
         send_headers = headers
         if protocol == "2026":  # each request stands alone: its envelope in _meta and headers
             params["_meta"] = {
@@ -188,16 +198,21 @@ def beside(
             send_headers = {
                 "Accept": "application/json, text/event-stream",
                 "Mcp-Protocol-Version": MCP_MODERN,
-                "Mcp-Method": "tools/call",
-                "Mcp-Name": tool,
+                "Mcp-Method": rpc,
             }
-        method, path = "POST", f"/mcp {protocol} {tool}({json.dumps(arguments)})"
-        body = {"jsonrpc": "2.0", "id": 10, "method": "tools/call", "params": params}
+            if rpc == "tools/call":
+                send_headers["Mcp-Name"] = tool
+        called = tool if rpc == "tools/list" else f"{tool}({json.dumps(arguments)})"
+        method, path = "POST", f"/mcp {protocol} {called}"
+        body = {"jsonrpc": "2.0", "id": 10, "method": rpc, "params": params}
     for _ in range(reps):
         started = time.perf_counter()
         status, data = gw.call(conn, method, path.split(" ")[0], body, send_headers)
         took.append(time.perf_counter() - started)
         size = len(data)
+        if path.startswith("/mcp"):  # a JSON-RPC error or an isError result is no figure
+            ok = b'"result"' in data and b'"isError":true' not in data
+            assert status == 200 and ok, (path, status, data[:300])
     stop.set()
     during = out.get(timeout=60) or [0.0]
     prober.join(10)
@@ -212,14 +227,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--endpoints", type=int, default=50_000)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--mcp-only", action="store_true", help="only the MCP rows")
     args = parser.parse_args()
     gw = Gateway()
     try:
         started = time.monotonic()
         register(gw, args.endpoints)
         print(f"{args.endpoints} endpoints registered in {time.monotonic() - started:.1f} s")
-        mcp = gw.mcp_session()
+        mcp: dict[str, str] = {}
         for method, path, body in ROUTES:
+            if args.mcp_only and method != "MCP":
+                continue
+            if method == "MCP" and not mcp:  # a session of the 2025 protocol, opened now
+                mcp = gw.mcp_session()
             print(beside(gw, method, path, body, args.reps, mcp), flush=True)
     finally:
         gw.stop()

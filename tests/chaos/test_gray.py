@@ -1,6 +1,7 @@
 """Scenario 7: a gray failure, one agent of five answering 3 s late, or failing 10 % of its
-requests (HTTP 500). 10 s after the fault began (smoke: 2 s) its share of the traffic must be
-under 5 % and the p99 of every request within 1.2x that of the no-fault phases.
+requests (HTTP 500). 10 s after the fault began its share of the traffic must be under 5 % and
+the p99 of every request within 1.2x that of the no-fault phases (smoke: after 2 s, under
+10 %, the p99 not held: its windows are a second or two).
 
 Under one load, the no-fault and the fault phases take turns (:func:`take_turns`: rounds of a
 calm phase and a fault phase, in the order CF FC CF ...): the figure is the p99 of every fault

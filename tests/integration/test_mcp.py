@@ -28,7 +28,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import ToolListChangedNotification
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from agent_reach.edges.mcp.tools import MAX_STRUCTURED_BYTES, reachable_lines
+from agent_reach.edges.mcp.tools import MAX_STRUCTURED_BYTES, first_reachable, reachable_lines
 from tests.support import (
     MCP_ACCEPT,
     MCP_INITIALIZE,
@@ -596,7 +596,7 @@ def test_reachable_lines_name_live_tags_and_count_the_rest() -> None:
             *({"tag": f"t.x{i}", "routable": 1} for i in range(45)),
         ]
     }
-    lines = reachable_lines(listing)
+    lines = reachable_lines(*first_reachable(listing, 40))
     assert lines[0] == "- a.b: A (2 agents)"
     assert lines[1] == "- t.x0 (1 agent)"
     assert not any("c.d" in line or "old.tag" in line for line in lines)

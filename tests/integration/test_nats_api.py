@@ -730,9 +730,10 @@ def test_no_answer_is_published_to_a_reserved_subject_named_as_the_inbox() -> No
             for reply in (f"$X.{tag}", f"_INBOX.{tag}"):  # the reserved one first
                 sock.sendall(hpub(f"{prefix}.v1.heartbeat", reply.encode(), block, body))
             sock.sendall(b"PING\r\n")
-            assert reader.readline() == b"PONG\r\n"
             sock.settimeout(5)
             line = reader.readline()
+            # the PONG may come after the answer: the gateway answers on a connection of its
+            # own, which the server may serve before it gets to this one's PING (seen in CI)
             while line.startswith((b"PING", b"PONG", b"+OK")):
                 line = reader.readline()
             # the first answer to come is the ordinary inbox's: the reserved one got none

@@ -7,15 +7,19 @@ A real node on a fake clock; a task beside the listing counts the loop's turns."
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+from typing import Any
 
+import msgspec
 import pytest
 
+from agent_reach.edges.mcp.tools import first_reachable
 from agent_reach.gateway.listing import JUDGE_CHUNK, TAG_CHUNK, Routable, intents_pieces
 from agent_reach.gateway.node import Node
 from agent_reach.gateway.service import Caller
 from agent_reach.settings import GatewaySettings
 from agent_reach.testing import FakeClock
-from agent_reach.wire.bodies import RegisterBody
+from agent_reach.wire.bodies import RegisterBody, encode
 from tests.support import turns_during
 
 TAGS = 5_000
@@ -138,3 +142,47 @@ async def test_a_big_tag_after_small_ones_starts_with_what_is_left_of_the_turn()
     counted, served = await turns_during(routable.count("bulk.big"))
     assert counted == (2_000, 2_000)
     assert served >= 3, served
+
+
+async def test_the_mcp_tools_reachable_intents_are_the_listings_first_live_ones(
+    tmp_path: Path,
+) -> None:
+    """What the MCP tools' descriptions name is read without the listing (8 MB at 50,000 tags,
+    decoded at every ``tools/list``): it must be what ``first_reachable`` picks from the whole
+    ``/v1/intents`` answer: the dictionary's live entries in file order (deprecated ones left
+    out), then the other live tags sorted, with the count of the rest."""
+    dictionary = tmp_path / "intents.toml"
+    dictionary.write_text(
+        '[[intent]]\ntag = "z.first"\ndescription = "Z first"\n\n'
+        '[[intent]]\ntag = "a.old"\ndescription = "Old"\ndeprecated = true\n\n'
+        '[[intent]]\ntag = "m.idle"\ndescription = "Nobody serves it"\n\n'
+        '[[intent]]\ntag = "b.gone"\ndescription = "Its agents are down"\n'
+    )
+    clock = FakeClock()
+    node = Node(GatewaySettings(matcher="none", intents=str(dictionary)), clock=clock)
+    node.use_dictionary(node.read_dictionary())
+
+    async def agent(name: str, *tags: str) -> None:
+        body = RegisterBody(f"agent://{name}", list(tags), "http://127.0.0.1:9/")
+        await node.router.register(body)
+
+    for n in range(30):  # down by the time of the listing
+        await agent(f"gone{n}", f"gone.t{n}", "b.gone", "z.first")
+    clock.advance(10 * node.settings.heartbeat_interval)
+    await agent("z", "z.first")
+    await agent("old", "a.old")
+    for n in range(60):
+        await agent(f"live{n}", f"live.t{59 - n:02d}", "live.shared")
+    caller = Caller(remote="127.0.0.1")
+    listing = msgspec.json.decode(encode(await node.service.intents(caller)))
+
+    def seen(items: list[dict[str, Any]]) -> list[tuple[str, str, int]]:
+        return [(i["tag"], i.get("description") or "", i["routable"]) for i in items]
+
+    for first in (0, 1, 2, 40, 61, 62, 100):
+        items, rest = await node.service.reachable_intents(caller, first)
+        expected, expected_rest = first_reachable(listing, first)
+        assert (seen(items), rest) == (seen(expected), expected_rest), first
+    items, rest = await node.service.reachable_intents(caller, 3)
+    assert seen(items) == [("z.first", "Z first", 1), ("live.shared", "", 60), ("live.t00", "", 1)]
+    assert rest == 59  # live.t01 .. live.t59

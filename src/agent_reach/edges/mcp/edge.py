@@ -98,6 +98,11 @@ class ServiceBackend:
         answer = await self.service.intents(self._who(caller))
         return b"".join([piece async for piece in intents_pieces(answer)])
 
+    async def reachable(
+        self, caller: Caller | None, first: int
+    ) -> tuple[list[dict[str, Any]], int]:
+        return await self.service.reachable_intents(self._who(caller), first)
+
     async def explain(self, caller: Caller | None, query: RouteQuery) -> dict[str, Any]:
         return _plain(await self.service.explain(self._who(caller), query))
 

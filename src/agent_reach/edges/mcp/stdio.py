@@ -24,7 +24,7 @@ from urllib.parse import urlencode
 import anyio
 import msgspec
 
-from agent_reach.edges.mcp.tools import ReachMcp, package_version
+from agent_reach.edges.mcp.tools import ReachMcp, first_reachable, package_version
 from agent_reach.errors import AgentReachError
 from agent_reach.gateway.service import Caller
 from agent_reach.observability.logs import log
@@ -56,6 +56,11 @@ class ClientBackend:
     async def intents(self, caller: Caller | None) -> dict[str, Any]:
         answer: dict[str, Any] = await self.client.get("/v1/intents")
         return answer
+
+    async def reachable(
+        self, caller: Caller | None, first: int
+    ) -> tuple[list[dict[str, Any]], int]:
+        return first_reachable(await self.intents(caller), first)
 
     async def explain(self, caller: Caller | None, query: RouteQuery) -> dict[str, Any]:
         params = {k: v for k, v in msgspec.structs.asdict(query).items() if v is not None}

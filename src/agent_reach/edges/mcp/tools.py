@@ -7,8 +7,9 @@ that ``intent_text`` takes plain words), and the arguments are checked by the ga
 wire structs, so that a bad argument gets the same ``invalid_request`` body that ``/v1/send``
 would answer, as an ``isError`` result. Every result carries the v1 answer as its JSON text
 (hosts that show only text still see it all) and, up to :data:`MAX_STRUCTURED_BYTES` of it
-(~1,000 agents listed), as ``structuredContent`` too: a bigger one, re-encoded object by object
-by the SDK, would hold the event loop for most of a second at 50,000 agents.
+(~1,000 agents listed, fewer with long descriptions), as ``structuredContent`` too: a bigger
+one, re-encoded object by object by the SDK, would hold the event loop for most of a second at
+50,000 agents.
 
 The descriptions of ``reach`` and ``explain_route`` list the intents the gateway can reach
 now (from the dictionary and the registry), read at every ``tools/list``; when they change,
@@ -28,6 +29,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import importlib.metadata
 import logging
@@ -56,7 +58,15 @@ from agent_reach.wire.bodies import (
     decode,
 )
 
-__all__ = ["CALLER", "TOOL_NAMES", "Backend", "ReachMcp", "package_version", "reachable_lines"]
+__all__ = [
+    "CALLER",
+    "TOOL_NAMES",
+    "Backend",
+    "ReachMcp",
+    "first_reachable",
+    "package_version",
+    "reachable_lines",
+]
 
 # who calls: the Caller of the HTTP request carrying the MCP message (set by the edge's
 # middleware for each message; None over stdio, where the backend's own token speaks)
@@ -85,6 +95,14 @@ class Backend(Protocol):
 
     async def intents(self, caller: Caller | None) -> dict[str, Any] | bytes:
         """``GET /v1/intents``."""
+        ...
+
+    async def reachable(
+        self, caller: Caller | None, first: int
+    ) -> tuple[list[dict[str, Any]], int]:
+        """The first ``first`` intents of ``GET /v1/intents`` that some agent can take now and
+        are not deprecated, as its items (``tag``, ``description``, ``routable``), and how many
+        more there are (:func:`first_reachable` of the listing, or a cheaper way to the same)."""
         ...
 
     async def explain(self, caller: Caller | None, query: RouteQuery) -> dict[str, Any]:
@@ -238,18 +256,18 @@ def package_version() -> str:
         return "0"
 
 
-def reachable_lines(listing: Mapping[str, Any]) -> list[str]:
-    """The intents of a ``/v1/intents`` answer that some agent can take now, one line each
-    (``tag: description (N agents)``), dictionary order first; at most :data:`MAX_LISTED`,
-    then a count of the rest."""
-    lines: list[str] = []
-    rest = 0
-    for item in listing.get("intents", []):
-        if not item.get("routable") or item.get("deprecated"):
-            continue
-        if len(lines) == MAX_LISTED:
-            rest += 1
-            continue
+def first_reachable(listing: Mapping[str, Any], first: int) -> tuple[list[dict[str, Any]], int]:
+    """The first ``first`` intents of a ``/v1/intents`` answer that some agent can take now,
+    deprecated ones left out, and how many more there are."""
+    live = [i for i in listing.get("intents", []) if i.get("routable") and not i.get("deprecated")]
+    return live[:first], max(0, len(live) - first)
+
+
+def reachable_lines(items: list[dict[str, Any]], rest: int) -> list[str]:
+    """The intents some agent can take now, one line each (``tag: description (N agents)``),
+    then a count of the ``rest``."""
+    lines = []
+    for item in items:
         n = item["routable"]
         about = f": {item['description']}" if item.get("description") else ""
         lines.append(f"- {item['tag']}{about} ({n} agent{'s' if n != 1 else ''})")
@@ -258,10 +276,10 @@ def reachable_lines(listing: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _reachable_text(listing: Mapping[str, Any] | None) -> str:
-    if listing is None:
+def _reachable_text(reachable: tuple[list[dict[str, Any]], int] | None) -> str:
+    if reachable is None:
         return "\n\nThe intents reachable now could not be read: call list_intents."
-    lines = reachable_lines(listing)
+    lines = reachable_lines(*reachable)
     if not lines:
         return "\n\nNo agent can take a request now (none is registered and live)."
     return "\n\nIntents reachable now:\n" + "\n".join(lines)
@@ -375,13 +393,11 @@ class ReachMcp(MCPServer[Any]):
     async def list_tools(self) -> list[Tool]:
         """The four tools; the descriptions of reach and explain_route name the intents
         reachable now."""
-        listing: dict[str, Any] | None = None
-        try:
-            answer = await self.backend.intents(CALLER.get())
-            listing = msgspec.json.decode(answer) if isinstance(answer, bytes) else answer
-        except AgentReachError:
-            pass  # e.g. a token that may not read them: the tools are still listed
-        reachable = _reachable_text(listing)
+        found: tuple[list[dict[str, Any]], int] | None = None
+        # a token that may not read them: the tools are still listed
+        with contextlib.suppress(AgentReachError):
+            found = await self.backend.reachable(CALLER.get(), MAX_LISTED)
+        reachable = _reachable_text(found)
         tools = []
         for name, (title, description, schema, hints) in _TOOLS.items():
             if name in ("reach", "explain_route"):
