@@ -576,3 +576,27 @@ async def test_hand_over_turns_the_reservation_into_a_claim() -> None:
     assert slots.leave(w) is None  # gone already: nothing to give back
     slots.consume("agent://e")  # its attempt starts
     assert slots.reserved == {}
+
+
+async def test_a_retry_gets_its_endpoint_only_if_it_is_still_eligible_after_the_backoff() -> None:
+    """The contract: before each retry the target's status is checked again. choose() gave a
+    retry its endpoint; during the backoff that endpoint went away, or down: acquire chooses
+    again (another candidate, or none), rather than start an attempt there (a deregistered one
+    failed the whole request with all_attempts_failed)."""
+    router, clock = await make(["agent://a", "agent://b"], 4)
+    p = await plan(router)
+    tried = {"agent://a": None}
+    assert router.choose(p, tried) in ("agent://a", "agent://b")
+    await router.deregister("agent://a")
+    assert await router.acquire(p, tried, prefer="agent://a") == "agent://b"
+
+    router, clock = await make(["agent://c"], 4)
+    p = await plan(router)
+    tried = {"agent://c": None}
+    assert router.choose(p, tried) == "agent://c"  # a retry of the same endpoint, after a wait
+    clock.advance(10 * router.settings.heartbeat_interval)  # no heartbeat meanwhile: down
+    assert await router.acquire(p, tried, prefer="agent://c") is None
+    # the first attempt is given what choose() gave a moment before, as it is
+    router, clock = await make(["agent://d"], 4)
+    p = await plan(router)
+    assert await router.acquire(p, (), prefer="agent://d") == "agent://d"

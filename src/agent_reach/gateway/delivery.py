@@ -593,8 +593,6 @@ class Reacher:
             raise
         latency_ms = (clock.monotonic() - started) * 1000.0
         outcome = delivery.outcome.value
-        if attempt_span is not None:
-            attempt_span.end(outcome, latency_ms, delivery.status, delivery.detail)
         p95 = stats.p95_ms() if delivery.outcome is Outcome.TIMEOUT else None
         if p95 is not None and timeout_s * 1000.0 < p95:  # given less than it usually takes
             router.attempt_cut_short(target, stats, latency_ms)
@@ -607,6 +605,10 @@ class Reacher:
                 reached=delivery.reached,
                 eject=delivery.eject,
             )
+        # after the router's books are closed: a span that raised would leave them open (the
+        # endpoint's in-flight count up for good)
+        if attempt_span is not None:
+            attempt_span.end(outcome, latency_ms, delivery.status, delivery.detail)
         rounded = round3(latency_ms)
         attempts.append(Attempt(target, outcome, rounded, hedge=hedge))
         if delivery.resent:

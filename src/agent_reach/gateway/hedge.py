@@ -21,9 +21,9 @@ Invariants:
 - The first answer wins: an ``ok``, or a 4xx (``agent_error``, never retried), of either
   attempt ends the race. The other attempt is then cancelled and awaited before the race
   returns, so its in-flight count is released and its span and trace event (outcome
-  ``cancelled``) are written by then; the attempt that decided is listed after it. A retryable
-  failure of one attempt leaves the other to run on; when both fail, the later failure goes to
-  the retry rules.
+  ``timeout``, with ``cancelled: true``) are written by then; the attempt that decided is
+  listed after it. A retryable failure of one attempt leaves the other to run on; when both
+  fail, the later failure goes to the retry rules.
 - A cancelled attempt teaches the router only that its endpoint took at least that long
   (:meth:`~agent_reach.gateway.router.Router.attempt_cancelled`): its peak-EWMA cost is raised
   to it, and it is a latency sample only past the slow threshold (a lower bound over it). Without
@@ -273,15 +273,24 @@ class Hedging:
         self, target: str, delay_ms: float, tried: dict[str, None]
     ) -> tuple[str, float] | None:
         """The endpoint and timeout of the hedge of the attempt at ``target``, charged to the
-        retry budget; None when there is no other eligible candidate, no time left or no
-        budget."""
+        retry budget; None when there is no other eligible candidate, no budget, or too little
+        time left for it to answer: less than the endpoint's p95, or, with no history of it,
+        than the head start the first attempt had (a hedge of a few milliseconds cannot
+        answer, and its timeout would count against an endpoint that was never given time)."""
         router = self._hedger.router
         now = router.clock.monotonic()
         remaining = self.request.deadline.remaining(now)
         other = router.choose(self.request.plan, tried, free_only=True)
         after_ms = round(delay_ms, 3)
-        if other is None or other in tried or remaining <= 0.0:
-            why = "no time left" if remaining <= 0.0 else "no other eligible candidate"
+        if other is None or other in tried:
+            why = "no other eligible candidate"
+            self._trace("hedge", racing=target, after_ms=after_ms, sent=False, reason=why)
+            return None
+        stats = router.stats.get(other)
+        p95 = stats.p95_ms() if stats is not None else None
+        needed_ms = delay_ms if p95 is None else p95
+        if remaining * 1000.0 < needed_ms or remaining <= 0.0:
+            why = f"not enough time left ({remaining * 1000.0:.0f} ms, {needed_ms:.0f} needed)"
             self._trace("hedge", racing=target, after_ms=after_ms, sent=False, reason=why)
             return None
         if not router.budget.try_spend(now):

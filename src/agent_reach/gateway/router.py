@@ -552,7 +552,13 @@ class Router:
         ``deadline`` runs out first. The slot returned is held for the request until an attempt
         starts there (:meth:`attempt_started`), or two turns of the event loop: start it at
         once (in this task, or in a task created now).
+
+        A retry (``tried`` not empty) gets ``prefer`` only if it is still eligible now, its
+        status checked again after the backoff waited since :meth:`choose` (registered; not
+        down for a hint, else healthy or degraded); else it is chosen again.
         """
+        if prefer is not None and tried and not self._eligible_now(plan, prefer):
+            prefer = None  # gone or down since it was chosen: choose again among the rest
         if prefer is None or self.full(prefer):
             fresh = prefer is not None or bool(tried)
             tiers = self.refresh(plan) if fresh else plan.tiers
@@ -567,6 +573,15 @@ class Router:
             target = prefer
         self.slots.claim(target)
         return target
+
+    def _eligible_now(self, plan: RoutePlan, endpoint_id: str) -> bool:
+        """Whether ``endpoint_id`` may take an attempt of ``plan`` now: registered, and not down
+        when hinted (a hint may go to a suspect endpoint), else healthy or degraded."""
+        record = self.registry.get(endpoint_id)
+        if record is None:
+            return False
+        status = self.health(record).status
+        return status is not Status.DOWN if plan.hint is not None else status in ROUTABLE
 
     def _any_eligible(self, plan: RoutePlan, tiers: Tiers | None) -> bool:
         """Whether the unbounded choice in ``tiers`` would find an endpoint (one not down for a

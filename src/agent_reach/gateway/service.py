@@ -346,21 +346,28 @@ class Service:
         registered tags sorted), each as ``{tag, description, routable}``, and how many more
         there are: what the MCP tools' descriptions name. At a big registry this is far less
         than the listing: one judging pass of :meth:`reachable_now` and the smallest of the
-        other tags picked, where the listing is 8 MB at 50,000 tags for the edge to read."""
+        other tags picked, where the listing is 8 MB at 50,000 tags for the edge to read. A
+        tag no longer routable when its agents are counted (a moment after the judging) is
+        left out, and not counted in the rest: there may be fewer than ``first``."""
         self.access.authenticate(caller, READERS, "list intents")
         live = await self.reachable_now()
+        await asyncio.sleep(0)  # the judging's last chunk, then what follows, in turns apart
         dictionary = self.node.dictionary
         known = [e for e in dictionary if e.tag in live and not e.deprecated]
-        others = [tag for tag in live if tag not in dictionary]
+        in_dictionary = sum(e.tag in live for e in dictionary)  # deprecated ones too
+        others = len(live) - in_dictionary
         shown = [(e.tag, e.description) for e in known[:first]]
-        shown += [(tag, "") for tag in heapq.nsmallest(max(0, first - len(shown)), others)]
+        wanted = max(0, first - len(shown))
+        # the smallest of the other tags, without a list of them all (~55,000 at 50,000 agents)
+        smallest = heapq.nsmallest(wanted + in_dictionary, live) if wanted else []
+        shown += [(tag, "") for tag in smallest if tag not in dictionary][:wanted]
         routable = Routable(self.router)
         items = []
         for tag, about in shown:
             n = (await routable.count(tag))[1]
             if n:  # none since reachable_now: not reachable any more, so not counted either
                 items.append({"tag": tag, "description": about, "routable": n})
-        return items, len(known) + len(others) - len(shown)
+        return items, len(known) + others - len(shown)
 
     async def reachable_now(self) -> frozenset[str]:
         """The tags some agent can take a request for now (healthy or degraded): what an edge

@@ -32,7 +32,8 @@ class Attempt(msgspec.Struct, frozen=True, omit_defaults=True):
     """One delivery attempt of a send: to which endpoint, how it ended, how long it took.
     ``domain``: the domain it was forwarded to (federation; absent for a local attempt).
     ``hedge``: a hedged attempt, sent while an earlier one had not answered (absent when false);
-    the attempt that lost the race has the outcome ``cancelled``."""
+    the attempt that lost the race has the outcome ``timeout`` (its trace event says
+    ``cancelled: true``)."""
 
     endpoint_id: str
     outcome: str
