@@ -149,6 +149,49 @@ async def test_a_rejection_is_final_and_a_crash_runs_again(table: Any) -> None:
     assert runs == {"reject": 1, "crash": 2}
 
 
+async def test_a_handler_exiting_or_cancelled_within_is_a_500_not_the_agents_end(
+    table: Any,
+) -> None:
+    """A review found that sys.exit() in a sync handler (argparse's or click's error exit)
+    came out of the delivery as SystemExit and ended the agent's event loop, and that a
+    handler's own cancelled job (concurrent.futures.CancelledError, or an async handler
+    awaiting a cancelled task) came out as asyncio.CancelledError: no answer at all (a dropped
+    connection, no NATS reply). Each is now the contract's 500 handler_failed."""
+    import concurrent.futures
+    import sys
+
+    dispatcher, handlers, _ = table
+
+    def exits(payload: Any, ctx: ReachContext) -> Any:
+        sys.exit(2)
+
+    async def exits_async(payload: Any, ctx: ReachContext) -> Any:
+        raise SystemExit("bye")
+
+    def job_cancelled(payload: Any, ctx: ReachContext) -> Any:
+        job: concurrent.futures.Future[int] = concurrent.futures.Future()
+        job.cancel()
+        return job.result()
+
+    async def task_cancelled(payload: Any, ctx: ReachContext) -> Any:
+        inner = asyncio.get_running_loop().create_future()
+        inner.cancel()
+        return await inner
+
+    handlers.update(
+        {"t.exit": exits, "t.exit-async": exits_async, "t.job": job_cancelled,
+         "t.task": task_cancelled}
+    )  # fmt: skip
+    for intent in ("t.exit", "t.exit-async", "t.job", "t.task"):
+        for msg_id in ("m1", None):  # with dedup and without
+            raw = body(intent) if msg_id else body(intent, msg_id=None)
+            status, answer = parsed(await dispatcher.deliver(raw, {}))
+            assert (status, answer["error"]) == (500, "handler_failed"), (intent, answer)
+    # and the dispatcher still serves
+    handlers["t.ok"] = lambda payload, ctx: {"fine": True}
+    assert parsed(await dispatcher.deliver(body("t.ok"), {})) == (200, {"fine": True})
+
+
 async def test_dedup_is_by_msg_id_and_intent(table: Any) -> None:
     dispatcher, handlers, _ = table
     n = 0

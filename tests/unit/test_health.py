@@ -993,3 +993,31 @@ def test_the_probe_backoff_of_a_long_outage_stays_bounded() -> None:
 
     # thousands of failures in a row (a NATS server down under load): no overflow
     assert probe_backoff_s(5000) == PROBE_BACKOFF_MAX_S
+
+
+@given(
+    last_seen=st.floats(0.0, 1e7, allow_nan=False),
+    interval=st.floats(0.05, 600.0, allow_nan=False),
+)
+@settings(max_examples=500, deadline=None)
+def test_a_status_changes_exactly_at_its_changes_at(last_seen: float, interval: float) -> None:
+    """A review found ``derive`` comparing a heartbeat's age (``now - last_seen > d``) where
+    ``changes_at`` said ``last_seen + d``: by a rounding the two disagree (last seen 0.18, 0.5
+    s thresholds, now 0.68), and the tier cache, re-deriving at the due time the same status
+    with the same due time, looped for ever (the gateway's event loop with it). The status at
+    ``changes_at`` is the one before, and just past it another."""
+    t = Thresholds.from_interval(interval)
+    h = derive(last_seen, None, last_seen, t)
+    while h.changes_at < INF:
+        assert derive(last_seen, None, h.changes_at, t).status is h.status
+        after = derive(last_seen, None, just_past(h.changes_at), t)
+        assert after.status is not h.status, (h, after)
+        h = after
+
+
+def test_the_reviews_rounding_case() -> None:
+    t = Thresholds.from_interval(0.5)
+    assert 0.18 + 0.5 < 0.68 and not 0.68 - 0.18 > 0.5  # the two comparisons disagree here
+    h = derive(0.18, None, 0.18, t)
+    assert h.changes_at == 0.18 + 0.5
+    assert derive(0.18, None, 0.68, t).status is Status.DEGRADED

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import random
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -143,3 +144,21 @@ async def test_cached_tiers_equal_fresh_tiers(steps: list[tuple[object, ...]]) -
             )
             cached = gw._intent_tiers(intent, now)
             assert snapshot(cached) == snapshot(fresh), (step, intent)
+
+
+@pytest.mark.timeout(10)
+async def test_tiers_due_by_a_rounding_do_not_loop() -> None:
+    """The review's hang: registered at 0.18 with 0.5 s intervals, routed, then routed at 0.68
+    (past 0.18 + 0.5 in floats, not past 0.5 of age): the cache re-derived the same status
+    with the same due time, before ``now``, and took it again for ever. Each due entry is now
+    taken once a call, and the derivation agrees with its due time."""
+    clock = FakeClock(start=0.0)
+    router = Router(
+        GatewaySettings(heartbeat_interval=0.5), MemoryRegistry(), clock, rng=random.Random(0)
+    )
+    clock.advance(0.18)
+    await router.register(RegisterBody("agent://a", ["w.q"], "http://127.0.0.1:9/a"))
+    await router.route("w.q")  # the tiers cached, due at 0.18 + 0.5
+    clock.now = 0.68
+    plan = await router.route("w.q")
+    assert plan.tiers is not None and plan.tiers.degraded == ["agent://a"]

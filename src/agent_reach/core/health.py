@@ -202,7 +202,7 @@ class EndpointStats:
         for at, ms, _ in reversed(samples):  # the usual case first: none aged out since the last
             if n == SLOW_WINDOW:
                 break
-            if now - at > ttl:
+            if now > at + ttl:
                 if samples[-1][0] - at <= ttl:  # one has: the windows between (below)
                     return self._slowness_aged(now, t)
                 break
@@ -230,7 +230,7 @@ class EndpointStats:
             total += ms
             sums.append(total)
             times.append(at)
-            if now - at <= ttl:
+            if now <= at + ttl:
                 n, oldest = len(sums), at
         slow = self.slow  # after the last sample, over its window (all of sums)
         threshold = t.slow_threshold_ms
@@ -343,7 +343,7 @@ class EndpointStats:
         n = 0
         oldest = INF
         for at, ms, _ in reversed(self._samples):
-            if n == SLOW_WINDOW or now - at > ttl:
+            if n == SLOW_WINDOW or now > at + ttl:
                 break
             total += ms
             n += 1
@@ -374,10 +374,12 @@ def _warmup_decay_s(n: int) -> float:
 
 def derive(last_seen: float, stats: EndpointStats | None, now: float, t: Thresholds) -> Health:
     """The status of an endpoint at ``now`` (liveness clock)."""
+    # each threshold compared as the due time it gives (last_seen + x), not as an age: the two
+    # can differ by a rounding, and a status must change exactly when its changes_at says
     age = now - last_seen
-    if age > t.down_after:
+    if now > last_seen + t.down_after:
         return Health(Status.DOWN, f"no heartbeat for {age:.1f} s", INF)
-    if age > t.suspect_after:
+    if now > last_seen + t.suspect_after:
         return Health(Status.SUSPECT, f"no heartbeat for {age:.1f} s", last_seen + t.down_after)
     if stats is not None and stats.ejected_at is not None and stats.ejected_at >= last_seen:
         until = last_seen + t.down_after
@@ -389,7 +391,7 @@ def derive(last_seen: float, stats: EndpointStats | None, now: float, t: Thresho
             probed = reason + " (probed now)"
             return Health(Status.SUSPECT, probed, last_seen + t.suspect_after, probe=True)
         return Health(Status.SUSPECT, reason, min(until, stats.probe_at))
-    if age > t.degraded_after:
+    if now > last_seen + t.degraded_after:
         return Health(
             Status.DEGRADED, f"heartbeat late ({age:.1f} s old)", last_seen + t.suspect_after
         )

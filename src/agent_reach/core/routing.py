@@ -138,10 +138,15 @@ class Tiers:
                 heapq.heapify(self.due)
 
     def expire(self, now: float, rederive: Callable[[str], Health | None]) -> None:
-        """Re-place every member whose status may have changed by ``now``."""
+        """Re-place every member whose status may have changed by ``now``: those due by then,
+        each once (a new due time that is still before ``now`` waits for the next call: were
+        it taken again here, a derivation that disagreed with its own due time by a rounding
+        would loop for ever)."""
         due = self.due
+        popped = []
         while due and due[0][0] < now:
-            at, endpoint_id = heapq.heappop(due)
+            popped.append(heapq.heappop(due))
+        for at, endpoint_id in popped:
             h = self.placed.get(endpoint_id)
             if h is not None and h.changes_at == at:  # else a stale entry: re-placed since
                 self.place(endpoint_id, rederive(endpoint_id))

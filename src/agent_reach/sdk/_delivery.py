@@ -258,7 +258,7 @@ class Dispatcher:
         handlers: Mapping[str, Handler],
         *,
         workers: int = DEFAULT_WORKERS,
-        dedup_size: int = 1024,
+        dedup_size: int = 10_000,
         dedup_ttl_s: float = 600.0,
         dedup_max_bytes: int = 64 << 20,
         owner: Agent | None = None,
@@ -654,16 +654,18 @@ class Dispatcher:
                 detail=exc.detail,
             )
             return error_answer(424, exc.code, f"an onward reach was refused: {exc.detail}")
-        except Exception as exc:
-            log(
-                logging.ERROR,
-                "agent.handler_failed",
-                intent=ctx.intent,
-                msg_id=ctx.msg_id,
-                error=f"{type(exc).__name__}: {exc}",
-                exc_info=True,
-            )
-            return error_answer(500, "handler_failed", f"{type(exc).__name__}: {exc}")
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # this run is being cancelled (the agent stopping): not the handler's
+            # the handler's own: a task or job it waited on was cancelled (a sync handler's
+            # concurrent.futures.CancelledError comes out of its future as this one). Passed
+            # on, the delivery would end with no answer at all (a dropped connection, no reply)
+            return self._handler_failed(ctx, exc)
+        except (Exception, SystemExit) as exc:
+            # SystemExit: a handler's sys.exit() (argparse's or click's error exit), which
+            # would otherwise end the agent's event loop and the agent with it
+            return self._handler_failed(ctx, exc)
         try:
             body = _encode(result)
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
@@ -678,6 +680,18 @@ class Dispatcher:
             handler_ms=round((self._now() - started) * 1000.0, 3),
         )
         return Answer(200, body)
+
+    @staticmethod
+    def _handler_failed(ctx: ReachContext, exc: BaseException) -> Answer:
+        log(
+            logging.ERROR,
+            "agent.handler_failed",
+            intent=ctx.intent,
+            msg_id=ctx.msg_id,
+            error=f"{type(exc).__name__}: {exc}",
+            exc_info=exc,
+        )
+        return error_answer(500, "handler_failed", f"{type(exc).__name__}: {exc}")
 
     def _executor(self) -> Workers:
         if self._pool is None:  # daemon threads: a handler that never returns cannot hold exit

@@ -121,7 +121,7 @@ class Agent:
         path: str = "/reach",
         shutdown_timeout: float = 5.0,
         workers: int = DEFAULT_WORKERS,
-        dedup_size: int = 1024,
+        dedup_size: int = 10_000,
         dedup_ttl_s: float = 600.0,
         dedup_max_bytes: int = 64 << 20,
         max_body_bytes: int = 1 << 20,
