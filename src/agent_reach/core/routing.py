@@ -143,6 +143,8 @@ class Tiers:
         it taken again here, a derivation that disagreed with its own due time by a rounding
         would loop for ever)."""
         due = self.due
+        if not due or due[0][0] >= now:  # the common case: nothing due (no list made)
+            return
         popped = []
         while due and due[0][0] < now:
             popped.append(heapq.heappop(due))
