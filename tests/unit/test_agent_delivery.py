@@ -192,6 +192,25 @@ async def test_a_handler_exiting_or_cancelled_within_is_a_500_not_the_agents_end
     assert parsed(await dispatcher.deliver(body("t.ok"), {})) == (200, {"fine": True})
 
 
+async def test_a_bad_answer_is_remembered_and_its_work_not_done_again(table: Any) -> None:
+    """The handler ran to its end, then answered something that is not JSON: the 500
+    bad_answer is remembered for the msg_id, so the gateway's retry gets it again without the
+    work being done twice (a review found the handler run again at every retry)."""
+    dispatcher, handlers, _ = table
+    runs = 0
+
+    def not_json(payload: Any, ctx: ReachContext) -> Any:
+        nonlocal runs
+        runs += 1
+        return object()  # not JSON
+
+    handlers["t.set"] = not_json
+    for _ in range(3):
+        status, answer = parsed(await dispatcher.deliver(body("t.set"), {}))
+        assert (status, answer["error"]) == (500, "bad_answer")
+    assert runs == 1
+
+
 async def test_dedup_is_by_msg_id_and_intent(table: Any) -> None:
     dispatcher, handlers, _ = table
     n = 0

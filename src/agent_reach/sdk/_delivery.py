@@ -18,7 +18,7 @@ an onward reach refused     424     ``unauthorized`` / ``forbidden`` (final: tok
 handler raised anything     500     ``handler_failed`` (retryable, not cached)
 past ``max_inflight`` runs  503     ``backend_unavailable`` at once (retryable, not cached)
 deadline passed, not run    503     ``backend_unavailable`` (retryable, not cached)
-answer is not JSON          500     ``bad_answer`` (retryable, not cached)
+answer is not JSON          500     ``bad_answer`` (retryable; cached: the handler ran)
 body not JSON / bad shape   400/422 ``invalid_request`` naming the field
 ``msg_id`` over 128 chars   422     ``invalid_request`` naming ``msg_id`` (body or header)
 ``msg_id`` reused           422     ``invalid_request`` naming ``msg_id`` (the same msg_id,
@@ -116,12 +116,14 @@ class Answer:
     ``handle_ms`` is how long the handler ran, ``reused`` how a repeated ``msg_id`` was
     answered (``cached``/``joined``; empty for a run of its own): both go back to the gateway in
     a ``Server-Timing`` header, which records them in the request's trace (the agent's hop).
+    ``kept``: remembered for a repeat though a 5xx (the handler ran to its end: ``bad_answer``).
     """
 
     status: int
     body: bytes
     handle_ms: float | None = None
     reused: str = ""
+    kept: bool = False
 
     @property
     def size(self) -> int:
@@ -229,8 +231,9 @@ def _key_bytes(key: Hashable) -> int:
 
 
 def _is_final(answer: Answer) -> bool:
-    # successes and deliberate rejections; a crash (5xx) should run again when retried
-    return answer.status < 500
+    # successes and deliberate rejections; a crash (5xx) should run again when retried, but not
+    # a handler that ran to its end and answered something not JSON (it would do its work again)
+    return answer.status < 500 or answer.kept
 
 
 class Dispatcher:
@@ -670,7 +673,8 @@ class Dispatcher:
             body = _encode(result)
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             log(logging.ERROR, "agent.bad_answer", intent=ctx.intent, error=str(exc))
-            return error_answer(500, "bad_answer", f"the handler's answer is not JSON: {exc}")
+            detail = f"the handler's answer is not JSON: {exc}"
+            return dataclasses.replace(error_answer(500, "bad_answer", detail), kept=True)
         log(
             logging.INFO,
             "agent.answered",
