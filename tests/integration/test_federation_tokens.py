@@ -17,7 +17,7 @@ import pytest
 
 from agent_reach.auth.tokens import Kind
 from tests.federation_support import directory, domain_flags, send, wait_offered
-from tests.support import Proc, Secured, gateway, http, secured_setup, start_agent
+from tests.support import ROOT, Proc, Secured, gateway, http, secured_setup, start_agent
 
 TAG = "weather.query"
 POLICY = """
@@ -29,10 +29,25 @@ intents = ["weather.query"]
 senders = ["agent://caller-*@beijing"]
 intents = ["weather.query"]
 
+[[reach]]
+senders = ["agent://open-*", "agent://open-*@beijing"]
+intents = ["weather.lookup", "weather.query"]
+
+[[reach]]
+senders = ["agent://restricted-*"]
+intents = ["weather.lookup"]
+
+[[reach]]
+senders = ["agent://restricted-*"]
+intents = ["weather.query"]
+endpoints = ["agent://weather-local-*"]
+
 [[claim]]
 endpoints = ["agent://weather-*"]
 intents = ["weather.*"]
 """
+# the demo's dictionary: weather.lookup is an alias of weather.query
+DICTIONARY = ROOT / "src" / "agent_reach" / "demo" / "intents.toml"
 
 
 @dataclass
@@ -50,7 +65,9 @@ def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
     with ExitStack() as stack:
         d = stack.enter_context(directory("--auth", "tokens", "--keys", str(secured.keys)))
         gws = {
-            name: stack.enter_context(gateway(*secured.flags, *domain_flags(name, d.url)))
+            name: stack.enter_context(
+                gateway(*secured.flags, *domain_flags(name, d.url), "--intents", str(DICTIONARY))
+            )
             for name in ("beijing", "shanghai", "chengdu")
         }
         enroll = secured.token(
@@ -77,6 +94,27 @@ def test_the_receiving_domain_judges_the_sender_with_its_domain(fed: Secure) -> 
     assert answer["error"] == "forbidden"
     assert "chengdu" in answer["detail"]
     assert answer["attempts"][0]["domain"] == "chengdu"
+
+
+def test_a_rule_naming_endpoints_is_not_forwarded_when_the_tag_routed_on_is_another(
+    fed: Secure,
+) -> None:
+    """A review: a rule that names the endpoints a sender may reach ("[[reach]] endpoints":
+    this domain's, which the policy can see) was only held against forwarding for the tag the
+    request named. Matched to another tag (an alias, words), the other tag's rule was read and
+    then not kept: the request went to another domain. Here restricted-* may ask
+    weather.lookup anywhere, but weather.query, which it is the alias of, only at this domain's
+    weather-local-*: not forwarded (no such agent here: no_capable_agent). open-* with the
+    same request is forwarded, the same way as before."""
+    body = {"intent": "weather.lookup"}
+    opened = fed.secured.token(Kind.CLIENT, "agent://open-01")
+    code, answer = send(fed.beijing, body, token=opened)
+    assert code == 200, answer
+    assert answer["endpoint_id"] == "agent://weather-cn-01@chengdu"
+    restricted = fed.secured.token(Kind.CLIENT, "agent://restricted-01")
+    code, answer = send(fed.beijing, body, token=restricted)
+    assert (code, answer["error"]) == (404, "no_capable_agent"), answer
+    assert not any(a.get("domain") for a in answer["attempts"])
 
 
 def test_a_forward_needs_the_peer_token_of_the_domain_it_names(fed: Secure) -> None:

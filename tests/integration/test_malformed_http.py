@@ -5,6 +5,7 @@ for each, a cheap way to flood the log)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import time
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from agent_reach.edges.http.server import LOG_PER_S
-from tests.support import Proc, gateway, http, metric, wait_until
+from tests.support import Proc, gateway, http, http_full, metric, wait_until
 
 MALFORMED = {
     "bad Content-Length": b"POST /v1/send HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}",
@@ -95,3 +96,24 @@ def test_a_flood_of_malformed_requests_logs_a_few_warnings_and_no_error(gw: Proc
     assert not [line for line in lines if line.get("level") == "error"], lines
     # each one counted in /metrics, logged or not
     assert metric(gw, "agent_reach_http_malformed_total") - counted == sent[0]
+
+
+def test_a_compressed_body_is_read_as_it_came(gw: Proc) -> None:
+    """A review: aiohttp inflated a ``Content-Encoding: gzip`` body past every bound (the
+    limits check Content-Length, the compressed size: 51 KB on the wire were read as 52 MB),
+    before any token was checked, and answered a body that was not really gzip with a 500 and
+    an ERROR line. Bodies are now read as they came: a compressed one is not JSON (400), and
+    the header on a plain one changes nothing, as on the front's routes."""
+    body = {
+        "endpoint_id": "agent://gz-01",
+        "capabilities": ["gz.t"],
+        "endpoint_url": "http://127.0.0.1:9/r",
+    }
+    packed = gzip.compress(json.dumps(body).encode())
+    gz = {"Content-Encoding": "gzip"}
+    status, answer, _ = http_full("POST", f"{gw.url}/v1/register", raw=packed, headers=gz)
+    assert (status, answer["error"]) == (400, "invalid_request"), answer
+    assert http("GET", f"{gw.url}/v1/agents/gz-01")[0] == 404
+    status, answer, _ = http_full("POST", f"{gw.url}/v1/register", body, headers=gz)
+    assert status == 200, answer
+    assert http("POST", f"{gw.url}/v1/deregister", {"endpoint_id": "agent://gz-01"})[0] == 200

@@ -95,7 +95,7 @@ async def destination(
                 )
             fw = _forward(router, body, body.intent, deadline, None, hint=name, domain=domain)
             return Routed(Match("hint", body.intent, 1.0), body.intent, None, fw)
-    if scope is not None and scope.endpoint is not None:
+    if _restricted(scope):
         # the sender's rule names the endpoints it may reach: those of this domain, which the
         # policy can see; another domain's are not offered to it (a hint may still name one)
         fwd = None
@@ -109,6 +109,9 @@ async def destination(
                     raise LoopDetected(_loop(tag, origin))
                 if admit is not None and tag != body.intent:
                     body.sender, scope = admit(tag)
+                    if _restricted(scope):  # the rule of the tag names endpoints: ours only
+                        fwd = None
+                        break
                 local = NoCapableAgent(f"no agent of this domain declares intent {tag!r}")
                 return Routed(
                     Match(method, tag, 1.0),
@@ -122,10 +125,12 @@ async def destination(
         if elsewhere is not None and not router.registry.by_intent(match.tag):
             if admit is not None and match.tag != body.intent:
                 body.sender, scope = admit(match.tag)
-            local = NoCapableAgent(f"no agent of this domain declares {match.tag!r}")
-            return Routed(
-                match, match.tag, None, _forward(router, body, match.tag, deadline, local)
-            )
+            if not _restricted(scope):
+                local = NoCapableAgent(f"no agent of this domain declares {match.tag!r}")
+                return Routed(
+                    match, match.tag, None, _forward(router, body, match.tag, deadline, local)
+                )
+            fwd = None  # the rule of the tag matched names endpoints: ours only
     else:
         match = settled
     if admit is not None and match.tag != body.intent:
@@ -133,13 +138,22 @@ async def destination(
     try:
         plan = router.plan(match, hint, scope=scope)
     except NoAvailableAgent as exc:
-        # every local endpoint of the tag is suspect, down or ejected: another domain's
-        if hint is not None or fwd is None or not fwd.offers(match.tag, exclude=origin):
+        # every local endpoint of the tag is suspect, down or ejected: another domain's, unless
+        # the sender's rule for the tag routed on names the endpoints it may reach
+        if hint is not None or fwd is None or _restricted(scope):
+            raise
+        if not fwd.offers(match.tag, exclude=origin):
             raise
         if origin is not None:
             raise LoopDetected(_loop(match.tag, origin)) from None
         return Routed(match, match.tag, None, _forward(router, body, match.tag, deadline, exc))
     return Routed(match, match.tag, plan, None)
+
+
+def _restricted(scope: RouteScope | None) -> bool:
+    """Whether the sender's rule names the endpoints it may reach (``[[reach]] endpoints``):
+    those of this domain, which the policy can see; another domain's are never offered."""
+    return scope is not None and scope.endpoint is not None
 
 
 def _forward(
