@@ -348,3 +348,25 @@ async def test_the_transports_pool_waits_outlive_its_closed_client() -> None:
         assert waits >= 2
         await transport.close()
     assert transport.pool_waits() == waits
+
+
+async def test_an_answer_followed_by_the_start_of_another_spoils_the_connection() -> None:
+    """A review: the agent's write held its answer and the start of a second one. The parser
+    went on into it, the connection went back to the pool mid-answer, and the next request's
+    real answer (a 500) came back read as the rest of that phantom one: status 200, its body
+    the 500's. Bytes that begin an answer nobody asked for now spoil the connection."""
+
+    async def extra_bytes(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(OK + b"HTTP/1.1 200 OK\r\nX-A: ")
+        await read_request(reader)  # a request on this connection again: the fault shows
+        writer.write(
+            b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 14\r\n\r\n" + b'{"err":"boom"}'
+        )
+        await reader.read()
+
+    async with server(extra_bytes) as (url, accepted), client() as c:
+        for _ in range(3):
+            answer = await c.post(url, b'{"a":1}', {"X-Reach-Msg-Id": "m1"}, 100)
+            assert (answer.status, answer.body) == (200, b"{}")
+        assert len(accepted) == 3  # a new connection each time

@@ -25,6 +25,10 @@ def test_default_lists() -> None:
         "255.255.255.255/32",
         "100.100.100.200/32",
         "fd00:ec2::254/128",
+        "fd00:ec2::23/128",
+        "fd20:ce::254/128",
+        "168.63.129.16/32",
+        "192.0.0.192/32",
         "::/128",
     }
     assert {"metadata.google.internal", "metadata.goog", "metadata"} == DENIED_HOSTS
@@ -49,6 +53,11 @@ def test_default_lists() -> None:
         ("fe80::1", "(IPv6 link-local)"),
         ("100.100.100.200", "(Alibaba Cloud metadata)"),
         ("fd00:ec2::254", "(AWS instance metadata over IPv6)"),
+        # added after a review: known credential and metadata endpoints that passed
+        ("fd00:ec2::23", "(the AWS EKS Pod Identity agent over IPv6)"),
+        ("fd20:ce::254", "(Google Cloud metadata over IPv6)"),
+        ("168.63.129.16", "(Azure's WireServer (platform and metadata endpoints))"),
+        ("192.0.0.192", "(Oracle Cloud metadata (Classic))"),
         ("0.0.0.0", "(this-network addresses)"),
         ("0.1.2.3", "is in 0.0.0.0/8"),
         ("::", "(the unspecified address)"),
@@ -353,3 +362,27 @@ def test_the_ipv6_loopback_and_unspecified_are_themselves() -> None:
     assert guard.refusal_for_address("::1") is None  # not 0.0.0.1
     assert "the unspecified address" in (guard.refusal_for_address("::") or "")
     assert guard.refusal_for_address("::ffff:0:808:808") is None  # 8.8.8.8, allowed
+
+
+@pytest.mark.parametrize(
+    ("address", "allowed"),
+    [
+        ("::ffff:10.0.0.1", True),  # mapped: dialled as 10.0.0.1
+        ("::ffff:0:a00:1", True),  # SIIT
+        ("64:ff9b::a00:1", True),  # NAT64
+        ("2002:a00:1:dead:beef::1", False),  # 6to4 carrying 10.0.0.1: an IPv6 host
+        ("2001:0:4136:e378:8000:63bf:f5ff:fffe", False),  # Teredo, any server
+        ("::a00:1", False),  # IPv4-compatible, dialled as IPv6
+    ],
+)
+def test_a_narrowed_allow_list_judges_6to4_teredo_and_compatible_as_ipv6_hosts(
+    address: str, allowed: bool
+) -> None:
+    """A review: with --endpoint-networks 10.0.0.0/8 these passed, judged only by the IPv4
+    address inside them, though the client dials the IPv6 address itself: a way out of the
+    narrowed networks. Forms a network translates to IPv4 are still judged as IPv4."""
+    guard = AddressGuard.from_csv("10.0.0.0/8")
+    refusal = guard.refusal_for_address(address)
+    assert (refusal is None) is allowed, refusal
+    both = AddressGuard.from_csv(f"10.0.0.0/8,{address}/128")
+    assert both.refusal_for_address(address) is None  # allowed as itself too: fine

@@ -35,6 +35,10 @@ _WHY_DENIED = {
     "255.255.255.255/32": "broadcast",
     "100.100.100.200/32": "Alibaba Cloud metadata",
     "fd00:ec2::254/128": "AWS instance metadata over IPv6",
+    "fd00:ec2::23/128": "the AWS EKS Pod Identity agent over IPv6",
+    "fd20:ce::254/128": "Google Cloud metadata over IPv6",
+    "168.63.129.16/32": "Azure's WireServer (platform and metadata endpoints)",
+    "192.0.0.192/32": "Oracle Cloud metadata (Classic)",
     "::/128": "the unspecified address",
 }
 DEFAULT_DENIED: tuple[str, ...] = tuple(_WHY_DENIED)
@@ -126,6 +130,15 @@ _LAST_32 = (
 # RFC 8215's local-use NAT64 prefix: a network picks a prefix of 48, 56, 64 or 96 bits inside
 # it, and RFC 6052 places the IPv4 address differently for each (bits 64-71 skipped)
 _LOCAL_NAT64 = ipaddress.IPv6Network("64:ff9b:1::/48")
+# the forms a network translates to the IPv4 address they carry (IPv4-mapped, SIIT, NAT64):
+# dialled, the packet goes to that IPv4 address. The others (IPv4-compatible, 6to4, Teredo)
+# are dialled as the IPv6 address they are, and must be allowed as such too
+_TRANSLATED = (
+    ipaddress.IPv6Network("::ffff:0:0/96"),
+    ipaddress.IPv6Network("::ffff:0:0:0/96"),
+    ipaddress.IPv6Network("64:ff9b::/96"),
+    _LOCAL_NAT64,
+)
 
 
 def _bits(value: int, start: int, n: int) -> int:
@@ -231,7 +244,8 @@ class AddressGuard:
 
     def _refusal(self, shown: str, ip: IPAddress) -> str | None:
         # an IPv6 address that carries IPv4 ones is judged as each of them (every one allowed,
-        # none denied) and as itself (not denied)
+        # none denied) and as itself (not denied; allowed too, unless a network translates it
+        # to the IPv4 address: 6to4 or Teredo in an allowed IPv4 network is still an IPv6 host)
         embedded: list[IPAddress] = []
         if isinstance(ip, ipaddress.IPv6Address):
             embedded.extend(_embedded_ipv4(ip))
@@ -242,7 +256,10 @@ class AddressGuard:
                     return f"{_label(shown, form)} is in {net}, which this gateway never" + (
                         f" delivers to ({why})" if why else " delivers to"
                     )
-        for form in embedded or [ip]:
+        judged = embedded
+        if not embedded or not any(ip in net for net in _TRANSLATED):
+            judged = [*embedded, ip]
+        for form in judged:
             if not any(form in net for net in self.allowed):
                 allowed = ", ".join(map(str, self.allowed)) or "(none)"
                 return f"{_label(shown, form)} is outside the allowed networks {allowed}"

@@ -202,6 +202,14 @@ class Conn(asyncio.Protocol):
 
     # --- httptools callbacks ----------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        future = self.future
+        if future is None or future.done():
+            # a second answer begins in the bytes that ended the first (nobody asked for it):
+            # pooled, the parser would be mid-answer, and the next request's answer read as
+            # the rest of this one (its status or its body another's). The connection is spoilt
+            self.close()
+
     def on_header(self, name: bytes, value: bytes) -> None:
         lname = name.lower()
         if lname == b"content-length":

@@ -153,7 +153,11 @@ class NatsEdge:
         received_at = self._monotonic()  # a send's deadline counts from here
         try:
             if len(msg.data) > self.settings.max_body_bytes:
-                raise PayloadTooLarge(f"body over the {self.settings.max_body_bytes} byte limit")
+                limit = self.settings.max_body_bytes
+                too_large = PayloadTooLarge(f"body over the {limit} byte limit")
+                # a send's error names its ids, as every send's answer does (new ones: the body
+                # is not read), as the HTTP edge's does
+                raise with_ids(too_large) if op == "send" else too_large
             return encode(await handler(msg, self._caller(msg, received_at))), _JSON
         except AgentReachError as exc:
             return _render(exc)
