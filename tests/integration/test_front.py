@@ -387,3 +387,30 @@ def test_a_caller_gone_mid_send_frees_its_place_at_once() -> None:
             assert time.monotonic() - closed < 2.0  # the agent would take 5 s
         finally:
             agent.stop()
+
+
+def test_a_client_that_never_reads_its_answers_is_cut_off_at_the_idle_timeout() -> None:
+    """A review: a client pipelining requests and reading no answer filled the write buffer;
+    the front stopped serving it, its requests in line kept it busy (never idle, never picked
+    for the connection cap), and it held its connection for ever: enough of them lock the
+    gateway out of its descriptors. Its answers unread for --idle-timeout, it is cut off."""
+    with gateway("--matcher", "none", "--idle-timeout", "1") as gw:
+        host, port = gw.url.removeprefix("http://").split(":")
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)  # before connecting
+        with sock:
+            sock.connect((host, int(port)))
+            sock.settimeout(0.2)
+            beat = post("/v1/heartbeat", json.dumps({"endpoint_id": "agent://nobody"}).encode())
+            began = time.monotonic()
+            while time.monotonic() - began < 5.0:  # until the gateway stops reading
+                try:
+                    sock.sendall(beat * 200)
+                except TimeoutError:
+                    break
+
+            def state() -> int:  # tcpi_state: 1 established, 7 closed (reset by the peer)
+                return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+
+            assert state() == 1
+            wait_until(lambda: state() != 1, 8.0)

@@ -163,6 +163,7 @@ class FrontProtocol(asyncio.Protocol):
         self._head_seen = 0  # bytes read while the current message's head was open
         self._paused = False  # reading paused: too many requests in line, or writes backed up
         self._write_paused = False
+        self._write_paused_at = 0.0  # when the client last stopped reading its answers
         self._server_task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._last = 0.0
@@ -435,8 +436,10 @@ class FrontProtocol(asyncio.Protocol):
             self._pause()
 
     def pause_writing(self) -> None:
-        # the client does not read its answers: serve no more until it does
+        # the client does not read its answers: serve no more until it does (and close the
+        # connection if it does not for --idle-timeout: _idle_check)
         self._write_paused = True
+        self._write_paused_at = self._loop.time()
         self._pause()
 
     def resume_writing(self) -> None:
@@ -484,6 +487,15 @@ class FrontProtocol(asyncio.Protocol):
             return
         loop = asyncio.get_running_loop()
         now = loop.time()
+        if self._write_paused and now >= self._write_paused_at + self.idle_timeout:
+            # its answers unread for --idle-timeout: a client that never reads would hold the
+            # connection, and a descriptor, for ever (requests in line keep it busy, so it is
+            # never idle, nor picked for the connection cap). Aborted: a close would wait for
+            # the unread answers to be sent first
+            self.closing = True
+            if self.transport is not None:
+                self.transport.abort()
+            return
         due = self._last + self.idle_timeout
         began = self.reading_since if self._handing is None and self._refusal is None else None
         if began is not None and now >= began + self.read_timeout:
