@@ -554,11 +554,11 @@ class Router:
         once (in this task, or in a task created now).
 
         A retry (``tried`` not empty) gets ``prefer`` only if it is still eligible now, its
-        status checked again after the backoff waited since :meth:`choose` (registered; not
-        down for a hint, else healthy or degraded); else it is chosen again.
+        status checked again after the backoff waited since :meth:`choose`
+        (:meth:`_eligible_now`); else it is chosen again.
         """
         if prefer is not None and tried and not self._eligible_now(plan, prefer):
-            prefer = None  # gone or down since it was chosen: choose again among the rest
+            prefer = None  # no longer eligible since it was chosen: choose again
         if prefer is None or self.full(prefer):
             fresh = prefer is not None or bool(tried)
             tiers = self.refresh(plan) if fresh else plan.tiers
