@@ -168,6 +168,24 @@ async def test_a_live_id_held_by_another_registration_is_not_overwritten(
     assert a is not None and a.owner == "gen-3"
 
 
+async def test_a_removal_with_an_owner_removes_only_that_owners_record(
+    registry: RegistryBackend,
+) -> None:
+    """Token mode's deregistration: an endpoint token removes its own registration only."""
+    changes: list[RegistryChange] = []
+    await registry.upsert(rec("a")._replace(owner="gen-2"))
+    registry.subscribe(changes.append)
+    with pytest.raises(EndpointHeld):
+        await registry.remove("agent://a", owner="gen-1")
+    kept = registry.get("agent://a")
+    assert kept is not None and kept.owner == "gen-2"
+    assert set(registry.by_intent("t.a")) == {"agent://a"} and changes == []
+    assert await registry.remove("agent://none", owner="gen-1") is None
+    removed = await registry.remove("agent://a", owner="gen-2")
+    assert removed is not None and removed.owner == "gen-2"
+    assert registry.get("agent://a") is None and len(registry) == 0
+
+
 # --- the record cap (max_records) ------------------------------------------------------------
 
 

@@ -17,9 +17,10 @@ import redis
 
 from agent_reach.clock import SystemClock
 from agent_reach.core.model import EndpointRecord
-from agent_reach.errors import BackendUnavailable, ConfigError, RegistryFull
+from agent_reach.errors import BackendUnavailable, ConfigError, EndpointHeld, RegistryFull
 from agent_reach.registry import open_registry
 from agent_reach.registry.redis import STALENESS_BOUND_S, RedisRegistry
+from agent_reach.registry.redis.scripts import UPSERT
 from tests.support import REDIS_URL, drop_prefix
 
 # what a bound check allows on top of the stated bound: one Redis round trip and scheduling
@@ -551,3 +552,42 @@ async def test_a_removal_buffered_while_cut_off_does_not_remove_a_later_registra
     await a._sync.reconcile()
     for view in (a, b):
         assert view.get("agent://x").capabilities == ("t.again",)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("path", ["direct", "buffered"])
+async def test_an_owners_removal_spares_a_registration_made_since_elsewhere(
+    pair: Callable[..., RedisRegistry], path: str
+) -> None:
+    """Token mode: x, registered through a by gen-1, is registered again by gen-2 through
+    another gateway, whose notice has not reached a (here it never does). gen-1's removal
+    through a, written at once or buffered while a is cut off, is refused in Redis: gen-2's
+    registration stands, and a's view takes it. Without the owner in the script, x was gone."""
+    a = pair(sync_s=3600.0, reconcile_s=3600.0)
+    await a.start()
+    await a.upsert(rec("x", time.monotonic())._replace(owner="gen-1"))
+    keys = a._store._keys("agent://x")
+    keys[3] += ":elsewhere"  # the other gateway's notice: on a channel a does not hear
+    args = ["agent://x", '["t.a"]', "http://127.0.0.1:9/gen-2", "", "", "", "gen-2", "", "", ""]
+    with redis.Redis.from_url(REDIS_URL, decode_responses=True) as r:
+        r.eval(UPSERT, len(keys), *keys, *args)
+    assert a.get("agent://x").owner == "gen-1"  # type: ignore[union-attr]
+    if path == "direct":
+        with pytest.raises(EndpointHeld):
+            await a.remove("agent://x", owner="gen-1")
+    else:
+        away(a)
+        assert await a.remove("agent://x", owner="gen-1") is not None  # buffered
+        await a._buffer.flush(a._store, a._versions, a._store.now)
+        assert not a._buffer.writes and not a._buffer.removed_by
+        await a._sync.reconcile()
+    with redis.Redis.from_url(REDIS_URL, decode_responses=True) as r:
+        assert r.hget(keys[0], "owner") == "gen-2"
+        assert r.zscore(keys[1], "agent://x") is not None
+    kept = a.get("agent://x")
+    assert kept is not None and (kept.owner, kept.endpoint_url) == ("gen-2", args[2])
+    # a view that held the other owner refuses at once; the owner's own removal goes
+    with pytest.raises(EndpointHeld):
+        await a.remove("agent://x", owner="gen-1")
+    assert await a.remove("agent://x", owner="gen-2") is not None
+    with redis.Redis.from_url(REDIS_URL, decode_responses=True) as r:
+        assert not r.exists(keys[0]) and r.zscore(keys[1], "agent://x") is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,10 +18,23 @@ from typing import Any
 
 import jwt
 import pytest
+import redis
 
 from agent_reach.auth.keys import KeyRing, generate_key
 from agent_reach.auth.tokens import Kind, TokenService
-from tests.support import Proc, gateway, http, http_full, secured_setup, start_agent, wait_until
+from agent_reach.registry.redis.scripts import UPSERT
+from agent_reach.registry.redis.store import key_prefix
+from tests.support import (
+    REDIS_URL,
+    Proc,
+    drop_prefix,
+    gateway,
+    http,
+    http_full,
+    secured_setup,
+    start_agent,
+    wait_until,
+)
 from tests.support import service_of as _service
 
 POLICY = """\
@@ -315,6 +329,43 @@ def test_an_endpoint_token_binds_its_id(net: Net) -> None:
         assert (
             http("POST", f"{url}/deregister", {"endpoint_id": endpoint_id}, token=token)[0] == 200
         )
+
+
+def test_a_stale_endpoint_token_spares_a_registration_made_elsewhere_on_redis(
+    tmp_path: Path,
+) -> None:
+    """On Redis, x is registered again (another registration, another gateway) and the notice
+    has not reached this gateway (here it never does): the earlier registration's endpoint
+    token is refused, 403, where the record is written, and the new registration stands, in
+    Redis and in this gateway's listing. Before, the view's check passed and x was removed."""
+    s = secured_setup(tmp_path, POLICY)
+    prefix = f"test-{secrets.token_hex(6)}"
+    endpoint_id, elsewhere = "agent://weather-rz", "http://127.0.0.1:9/elsewhere"
+    try:
+        with gateway(*s.flags, "--registry", REDIS_URL, "--registry-prefix", prefix) as proc:
+            net = Net(proc.url, proc, s.keys, s.policy, s.operator, {})
+            enroll = net.enroll("agent://weather-*", "weather.*")
+            status, first = _register(proc.url, enroll, endpoint_id, ["weather.query"])
+            assert status == 200, first
+            p = key_prefix(prefix)
+            keys = [f"{p}:ep:{endpoint_id}", f"{p}:seen", f"{p}:ver", f"{p}:elsewhere"]
+            keys += [f"{p}:seq", f"{p}:gone:{endpoint_id}"]
+            args = [endpoint_id, '["weather.query"]', elsewhere, "", "", "", "gen-x", "", "", ""]
+            with redis.Redis.from_url(REDIS_URL, decode_responses=True) as r:
+                r.eval(UPSERT, len(keys), *keys, *args)  # on a channel the gateway does not hear
+                status, answer = http(
+                    "POST",
+                    f"{proc.url}/v1/deregister",
+                    {"endpoint_id": endpoint_id},
+                    token=first["token"],
+                )
+                assert status == 403 and "earlier registration" in answer["detail"], answer
+                assert r.hget(keys[0], "owner") == "gen-x"
+                assert r.zscore(keys[1], endpoint_id) is not None
+            assert net.registered()[endpoint_id]["endpoint_url"] == elsewhere
+            assert any(a["target"] == endpoint_id for a in net.audit())
+    finally:
+        drop_prefix(prefix)
 
 
 # --- sending -------------------------------------------------------------------------------

@@ -71,11 +71,16 @@ from agent_reach.wire.bodies import TokenRequest
 if TYPE_CHECKING:
     from agent_reach.gateway.service import Caller
 
-__all__ = ["Access"]
+__all__ = ["Access", "earlier_registration"]
 
 _NO_POLICY = Policy.empty()
 _ANONYMOUS_KEPT = 4096  # open mode: principals kept by address (all dropped past it)
 _PRINCIPALS_KEPT = 4096  # token mode: verified principals kept (all dropped past it)
+
+
+def earlier_registration(endpoint_id: str) -> str:
+    """Why an endpoint token may not act on the id's current registration."""
+    return f"this endpoint token belongs to an earlier registration of {endpoint_id}"
 
 
 def _failures_key(address: str) -> str:
@@ -435,12 +440,16 @@ class Access:
                 f"this endpoint token is for {claims.subject}, not {endpoint_id}",
             )
         if current is not None and current.owner != claims.generation:
-            self.deny(
-                caller,
-                action,
-                endpoint_id,
-                f"this endpoint token belongs to an earlier registration of {endpoint_id}",
-            )
+            self.deny(caller, action, endpoint_id, earlier_registration(endpoint_id))
+
+    @staticmethod
+    def own_generation(caller: Principal) -> str | None:
+        """The registration an endpoint token may act on (its generation); None for anything
+        else (open mode, an operator)."""
+        claims = caller.claims
+        if claims is None or claims.kind is Kind.OPERATOR:
+            return None
+        return claims.generation
 
     def renewal(self, caller: Principal) -> EndpointGrant | None:
         """A fresh endpoint token when the caller's has less than half its life left."""

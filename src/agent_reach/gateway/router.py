@@ -258,9 +258,10 @@ class Router:
             return _JUST_SEEN  # no deliveries yet: nothing but the heartbeat decides
         return self.health(record, now)
 
-    async def deregister(self, endpoint_id: str) -> None:
-        """Remove a record at once; EndpointNotRegistered when the id is unknown."""
-        if await self.registry.remove(endpoint_id) is None:
+    async def deregister(self, endpoint_id: str, *, owner: str | None = None) -> None:
+        """Remove a record at once; EndpointNotRegistered when the id is unknown, EndpointHeld
+        (nothing removed) when ``owner`` is given and the record is another owner's."""
+        if await self.registry.remove(endpoint_id, owner=owner) is None:
             raise EndpointNotRegistered(f"{endpoint_id} is not registered")
         log(logging.INFO, "agent.deregistered", endpoint_id=endpoint_id)
 

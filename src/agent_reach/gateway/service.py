@@ -41,6 +41,7 @@ from agent_reach.errors import (
     TraceNotFound,
 )
 from agent_reach.gateway import explain
+from agent_reach.gateway.access import earlier_registration
 from agent_reach.gateway.forward import HOPS_HEADER, ORIGIN_HEADER
 from agent_reach.gateway.listing import (
     TAG_CHUNK,
@@ -296,11 +297,20 @@ class Service:
         principal = self.access.authenticate(caller, ENDPOINTS | OPERATORS, "deregister")
         if isinstance(body, bytes):
             body = decode(body, EndpointIdBody)
-        current = self.registry.get(body.endpoint_id)
-        self.access.check_owner(principal, "deregister", body.endpoint_id, current)
-        await self.router.deregister(body.endpoint_id)
+        endpoint_id = body.endpoint_id
+        current = self.registry.get(endpoint_id)
+        self.access.check_owner(principal, "deregister", endpoint_id, current)
+        # an endpoint token removes only its own registration, checked again where the record
+        # is written: on Redis, one made since through another gateway may not be in this view
+        owner = self.access.own_generation(principal)
+        try:
+            await self.router.deregister(endpoint_id, owner=owner)
+        except EndpointHeld:
+            self.access.deny(
+                principal, "deregister", endpoint_id, earlier_registration(endpoint_id)
+            )
         if current is not None and current.endpoint_url.startswith("a2a+"):
-            await self.node.cards.forget(body.endpoint_id)
+            await self.node.cards.forget(endpoint_id)
         return {"ok": True}
 
     async def enforce_policy(self) -> list[str]:

@@ -173,10 +173,14 @@ class RegistryBackend(Protocol):
         in batches), so that a heartbeat is answered without a task or an await."""
         ...
 
-    async def remove(self, endpoint_id: str) -> EndpointRecord | None:
+    async def remove(self, endpoint_id: str, *, owner: str | None = None) -> EndpointRecord | None:
         """Delete the record at once; return it, or None when the id is unknown (then nothing
         is stored: removing unknown ids costs no space). A shared backend buffers the removal
-        as :meth:`upsert` does a write (BackendUnavailable, nothing changed, at the bound)."""
+        as :meth:`upsert` does a write (BackendUnavailable, nothing changed, at the bound).
+        With ``owner`` (token mode: the generation of the endpoint token removing it), only a
+        record of that owner is removed: EndpointHeld, nothing removed, when the record has
+        another, checked where the record is written (in Redis: in the same script, so that a
+        registration made through another gateway, not yet in this view, is not removed)."""
         ...
 
     async def purge(self, seen_before: float) -> int:

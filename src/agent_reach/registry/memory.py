@@ -198,11 +198,15 @@ class MemoryRegistry:
         self._announce(RegistryChange(endpoint_id, before, after))
         return after
 
-    async def remove(self, endpoint_id: str) -> EndpointRecord | None:
-        before = self._records.pop(endpoint_id, None)
-        if before is not None:
-            self._unindex(before)
-            self._announce(RegistryChange(endpoint_id, before, None))
+    async def remove(self, endpoint_id: str, *, owner: str | None = None) -> EndpointRecord | None:
+        before = self._records.get(endpoint_id)
+        if before is None:
+            return None
+        if owner is not None and before.owner != owner:
+            raise EndpointHeld(endpoint_id)
+        del self._records[endpoint_id]
+        self._unindex(before)
+        self._announce(RegistryChange(endpoint_id, before, None))
         return before
 
     async def purge(self, seen_before: float) -> int:

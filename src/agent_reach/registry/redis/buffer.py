@@ -26,7 +26,8 @@ Invariants:
   were checked on this gateway's view when it was taken. A buffered registration or removal
   carries the time it was made (the record's ``last_seen``, or
   :attr:`WriteBuffer.removed_at`) and is not written when the id was registered after that,
-  through another gateway. A **re-publication** (the view put
+  through another gateway; a removal made with an owner (token mode's endpoint token) is not
+  written where Redis holds another owner's registration. A **re-publication** (the view put
   back after Redis lost its data, :meth:`WriteBuffer.republish`; :attr:`WriteBuffer.again`
   holds its ids) is written only where Redis has nothing of the id, and never replaces a
   write buffered here; a write of the id made since replaces it.
@@ -39,6 +40,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 
 from agent_reach.core.model import EndpointRecord
+from agent_reach.errors import EndpointHeld
 from agent_reach.registry.redis.store import RedisStore
 from agent_reach.registry.redis.versions import Versions
 
@@ -60,6 +62,7 @@ class WriteBuffer:
         self.new: set[str] = set()  # ids of buffered registrations Redis has nothing of
         self.again: set[str] = set()  # ids whose buffered registration is a re-publication
         self.removed_at: dict[str, float] = {}  # id -> when its buffered removal was made
+        self.removed_by: dict[str, str] = {}  # id -> the owner whose registration it removes
         self.beats: dict[str, None] = {}  # ordered set of ids
         self.wake = asyncio.Event()  # set when the first heartbeat of a batch is buffered
         self.inflight: dict[str, int] = {}  # id -> direct writes of it on their way to Redis
@@ -111,11 +114,16 @@ class WriteBuffer:
             self.writes[record.endpoint_id] = record
             self.again.add(record.endpoint_id)
 
-    def deregister(self, endpoint_id: str, made: float) -> None:
+    def deregister(self, endpoint_id: str, made: float, owner: str | None = None) -> None:
         """Buffer a removal of the id, made at ``made`` (the liveness clock; call :meth:`drop`
-        first: it may make this needless)."""
+        first: it may make this needless); with ``owner``, written only where Redis holds that
+        owner's registration."""
         self.writes[endpoint_id] = None
         self.removed_at[endpoint_id] = made
+        if owner is None:
+            self.removed_by.pop(endpoint_id, None)
+        else:
+            self.removed_by[endpoint_id] = owner
         self.new.discard(endpoint_id)
         self.again.discard(endpoint_id)
 
@@ -125,6 +133,7 @@ class WriteBuffer:
         self.new.discard(endpoint_id)
         self.again.discard(endpoint_id)
         self.removed_at.pop(endpoint_id, None)
+        self.removed_by.pop(endpoint_id, None)
 
     def beat(self, endpoint_id: str) -> None:
         """Buffer a heartbeat of the id (written with the next batch)."""
@@ -158,7 +167,11 @@ class WriteBuffer:
                 again = endpoint_id in self.again
                 if record is None:
                     made = self.removed_at.get(endpoint_id)
-                    version, _ = await store.remove(endpoint_id, made=made)
+                    owner = self.removed_by.get(endpoint_id)
+                    try:
+                        version, _ = await store.remove(endpoint_id, made=made, owner=owner)
+                    except EndpointHeld:  # registered since by another owner: it stands
+                        version = 0
                     if version:
                         versions.removed(endpoint_id, version, now())
                 else:
@@ -172,6 +185,7 @@ class WriteBuffer:
                     del self.writes[endpoint_id]
                     self.again.discard(endpoint_id)
                     self.removed_at.pop(endpoint_id, None)
+                    self.removed_by.pop(endpoint_id, None)
             if self.beats:
                 ids = list(self.beats)
                 await store.touch(ids)

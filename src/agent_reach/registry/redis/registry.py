@@ -36,7 +36,7 @@ from collections.abc import Callable, Collection, Iterable
 
 from agent_reach.clock import Clock, SystemClock
 from agent_reach.core.model import EndpointRecord
-from agent_reach.errors import BackendUnavailable
+from agent_reach.errors import BackendUnavailable, EndpointHeld
 from agent_reach.observability.logs import Throttle, log
 from agent_reach.registry.base import (
     ClaimMap,
@@ -310,25 +310,35 @@ class RedisRegistry:
             self._buffer.beat(endpoint_id)
         return after
 
-    async def remove(self, endpoint_id: str) -> EndpointRecord | None:
+    async def remove(self, endpoint_id: str, *, owner: str | None = None) -> EndpointRecord | None:
         buffer, made = self._buffer, self._now()
-        if self._view.get(endpoint_id) is not None:
+        current = self._view.get(endpoint_id)
+        if current is not None:
+            if owner is not None and current.owner != owner:
+                raise EndpointHeld(endpoint_id)
             self._check_room(endpoint_id)  # a removal may have to be buffered
         before = await self._view.remove(endpoint_id)
         # a new registration never written: Redis has nothing of it from here to remove
         cancelled = buffer.drop(endpoint_id)
         if not self._link.available:  # as in upsert: buffered, written when Redis is back
             if before is not None and not cancelled:
-                buffer.deregister(endpoint_id, made)
+                buffer.deregister(endpoint_id, made, owner)
             return before
         try:
             # also what Redis has but this view not yet (a registration on its way): the
             # removal returns it. An id not registered anywhere leaves no trace in Redis.
             with buffer.writing(endpoint_id):
-                version, removed = await self._store.remove(endpoint_id)
+                version, removed = await self._store.remove(endpoint_id, owner=owner)
+        except EndpointHeld:
+            # registered since by another owner (through another gateway, its notice still
+            # on its way): that registration stands, and the view shows it now
+            self._link.healthy(self._now())
+            with contextlib.suppress(BackendUnavailable):  # else its notice, or a reconcile
+                await self._sync.refresh([endpoint_id])
+            raise
         except BackendUnavailable as exc:
             if before is not None and not cancelled:
-                buffer.deregister(endpoint_id, made)
+                buffer.deregister(endpoint_id, made, owner)
             self._link.lost(exc, self._now())
             return before
         self._link.healthy(self._now())

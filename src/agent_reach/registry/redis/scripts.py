@@ -105,9 +105,12 @@ return {seen, ver}
 # KEYS: ep, seen, ver, channel, seq, gone, epoch, reset
 # ARGV: id, the reset window in ms, when the removal was made ('' for now: a buffered removal
 #       written late is not written when the record there was registered after it), the epoch
-#       token the writing gateway last saw
+#       token the writing gateway last saw, the owner whose removal it is ('' for any: token
+#       mode's endpoint token removes only its own registration, not one made since through
+#       another gateway that the writer's view has not seen yet)
 # -> {} when the id was not registered, or registered after a late removal (nothing published),
-#    else {version, seen, field, value, ...}: the removal's version and the record it removed.
+#    {'held'} when the record there has another owner (nothing written), else
+#    {version, seen, field, value, ...}: the removal's version and the record it removed.
 # In the reset window (the reset key lives, or the token is not the one the writer last saw: it
 # has not noticed yet that Redis lost its data) a tombstone is left, but for a late removal not
 # written.
@@ -118,6 +121,10 @@ if ARGV[3] ~= '' then
   local removed = math.min(tonumber(ARGV[3]), tonumber(t[1]) + tonumber(t[2]) / 1000000)
   local made = redis.call('HGET', KEYS[1], 'at')
   if made and tonumber(made) > removed then return {} end
+end
+if ARGV[5] ~= '' then
+  local owner = redis.call('HGET', KEYS[1], 'owner')
+  if owner and owner ~= ARGV[5] then return {'held'} end
 end
 if redis.call('GET', KEYS[7]) ~= ARGV[4] or redis.call('EXISTS', KEYS[8]) == 1 then
   redis.call('SET', KEYS[6], '1', 'PX', ARGV[2])

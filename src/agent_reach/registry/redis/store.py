@@ -279,19 +279,23 @@ class RedisStore:
         return int(second)
 
     async def remove(
-        self, endpoint_id: str, *, made: float | None = None
+        self, endpoint_id: str, *, made: float | None = None, owner: str | None = None
     ) -> tuple[int, EndpointRecord | None]:
         """Delete the id; return the removal's version and the record removed, or
         ``(0, None)`` when it was not registered (then nothing was written, but a tombstone in
         the reset window). ``made``: when a removal written late (buffered) was made, on the
-        liveness clock: not written when the id was registered after that."""
+        liveness clock: not written when the id was registered after that. ``owner``: remove
+        only a record of that owner; EndpointHeld, nothing written, when Redis holds one of
+        another (a registration made since through another gateway)."""
         at = "" if made is None or self.offset is None else f"{made + self.offset:.6f}"
         keys = [*self._keys(endpoint_id), self.epoch_key, self.reset_key]
-        args = [endpoint_id, _RESET_WINDOW_MS, at, self.epoch or ""]
+        args = [endpoint_id, _RESET_WINDOW_MS, at, self.epoch or "", owner or ""]
         with self._io():
             out = await self._remove(keys=keys, args=args)
         if not out:
             return 0, None
+        if out[0] == "held":
+            raise EndpointHeld(endpoint_id)
         version, seen, *flat = out
         fields = dict(zip(flat[::2], flat[1::2], strict=True))
         record = None if self.offset is None else self.record(endpoint_id, fields, float(seen))

@@ -70,6 +70,13 @@ class ViewSync:
         self._versions.registered(endpoint_id, fetched.version)
         await self._view.upsert(fetched.record)
 
+    async def refresh(self, endpoint_ids: list[str]) -> None:
+        """Read the ids' records from Redis into the view (a write refused there: what Redis
+        holds is newer than the view)."""
+        for fetched in await self._store.fetch(endpoint_ids):
+            if fetched is not None:
+                await self._apply(fetched)
+
     def _touch(self, endpoint_id: str, ts: float) -> None:
         record = self._view.get(endpoint_id)
         assert self._store.offset is not None
