@@ -117,3 +117,35 @@ def test_a_compressed_body_is_read_as_it_came(gw: Proc) -> None:
     status, answer, _ = http_full("POST", f"{gw.url}/v1/register", body, headers=gz)
     assert status == 200, answer
     assert http("POST", f"{gw.url}/v1/deregister", {"endpoint_id": "agent://gz-01"})[0] == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/register", "/a2a", "/mcp", "/v1/send"])
+def test_a_body_spoilt_after_its_head_is_answered_at_once(gw: Proc, path: str) -> None:
+    """A chunked body whose framing breaks after the head was read (a bad chunk size in a
+    later segment): aiohttp queued the error behind the request in hand and left its body
+    unfinished, so the handler's read waited for ``--read-timeout`` (30 s here) and the
+    connection was cut with no answer. Now the contract's 400 comes at once on every route
+    (/v1/send is the front's, which always did), and the connection is closed."""
+    host, port = gw.url.removeprefix("http://").split(":")
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        "Accept: application/json, text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        '5\r\n{"a":\r\n'
+    )
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(head.encode())
+        # the input itself: the bad framing must come as a later segment, after the gateway
+        # has read the head and handed the request to its handler
+        time.sleep(0.3)
+        started = time.monotonic()
+        sock.sendall(b"zz\r\n")
+        got = b""
+        while chunk := sock.recv(65536):  # a timeout (5 s) fails the test
+            got += chunk
+    assert time.monotonic() - started < 3.0
+    status, _, body = got.partition(b"\r\n\r\n")
+    assert status.split(b" ")[1] == b"400", got
+    answer = json.loads(body)
+    assert answer["error"] == "invalid_request", answer
+    assert answer["detail"].startswith("malformed HTTP request: "), answer
+    assert http("GET", f"{gw.url}/healthz")[0] == 200

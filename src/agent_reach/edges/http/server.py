@@ -26,10 +26,15 @@ what clients sent meanwhile, and closing then would answer their requests with a
 This overrides ``RequestHandler.handle_error``, ``RequestHandler.connection_made``,
 ``RequestHandler._process_keepalive``, ``RequestHandler._handle_request`` and
 ``Server.__call__``, and reads ``Server._connections``, ``RequestHandler._current_request``
-(and its ``content.is_eof()``), ``_keepalive_handle``, ``_keepalive_timeout`` and
+(and its ``content.is_eof()``), ``RequestHandler._messages`` (the queue the parser's
+``_ErrInfo`` goes into), ``_keepalive_handle``, ``_keepalive_timeout`` and
 ``_next_keepalive_close_time``, which aiohttp (3.10 to 3.14) uses: check them when upgrading
 aiohttp (tests/integration/test_malformed_http.py and test_connections.py fail if they stop
 being used).
+
+A body that turns out malformed after its head was read (a bad chunk size arriving later)
+is answered the same way at once (aiohttp would leave its reader waiting until
+``--read-timeout``), and the connection closed.
 """
 
 from __future__ import annotations
@@ -41,10 +46,11 @@ import logging
 import termios
 import time
 from collections.abc import Awaitable, Callable
+from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_protocol import RequestHandler, _ErrInfo
 
 from agent_reach.edges.http.front import FastEdge, FrontProtocol
 from agent_reach.observability.logs import Throttle
@@ -147,7 +153,33 @@ class _ReachRequestHandler(RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         self.read_at = time.monotonic()
+        messages = self._messages
+        queued = len(messages)
         super().data_received(data)
+        if len(messages) > queued and isinstance(messages[-1][0], _ErrInfo):
+            self._spoilt_body(messages[-1][0])
+
+    def _spoilt_body(self, error: _ErrInfo) -> None:
+        """Bytes that did not parse (a bad chunk size, say). When they belong to the body of
+        the request in hand, aiohttp queues the error as the next request and leaves that body
+        unfinished: its reader waited until ``--read-timeout`` cut the connection, with no
+        answer. Here it is answered at once, as any malformed request, and the connection
+        closed; the handler's read ends in ConnectionResetError (nobody left to answer)."""
+        request, transport = self._current_request, self.transport
+        if request is None or request.content.is_eof() or transport is None:
+            return  # the next request's head: answered in its turn (handle_error)
+        self._messages.pop()
+        if request.writer.output_size == 0:  # else an answer has begun: only the close
+            reason = _malformed(self._manager, request, error.status, error.exc, error.message)
+            body = _malformed_body(reason)
+            head = (
+                f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}\r\n"
+                "Content-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            )
+            transport.write(head.encode() + body)
+        transport.close()
+        request.content.set_exception(ConnectionResetError("malformed request body"))
 
     def _process_keepalive(self) -> None:
         if _unread(self.transport):
@@ -175,27 +207,40 @@ class _ReachRequestHandler(RequestHandler):
     ) -> web.StreamResponse:
         if status >= 500:  # a fault of ours (our handler catches its own): aiohttp's way
             return super().handle_error(request, status, exc, message)
-        reason = _reason(exc, message)
-        manager = self._manager
-        if isinstance(manager, ReachServer):
-            manager.on_malformed()
-        _THROTTLE.log(
-            logging.WARNING,
-            "http.malformed",
-            remote=request.remote or "?",
-            status=status,
-            reason=reason,
-        )
+        reason = _malformed(self._manager, request, status, exc, message)
         if request.writer.output_size > 0:  # part of an answer went out: nothing more can
             raise ConnectionError("malformed request after an answer had started")
-        body = {
-            "ok": False,
-            "error": "invalid_request",
-            "detail": f"malformed HTTP request: {reason}",
-        }
-        resp = web.Response(status=status, body=encode(body), content_type="application/json")
+        body = _malformed_body(reason)
+        resp = web.Response(status=status, body=body, content_type="application/json")
         resp.force_close()
         return resp
+
+
+def _malformed(
+    manager: Any,
+    request: web.BaseRequest,
+    status: int,
+    exc: BaseException | None,
+    message: str | None,
+) -> str:
+    """Count and log (rate-limited) a malformed request; its reason, cut short."""
+    reason = _reason(exc, message)
+    if isinstance(manager, ReachServer):
+        manager.on_malformed()
+    _THROTTLE.log(
+        logging.WARNING,
+        "http.malformed",
+        remote=request.remote or "?",
+        status=status,
+        reason=reason,
+    )
+    return reason
+
+
+def _malformed_body(reason: str) -> bytes:
+    return encode(
+        {"ok": False, "error": "invalid_request", "detail": f"malformed HTTP request: {reason}"}
+    )
 
 
 def _closing(handler: RequestHandler) -> bool:
