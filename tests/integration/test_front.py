@@ -7,11 +7,14 @@ request; and the same answer from both servers for the same request."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -413,3 +416,47 @@ def test_a_client_that_never_reads_its_answers_is_cut_off_at_the_idle_timeout() 
                 return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
 
             wait_until(lambda: state() != 1, 10.0)
+
+
+def held_by(pid: int, peer_port: int) -> bool:
+    """Whether process ``pid`` holds a descriptor of a TCP socket to ``peer_port`` (/proc)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):  # closed meanwhile
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    for row in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        cols = row.split()
+        if int(cols[2].split(":")[1], 16) == peer_port and cols[9] in inodes:
+            return True
+    return False
+
+
+def test_a_closing_connection_whose_answer_is_never_read_is_cut_off() -> None:
+    """A review: a connection the front closes (here after a request with ``Connection:
+    close``) waited for its unsent answer to go first, for ever when the client never reads
+    it: closing, it no longer counted toward the connection cap, and it held a descriptor.
+    It is now cut off --idle-timeout after the close. (The answer, 2 MiB, is more than the two
+    sockets' buffers take: part of it waits in the gateway's own.)"""
+    with gateway("--matcher", "none", "--idle-timeout", "2", "--max-body-bytes", "4000000") as gw:
+        agent = start_agent(gw.url, "agent://front-linger-01", "big", intents="front.linger")
+        try:
+            host, port = gw.url.removeprefix("http://").split(":")
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)  # before connecting
+            with sock:
+                sock.connect((host, int(port)))
+                mine = sock.getsockname()[1]
+                body = json.dumps({"intent": "front.linger", "payload": {}}).encode()
+                sock.sendall(post("/v1/send", body, "Connection: close"))
+                sent = time.monotonic()
+                wait_until(
+                    lambda: any(line.get("event") == "reach.completed" for line in gw.log_lines()),
+                    5.0,
+                )
+                assert held_by(gw.popen.pid, mine)  # answered, its close waiting on the client
+                wait_until(lambda: not held_by(gw.popen.pid, mine), 10.0)
+                assert time.monotonic() - sent >= 1.5  # the idle time (2 s) after the close
+        finally:
+            agent.stop()
