@@ -265,9 +265,19 @@ async def test_a_hinted_request_waits_for_its_endpoint_only() -> None:
 # --- bounds of the waiting -------------------------------------------------------------------
 
 
-async def test_the_wait_queue_is_bounded_low_refused_first() -> None:
+async def test_a_wait_queue_holds_what_the_gateway_admits() -> None:
+    """A review: the queues held 256 each, hard-coded, so that with one agent a ``high``
+    request was refused at 64 + 256 in delivery, where the contract refuses it only at 100 %
+    of --max-inflight (1,024 by default)."""
     router, _ = await make(["agent://a"], bound=1)
-    router.slots.max_waiting = 10  # low up to 7 waiting, normal up to 9, high up to 10
+    assert router.slots.max_waiting == GatewaySettings().max_inflight == 1024
+    router, _ = await make(["agent://a"], bound=1, max_inflight=300)
+    assert router.slots.max_waiting == 300
+
+
+async def test_the_wait_queue_is_bounded_low_refused_first() -> None:
+    # low up to 7 waiting, normal up to 9, high up to 10 (the queue backs the gateway bound)
+    router, _ = await make(["agent://a"], bound=1, max_inflight=10)
     p = await plan(router)
     router.attempt_started("agent://a")
     callers = Callers(router, p)

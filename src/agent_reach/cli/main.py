@@ -299,7 +299,7 @@ def main() -> None:
     click.IntRange(min=1),
     64,
     "attempts open to one endpoint at once; past it a request goes to another candidate, or"
-    " waits for a slot (high priority first; 503 overloaded past 256 waiting per intent)",
+    " waits for a slot (high priority first, within --max-inflight)",
     metavar="N",
 )
 @option(

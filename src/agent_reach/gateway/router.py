@@ -107,9 +107,11 @@ class Router:
         self.liveness = LivenessClock(STALL_TICK_S, min(1.0, interval / 2))
         self.stats: dict[str, EndpointStats] = {}
         self.budget = RetryBudget(settings.retry_budget_ratio, settings.retry_budget_min_per_s)
-        # --max-inflight-per-endpoint: attempts open to one endpoint, and the requests waiting
+        # --max-inflight-per-endpoint: attempts open to one endpoint, and the requests waiting;
+        # a wait queue holds as many as the gateway admits (each waiter is a request in
+        # delivery), so that it refuses no request --max-inflight's priority shares let in
         self.bound = settings.max_inflight_per_endpoint
-        self.slots = Slots(clock.monotonic, self._offer)
+        self.slots = Slots(clock.monotonic, self._offer, settings.max_inflight)
         self._tiers: dict[str, Tiers] = {}
         self.unrouted = UnroutedIntents()  # intents refused with no_capable_agent
         # federation: the tags other domains serve, known to the fallback matcher too

@@ -28,6 +28,8 @@ Invariants:
   claim whose attempt never started (an error on the way) is given back and offered again.
 - Bounded: a queue holds at most ``max_waiting`` requests, ``low`` refused past 70 % of it,
   ``normal`` past 90 % (:func:`agent_reach.core.routing.wait_admits`): then 503 ``overloaded``.
+  The router makes it ``--max-inflight``: every waiter is a request admitted and in delivery,
+  so the gateway bound's shares refuse first, and a full queue is only a backstop.
 - Waiting is bounded by the timeout the router passes in (what is left of the deadline, or
   its recheck interval): one timer a wait, which ends it without cancelling the task; the
   injected ``monotonic`` only paces the log line of refusals.
@@ -50,7 +52,7 @@ from agent_reach.observability.logs import log
 
 __all__ = ["MAX_WAITING", "Slots", "Waiter"]
 
-MAX_WAITING = 256  # requests one queue (intent) holds at most
+MAX_WAITING = 1024  # requests one queue (intent) holds at most (the router: --max-inflight)
 RETRY_AFTER_S = 1  # what a request refused at a full queue is told (Retry-After)
 
 
