@@ -43,7 +43,16 @@ from agent_reach.core.model import EndpointRecord
 from agent_reach.errors import AgentReachError, RegistryFull
 from agent_reach.registry.redis import RESYNC_EPS_S, STALENESS_BOUND_S, RedisRegistry
 from agent_reach.sdk.client import ReachClient
-from tests.support import Proc, gateway, http, no_agents, start_agent, status_of, wait_until
+from tests.support import (
+    Proc,
+    gateway,
+    http,
+    metric,
+    no_agents,
+    start_agent,
+    status_of,
+    wait_until,
+)
 
 # on top of a stated bound: the test's own HTTP polls (every 10 ms) and scheduling
 SLACK_S = 0.35
@@ -579,3 +588,40 @@ async def test_while_redis_is_away_the_cap_is_checked_on_the_view(
             await registry.upsert(rec("cap-d"))
     finally:
         await registry.close()
+
+
+def test_an_a2a_answer_is_kept_when_redis_goes_before_its_owners_are_written(
+    private_redis: PrivateRedis,
+) -> None:
+    """A review: the owners of an A2A conversation are claimed in the shared registry after
+    the agent has answered; with Redis gone meanwhile, the claim's error replaced the answer
+    (the work done, the caller told it failed, and a retry would do it again). The answer now
+    goes back, and the lost claim is logged."""
+    with gateway(*on(private_redis, prefix(), 1.0), "--matcher", "none") as gw:
+        agent = start_agent(gw.url, "agent://a2a-own-01", "slow", intents="own.t", delay_ms=1500)
+        try:
+            message = {
+                "messageId": "m-own-01",
+                "role": "ROLE_USER",
+                "contextId": "conv-own-01",
+                "parts": [{"data": {"n": 1}}],
+                "metadata": {"intent": "own.t", "timeout_ms": 10000},
+            }
+            call = {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "SendMessage",
+                "params": {"message": message},
+            }
+            with ThreadPoolExecutor(1) as pool:
+                sent = pool.submit(
+                    http, "POST", f"{gw.url}/a2a", call, headers={"A2A-Version": "1.0"}
+                )
+                wait_until(lambda: metric(gw, "agent_reach_requests_in_delivery") == 1, 5)
+                private_redis.kill()  # the agent is still at work
+                status, answer = sent.result(timeout=15)
+            assert status == 200 and "result" in answer, answer
+            assert answer["result"]["message"]["parts"][0]["data"]["payload"] == {"n": 1}
+            assert any(line.get("event") == "a2a.owner_unrecorded" for line in gw.log_lines())
+        finally:
+            agent.stop()

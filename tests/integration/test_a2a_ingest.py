@@ -114,6 +114,9 @@ def test_a_card_becomes_an_agent_reached_by_intent(gw: Proc) -> None:
         assert listed["endpoint_url"].startswith("a2a+http://127.0.0.1:")
         assert listed["a2a"]["unmapped_skills"] == ["Jokes"]
         assert listed["status"] == "healthy"
+        # GET /v1/agents/NAME gives the same AGENT object (a review: without its a2a)
+        status, one = http("GET", f"{gw.url}/v1/agents/a2a-weather")
+        assert status == 200 and one["a2a"] == listed["a2a"], one
 
         status, sent = send(
             gw.url,
@@ -239,16 +242,18 @@ def test_a_changed_card_is_mapped_again_within_what_was_registered(gw: Proc) -> 
             assert agents(gw.url)["agent://a2a-changing"]["status"] == "healthy"
         finally:
             second.stop()
+
+        def moves() -> int:
+            return sum(
+                1
+                for line in gw.log_lines()
+                if line.get("event") == "a2a.card_moved"
+                and line.get("endpoint_id") == "agent://a2a-changing"
+            )
+
         moved = a2a_agent("changing-a2a", "--port", port, "--rpc-path", "/rpc", *both)
         try:
-            wait_until(
-                lambda: any(
-                    line.get("event") == "a2a.card_moved"
-                    and line.get("endpoint_id") == "agent://a2a-changing"
-                    for line in gw.log_lines()
-                ),
-                10,
-            )
+            wait_until(lambda: moves() == 1, 10)
             # not followed: the record keeps the address its registration was checked with
             assert agents(gw.url)["agent://a2a-changing"]["endpoint_url"].endswith(f":{port}/")
             # and not heartbeated at it, in the rounds after the one that read the move either
@@ -260,6 +265,19 @@ def test_a_changed_card_is_mapped_again_within_what_was_registered(gw: Proc) -> 
                 time.sleep(0.1)  # polling interval
         finally:
             moved.stop()
+        # the moved card changes again (a skill dropped), its interface still the new one: a
+        # review found it registered then at the new address, with none of a registration's
+        # checks, and heartbeated there
+        again = a2a_agent(
+            "changing-a2a", "--port", port, "--rpc-path", "/rpc", "--skill", "note.create=Notes"
+        )
+        try:
+            wait_until(lambda: moves() == 2, 10)
+            listed = agents(gw.url)["agent://a2a-changing"]
+            assert listed["endpoint_url"].endswith(f":{port}/"), listed
+            assert listed["capabilities"] == ["note.create"] and listed["status"] != "healthy"
+        finally:
+            again.stop()
     finally:
         first.stop()
         http("POST", f"{gw.url}/v1/deregister", {"endpoint_id": "agent://a2a-changing"})

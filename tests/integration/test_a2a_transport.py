@@ -153,6 +153,10 @@ async def test_a_message_answer_is_ok_with_what_the_agent_saw(
         "deadline_ms": 1500,
     }
     assert (seen["context_id"], seen["task_id"]) == (None, None)  # no follow-up: none sent
+    # a retry's attempt has less than the request's timeout: the agent is told what it has
+    # (a review: it was told the whole 1,500 ms on every attempt)
+    _, seen = seen_of(result_of(await a2a.deliver(url, body, HEADERS, 0.8)))
+    assert seen["metadata"]["deadline_ms"] == 800
 
 
 async def test_a_task_answer_is_ok_with_the_task(agents: Agents, a2a: A2aTransport) -> None:

@@ -60,6 +60,10 @@ MAX_TEXTS = 8  # texts of one skill matched against the dictionary
 MAX_SKILLS = 64  # skills of one card read (the rest are left out, and logged)
 ROUND_SHARE = 0.6  # rounds start every 0.6 heartbeat interval, as the agent SDK beats
 MISSES = 3  # rounds a kept card's record may be missing from the view before it is forgotten
+# characters of a card's name and of each skill's id and name kept (and shown by /v1/agents),
+# and of its description: a card's fields are the card host's to make as big as they like
+MAX_NAME = 256
+MAX_DESCRIPTION = 4096
 
 
 class MatcherBusy(Exception):
@@ -304,8 +308,8 @@ class CardKeeper:
             card_url=card_url,
             version=version,
             interface=_interface(agent, card_url),
-            name=str(agent.name),
-            description=str(agent.description),
+            name=str(agent.name)[:MAX_NAME],
+            description=str(agent.description)[:MAX_DESCRIPTION],
             skills=skills,
             etag=etag,
             given=list(given) if given else None,
@@ -317,7 +321,7 @@ class CardKeeper:
         """The tag of one skill: its id when that is a tag; else the dictionary tag that its
         texts (the description, each example: at most :data:`MAX_TEXTS`) match, each on its
         own, at or above the threshold, when they match no other; else none (unmapped)."""
-        skill_id, name = str(skill.id), str(skill.name)
+        skill_id, name = str(skill.id)[:MAX_NAME], str(skill.name)[:MAX_NAME]
         if is_intent(skill_id):
             return SkillMap(skill_id, name, skill_id, "id", 1.0)
         dictionary = self.node.dictionary
@@ -352,7 +356,7 @@ class CardKeeper:
             "endpoint_id": endpoint_id,
             "capabilities": capabilities if capabilities is not None else card.capabilities,
             "endpoint_url": "a2a+" + card.interface,
-            "description": (description or card.description)[:4096],
+            "description": (description or card.description)[:MAX_DESCRIPTION],
         }
         try:
             return msgspec.convert(fields, RegisterBody)
@@ -369,6 +373,7 @@ class CardKeeper:
     async def forget(self, endpoint_id: str) -> None:
         """Stop keeping the card of ``endpoint_id`` (deregistered, or registered otherwise)."""
         self.local.pop(endpoint_id, None)
+        self._missing.pop(endpoint_id, None)
         await self.map.delete(endpoint_id)
 
     async def kept(self, endpoint_id: str) -> Card | None:
@@ -470,14 +475,17 @@ class CardKeeper:
             if new is not None:
                 accepted = card.accepted or list(record.capabilities)
                 new = msgspec.structs.replace(new, accepted=accepted)
-                if new.interface != card.interface:
+                # judged against the address registered, not the card last read: a card that
+                # moved, then changed again, must not be registered at its new address
+                registered = record.endpoint_url.removeprefix("a2a+")
+                if new.interface != registered:
                     await self.keep(endpoint_id, msgspec.structs.replace(new, refused="moved"))
                     log(
                         logging.WARNING,
                         "a2a.card_moved",
                         endpoint_id=endpoint_id,
                         interface=new.interface,
-                        registered=card.interface,
+                        registered=registered,
                     )
                     return  # no heartbeat: a new address is registered with its checks
                 extra = [t for t in new.capabilities if t not in accepted]

@@ -47,6 +47,7 @@ from agent_reach.gateway.listing import (
     TAG_CHUNK,
     AgentListing,
     Routable,
+    describe,
     intents_pieces,
     sorted_in_turns,
 )
@@ -346,7 +347,8 @@ class Service:
         record = self.registry.get(endpoint_id) if is_endpoint_id(endpoint_id) else None
         if record is None:  # a malformed name cannot be registered either
             raise EndpointNotRegistered(f"{endpoint_id!r} is not registered")
-        return self.router.describe(record, self.router.now())
+        # the same AGENT object as the listing's, ``a2a`` included for a card's agent
+        return describe(self.router, self.node.cards.local, record, self.router.now())
 
     async def reachable_intents(
         self, caller: Caller, first: int

@@ -191,7 +191,7 @@ class A2aTransport:
                 reached=False,
                 eject=True,
             )
-        msg_id, request, send_headers = self._request(body, headers)
+        msg_id, request, send_headers = self._request(body, headers, timeout_s)
         got = await self.http.deliver(target, request, send_headers, timeout_s)
         if got.outcome is not Outcome.OK:
             return got
@@ -238,8 +238,12 @@ class A2aTransport:
         )
 
     @staticmethod
-    def _request(body: bytes, headers: Mapping[str, str]) -> tuple[str, bytes, dict[str, str]]:
-        """The JSON-RPC request's id, body and headers, from the v1 delivery body and headers."""
+    def _request(
+        body: bytes, headers: Mapping[str, str], timeout_s: float
+    ) -> tuple[str, bytes, dict[str, str]]:
+        """The JSON-RPC request's id, body and headers, from the v1 delivery body and headers;
+        ``metadata.deadline_ms`` is what this attempt has (``X-Reach-Deadline-Ms``), not the
+        request's whole timeout: an agent on the A2A SDK rarely sees our headers."""
         try:
             d = _decode_delivery(body)
         except msgspec.DecodeError as exc:
@@ -259,7 +263,7 @@ class A2aTransport:
             "intent": d.intent,
             "msg_id": d.msg_id,
             "trace_id": d.trace_id,
-            "deadline_ms": d.timeout_ms,
+            "deadline_ms": min(d.timeout_ms, int(timeout_s * 1000)),
         }
         if d.sender is not None:
             metadata["sender"] = d.sender

@@ -62,6 +62,7 @@ from aiohttp import web
 
 from agent_reach.errors import (
     AgentReachError,
+    BackendUnavailable,
     Forbidden,
     InvalidRequest,
     MethodNotAllowed,
@@ -543,7 +544,9 @@ class A2aEdge:
         wrapped Message carries a context only when the caller named one), so that stateless
         traffic writes nothing. Each key is claimed in one atomic step: a live owner (another
         endpoint, or another caller) is never overwritten (an agent cannot claim the ids of
-        another's task), the same owner's claim renews its TTL."""
+        another's task), the same owner's claim renews its TTL. A shared registry away when
+        the claims are written (the agent has answered by then) costs the follow-ups, not the
+        answer: logged ``a2a.owner_unrecorded``, and the answer goes back."""
         keys = []
         for kind, task_field in (("task", "id"), ("message", "taskId")):
             answer = out.get(kind)
@@ -561,7 +564,18 @@ class A2aEdge:
             {"caller": who, "endpoint_id": endpoint_id, "intent": intent}, sort_keys=True
         )
         for key in dict.fromkeys(keys):
-            if await self.owners.claim(key, value, OWNER_TTL_S) != value:
+            try:
+                claimed = await self.owners.claim(key, value, OWNER_TTL_S)
+            except BackendUnavailable as exc:
+                log(
+                    logging.WARNING,
+                    "a2a.owner_unrecorded",
+                    key=key,
+                    endpoint_id=endpoint_id,
+                    error=exc.detail,
+                )
+                return
+            if claimed != value:
                 log(logging.WARNING, "a2a.owner_kept", key=key, claimed_by=endpoint_id)
 
     async def _task(self, caller: Caller, method: str, params: dict[str, Any]) -> Any:
