@@ -526,3 +526,22 @@ def test_hanging_card_hosts_do_not_starve_a_good_card_agents_heartbeats() -> Non
             assert agents(gw.url)["agent://card-h0"]["status"] != "healthy"
     finally:
         host.stop()
+
+
+def test_what_is_kept_of_a_card_is_bounded(gw: Proc) -> None:
+    """A review: a card's name and skill names were kept and listed whole (a 300 KB name in
+    every /v1/agents entry, and in the shared registry's map); they are cut to 256."""
+    name = "n" * 5000
+    skill = "note.create=" + "d" * 100
+    agent = a2a_agent(name, "--skill", skill, "--skill", "x" * 3000 + "=Something")
+    try:
+        answer = add(gw.url, agent.url, "agent://a2a-big-names")
+        assert answer["a2a"]["name"] == "n" * 256
+        ids = [s["id"] for s in answer["a2a"]["skills"]]
+        assert ids[0] == "note.create" and ids[1] == "x" * 256, ids
+        listed = agents(gw.url)["agent://a2a-big-names"]
+        assert len(listed["a2a"]["name"]) == 256
+        assert all(len(s["name"]) <= 256 for s in listed["a2a"]["skills"])
+    finally:
+        agent.stop()
+        http("POST", f"{gw.url}/v1/deregister", {"endpoint_id": "agent://a2a-big-names"})
