@@ -198,6 +198,21 @@ def test_a_429_carries_retry_after_over_nats_as_over_http(bus: Bus) -> None:
         assert metric(gw, "agent_reach_nats_api_requests_total", op="register", status="429") == 1
 
 
+def test_a_forwarded_send_is_judged_over_nats_as_over_http(bus: Bus) -> None:
+    """A review: the NATS API read no ``X-Reach-Hops`` / ``X-Reach-Origin``, so a send
+    carrying them was not held to federation's rules (one forward, never again): a loop the
+    HTTP edge answers 508 was served over NATS."""
+    prefix = new_prefix()
+    with gateway("--nats", NATS_URL, "--nats-prefix", prefix, "--matcher", "none") as gw:
+        body = {"intent": "hops.t", "payload": {}, "timeout_ms": 2000}
+        for hops, status, error in (("2", 508, "loop_detected"), ("x", 422, "invalid_request")):
+            headers = {"X-Reach-Hops": hops, "X-Reach-Origin": "elsewhere"}
+            over_nats = bus.request(f"{prefix}.v1.send", body, headers)
+            over_http = http_full("POST", f"{gw.url}/v1/send", body, headers=headers)
+            assert (over_nats.status, over_http[0]) == (status, status), (hops, over_nats)
+            assert over_nats.body["error"] == over_http[1]["error"] == error
+
+
 # --- heartbeats over NATS only ------------------------------------------------------------------
 
 

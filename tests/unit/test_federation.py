@@ -16,7 +16,7 @@ from agent_reach.core.names import qualified, split_domain
 from agent_reach.core.policy import Pattern
 from agent_reach.core.retry import Deadline, RetryBudget
 from agent_reach.core.routing import Tiers
-from agent_reach.errors import AgentError, InvalidRequest, Overloaded
+from agent_reach.errors import AgentError, InvalidRequest, Overloaded, PayloadTooLarge
 from agent_reach.federation.directory import fit_answer
 from agent_reach.federation.peers import DEMOTED_S, MAX_PEERS, Peers
 from agent_reach.federation.summary import build_summary, trim_summary
@@ -118,6 +118,22 @@ def test_the_peers_kept_are_bounded_and_the_tags_offered_tracked() -> None:
     peers.update([entry("d0", note_create=(1, 0))], now=0.1)
     assert peers.version > version  # its tags changed: the matcher's index is rebuilt
     assert "note.create" in peers.tags(0.2)
+
+
+def test_the_index_keeps_a_domains_tags_while_it_is_stale_or_its_agents_down() -> None:
+    """A review: the index took only fresh domains' routable tags, but is rebuilt only when
+    a domain's set of tags changes; one rebuilt while a domain was stale (or its agents down)
+    lost its tags until some unrelated change, so matching by meaning to it failed. The index
+    has every held domain's tags; the route judges freshness and routability per lookup."""
+    peers = Peers("me", stale_after_s=1.0)
+    peers.update([entry("far", weather_query=(1, 0))], now=0.0)
+    version = peers.version
+    assert TAG in peers.tags(5.0)  # stale now: still in the index...
+    assert peers.candidates(TAG, 5.0) == [] and not peers.offers(TAG, 5.0)  # ...not routed to
+    peers.update([entry("far", weather_query=(0, 0))], now=6.0)  # its agents down
+    assert TAG in peers.tags(6.0) and not peers.offers(TAG, 6.0)
+    peers.update([entry("far", weather_query=(1, 0))], now=7.0)  # back, the same tags
+    assert peers.version == version and peers.offers(TAG, 7.0)
 
 
 def test_a_summary_counts_routable_endpoints_only_with_the_healthy_tiers_best_p95() -> None:
@@ -338,6 +354,21 @@ async def test_failovers_after_refusals_are_charged_to_the_retry_budget() -> Non
     assert raised.value.retry_after_s == 2.0
 
 
+async def test_a_failover_after_a_refused_connection_is_free_whatever_came_before() -> None:
+    """A review: once one forward had been answered, every later failover was charged, also
+    the one after a connection that could not be made; with a budget of one retry, d2 (which
+    would answer) was never asked."""
+    answer = b'{"ok": true, "endpoint_id": "agent://w", "result": {}, "attempts": []}'
+    answers = {
+        "d0": refusal("overloaded", 503),  # answered: the failover to d1 is charged
+        "d1": Delivery(Outcome.CONNECT_ERROR, None, None, "refused", reached=False),
+        "d2": Delivery(Outcome.OK, 200, answer),  # after a refused connection: free
+    }
+    forwarder, transport = forwarding(answers, RetryBudget(min_per_second=0.1, window=10))
+    endpoint_id, _ = await forwarder.forward(forward_request(forwarder), [])
+    assert transport.asked == ["d0", "d1", "d2"] and endpoint_id == "agent://w@d2"
+
+
 async def test_another_domains_retry_after_is_passed_on_within_a_minute() -> None:
     forwarder, _ = forwarding({"d0": refusal("overloaded", 503, retry_after_s=1e300)})
     with pytest.raises(Overloaded) as raised:
@@ -349,6 +380,9 @@ async def test_another_domains_retry_after_is_passed_on_within_a_minute() -> Non
     "odd",
     [
         Delivery(Outcome.OK, 200, b'{"surprise": true}'),  # JSON, not a send answer
+        # a proxy's 202 or 204 (a review: read as a refusal, and the next domain asked too)
+        Delivery(Outcome.SERVER_ERROR, 202, b'{"accepted": true}', reached=False),
+        Delivery(Outcome.SERVER_ERROR, 204, b"", reached=False),
         # what the transport makes of a 2xx that is not JSON, or compressed, and of a 3xx
         Delivery(Outcome.AGENT_ERROR, 200, None, "answered 200 with a body that is not JSON"),
         Delivery(Outcome.AGENT_ERROR, 302, None, "answered 302"),
@@ -360,6 +394,16 @@ async def test_a_2xx_that_is_not_a_send_answer_is_an_agent_error_not_forwarded_a
     # the other domain may have done the work: asking the next one would do it twice
     forwarder, transport = forwarding({"d0": odd, "d1": refusal("overloaded", 503)})
     with pytest.raises(AgentError, match="not forwarded again"):
+        await forwarder.forward(forward_request(forwarder), [])
+    assert transport.asked == ["d0"]
+
+
+async def test_a_body_over_another_gateways_limit_is_said_as_it_is() -> None:
+    """A review: a 413 ``payload_too_large`` of the other domain's gateway (the body,
+    re-encoded for the forward, over its limit) was a ``server_error``, and the caller got a
+    bare 502 ``all_attempts_failed``; it is now the refusal passed on."""
+    forwarder, transport = forwarding({"d0": refusal("payload_too_large", 413)})
+    with pytest.raises(PayloadTooLarge):
         await forwarder.forward(forward_request(forwarder), [])
     assert transport.asked == ["d0"]
 

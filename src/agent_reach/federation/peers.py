@@ -206,11 +206,14 @@ class Peers:
         return any(self.fresh(p, now) and p.routable(tag) is not None for p in self._peers.values())
 
     def tags(self, now: float) -> set[str]:
-        """Every tag some fresh peer offers (for the fallback matcher's index)."""
+        """Every tag a peer held lists (for the fallback matcher's index), fresh or stale,
+        routable now or not: the route judges that at each lookup (:meth:`elsewhere`). The
+        index is rebuilt when :attr:`version` moves, which it does when these tags change, not
+        when a peer goes stale and fresh again or its agents down and up: a set filtered by
+        those lost a domain's tags until some unrelated change (a review)."""
         out: set[str] = set()
         for peer in self._peers.values():
-            if self.fresh(peer, now):
-                out.update(t for t in peer.summary.intents if peer.routable(t) is not None)
+            out.update(peer.summary.intents)
         return out
 
     def __len__(self) -> int:

@@ -80,6 +80,9 @@ _REFUSALS = frozenset(
         "recipient_incapable",
         "loop_detected",
         "forbidden",
+        # the body, re-encoded for the forward, is over the other gateway's limit: said as it
+        # is (the caller learns why), where a server_error said nothing
+        "payload_too_large",
     }
 )
 
@@ -195,7 +198,10 @@ class Forwarder:
         tried: list[str] = []
         refusal: AgentReachError | None = None
         reached_any = False  # a forward reached agents of the other domain
-        charged = False  # a forward was answered by the other domain's gateway: it cost it work
+        # the last forward was answered by the other domain's gateway (it cost it work), or
+        # reached its agents: the failover after it is charged; after one whose connection
+        # could not be made it is free, whatever the forwards before it cost
+        costly_last = False
         self.budget.record_request(self.clock.monotonic())
         while True:
             targets = self._targets(fw, tried)
@@ -211,7 +217,7 @@ class Forwarder:
             attempt_s = remaining
             if len(targets) > 1:  # another could follow: this one gets its per-try timeout
                 attempt_s = min(remaining, per_try_timeout_ms(peer.stats.p95_ms()) / 1000.0)
-            if tried and (reached_any or charged) and not self.budget.try_spend(now):
+            if tried and costly_last and not self.budget.try_spend(now):
                 self.metrics.retry_budget_exhausted.inc()
                 if refusal is not None and not reached_any:
                     raise refusal
@@ -228,7 +234,7 @@ class Forwarder:
             if answer is not None:
                 return answer
             reached_any = reached_any or reached
-            charged = charged or costly
+            costly_last = reached or costly
             if refusal_now is not None:
                 refusal = refusal_now
         if not tried:
@@ -329,14 +335,16 @@ class Forwarder:
             outcome, error = Outcome.AGENT_ERROR, delivery.detail
             refusal = AgentError(f"{domain}: {delivery.detail} (not forwarded again)")
         elif delivery.status is not None and delivery.body is not None:
-            if delivery.status == 200:
+            if 200 <= delivery.status < 300:
                 try:
                     answer = _reply.decode(delivery.body)
                     outcome = Outcome.OK
                 except (msgspec.DecodeError, msgspec.ValidationError):
-                    # a 200 is the other domain's word that the work was done: not forwarded
-                    # again, as an agent's answer that cannot be read is not retried
-                    answered, error = False, "its 200 answer is not a send answer"
+                    # a 2xx is the other side's word that the work was done (a 202 or 204 of
+                    # a proxy in front of it too): not forwarded again, as an agent's answer
+                    # that cannot be read is not retried
+                    answered = False
+                    error = f"its {delivery.status} answer is not a send answer"
                     outcome = Outcome.AGENT_ERROR
                     refusal = AgentError(f"{domain}: {error} (not forwarded again)")
             else:

@@ -177,6 +177,9 @@ class NatsEdge:
             traceparent=headers.get("traceparent"),
             received_at=received_at,
             delivery="x-reach-attempt" in headers,
+            # a request carrying them is judged as over HTTP: never forwarded again
+            hops=headers.get("x-reach-hops"),
+            reach_origin=headers.get("x-reach-origin"),
         )
 
     # --- handlers: parse, call the service ---------------------------------------------------
