@@ -224,6 +224,23 @@ def test_an_invalid_json_payload_is_a_usage_error_and_nothing_is_sent(gw: Proc) 
     assert http("GET", f"{gw.url}/v1/traces/trace_cli_bad")[0] == 404  # the gateway saw nothing
 
 
+def test_values_the_client_refuses_are_usage_errors_with_no_traceback(gw: Proc) -> None:
+    """A review: refused by the client before anything was sent, these exited 1 (as a
+    gateway's answer) or ended in a traceback (blank words, a payload nested too deeply, an
+    argument that is not UTF-8, a token with a newline inside)."""
+    cases = [
+        ("register", "agent://cli-bad-01", "http://a..b/", "--intent", "cli.bad", "--json"),
+        ("send", "--text", "   ", "--json"),
+        ("send", "cli.echo", "[" * 100_000, "--json"),
+        ("send", "cli.echo", "\udcff", "--json"),
+        ("--token", "a\nb", "agents", "--json"),
+    ]
+    for case in cases:
+        run = cli(*(a.replace("\\n", "\n") for a in case), "--gateway", gw.url)
+        assert run.code == 2, (case, run)
+        assert "Traceback" not in run.err, (case, run.err)
+
+
 def test_route_explains_the_choice_the_timeout_the_retries_and_why_not(gw: Proc) -> None:
     code, _ = http(
         "POST",

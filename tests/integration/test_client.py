@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import gzip
 import socket
 import threading
@@ -537,3 +538,53 @@ async def test_an_onward_reach_ends_with_the_request_it_serves() -> None:
     assert 0.4 <= took < 1.2, took  # with the network's allowance it took 1.45 s
     assert late.value.trace_id == "trace_cl_onward"
     assert str(late.value.fields["msg_id"]).startswith("msg_")
+
+
+async def test_a_call_on_a_pooled_connection_the_gateway_closed_is_sent_again() -> None:
+    """A review: the gateway closes an idle keep-alive connection (--idle-timeout); a client
+    whose event loop was busy meanwhile took that connection from its pool, and the send
+    failed with GatewayUnavailable (``ServerDisconnectedError``), though nothing had reached
+    the gateway; aiohttp resends only idempotent methods. It is now sent again on another
+    connection, once delivered, with its msg_id; a register and a deregister too."""
+    with gateway("--idle-timeout", "1") as gw:
+        agent = start_agent(gw.url, "agent://cl-stale-01", "ok", intents="cl.stale")
+        try:
+            async with ReachClient(gw.url, sender="agent://cl-caller") as c:
+                assert (await c.send("cl.stale", {"n": 0})).endpoint_id == "agent://cl-stale-01"
+                # the input: a client busy for longer than the gateway's idle timeout (blocking
+                # work on its event loop), so that the closed connection is still pooled
+                time.sleep(1.6)  # noqa: ASYNC251 (the blocking is the test's input)
+                reply = await c.send("cl.stale", {"n": 1})
+                assert reply.result["payload"] == {"n": 1}
+                time.sleep(1.6)  # noqa: ASYNC251 (the blocking is the test's input)
+                await c.register("agent://cl-stale-02", ["cl.stale2"], "http://127.0.0.1:9/x")
+                time.sleep(1.6)  # noqa: ASYNC251 (the blocking is the test's input)
+                await c.deregister("agent://cl-stale-02")
+            delivered = [
+                line["msg_id"] for line in agent.log_lines() if line.get("event") == "agent.request"
+            ]
+            assert delivered.count(reply.msg_id) == 1, delivered
+        finally:
+            agent.stop()
+
+
+def test_a_sync_client_dropped_without_close_lets_its_thread_go(gw: Proc) -> None:
+    """A review: a SyncReachClient never closed kept its loop's thread (and its pool) for
+    ever; one forgotten close() per request of a web handler grew without bound."""
+
+    def threads() -> int:
+        return sum(1 for t in threading.enumerate() if t.name == "agent-reach-client")
+
+    before = threads()
+
+    def use_and_drop() -> None:
+        client = SyncReachClient(gw.url)
+        assert client.send("cl.echo", {"n": 1}).result["payload"] == {"n": 1}
+
+    for _ in range(3):
+        use_and_drop()
+    gc.collect()
+    deadline = time.monotonic() + 5.0
+    while threads() > before and time.monotonic() < deadline:
+        time.sleep(0.02)  # polling interval
+    assert threads() == before

@@ -28,13 +28,15 @@ def _payload(ctx: click.Context, param: click.Parameter, value: str | None) -> A
     if value is None:
         return {}
     source = "stdin" if value == "-" else "the argument"
-    raw = sys.stdin.buffer.read() if value == "-" else value.encode()
+    # surrogateescape: an argument's bytes as the shell gave them (not UTF-8: not JSON, said)
+    raw = sys.stdin.buffer.read() if value == "-" else value.encode(errors="surrogateescape")
     try:
         return msgspec.json.decode(raw)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested too deep
+        why = str(exc) or "nested too deeply"
         raise click.BadParameter(
-            f"the payload ({source}) is not valid JSON: {exc}", ctx, param
-        ) from exc
+            f"the payload ({source}) is not valid JSON: {why}", ctx, param
+        ) from None
 
 
 @click.command()

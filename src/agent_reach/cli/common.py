@@ -22,6 +22,7 @@ from agent_reach.errors import (
     ConfigError,
     GatewayUnavailable,
     InternalError,
+    InvalidRequest,
 )
 from agent_reach.sdk.client import ReachClient
 from agent_reach.settings import (
@@ -96,13 +97,14 @@ _JSON_META = "agent_reach.json"
 def exit_code(exc: AgentReachError) -> ExitCode:
     """The exit code of a command that ended in ``exc``: the one table of the CLI.
 
-    ``gateway_unavailable`` is 3; a configuration refused by this process (:class:`ConfigError`
-    not rebuilt from an answer) is 2; every other error is 1: an error answer of the gateway
+    ``gateway_unavailable`` is 3; a configuration refused by this process, or a value the
+    client refused before sending anything (:class:`ConfigError`, :class:`InvalidRequest`, not
+    rebuilt from an answer) is 2; every other error is 1: an error answer of the gateway
     (whatever its code), a backing service that cannot be reached, a fault of ours.
     """
     if isinstance(exc, GatewayUnavailable):
         return ExitCode.UNAVAILABLE
-    if isinstance(exc, ConfigError) and exc.http_status is None:
+    if isinstance(exc, ConfigError | InvalidRequest) and exc.http_status is None:
         return ExitCode.USAGE
     return ExitCode.ERROR
 

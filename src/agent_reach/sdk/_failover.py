@@ -15,7 +15,13 @@ Invariants of :class:`GatewayRing`:
 Which failures allow trying the next gateway (:func:`never_sent`): only those where the
 request cannot have reached the gateway, because the connection could not be made (refused,
 DNS, no route, TLS handshake, connect timeout). A connection lost after the request was written
-(reset, closed, read timeout) is ambiguous: the gateway may have acted on it.
+(reset, closed, read timeout) is ambiguous: the gateway may have acted on it. One case is not:
+a pooled keep-alive connection the gateway had already closed (its ``--idle-timeout``, its
+connection cap, a proxy's shorter idle time) when the request was written on it fails before
+any byte of an answer, and nothing was read there (a gateway never closes a connection with a
+request waiting in it). aiohttp sends such a request again by itself only for idempotent
+methods; :meth:`GatewayPool._once` does it for every call (a send keeps its ``msg_id``, by
+which agents drop a duplicate), on another connection, at most :data:`STALE_RESENDS` times.
 
 Each move to the next gateway is a :class:`Failover`, handed to the pool's ``on_failover``
 (by default, :func:`log_failover` logs it as ``client.gateway_failover``; the agent's heartbeat
@@ -33,7 +39,7 @@ import aiohttp
 import msgspec
 
 from agent_reach.clock import Clock, SystemClock
-from agent_reach.errors import AgentReachError, GatewayUnavailable
+from agent_reach.errors import AgentReachError, ConfigError, GatewayUnavailable
 from agent_reach.observability.logs import log
 
 __all__ = [
@@ -53,6 +59,9 @@ __all__ = [
 
 # how long a failed gateway is tried last
 COOLOFF_S = 5.0
+# a request whose pooled connection turned out closed by the gateway is sent again (on
+# another connection) at most this many times: each stale connection of the pool fails once
+STALE_RESENDS = 3
 # how long making a connection to a gateway may take before the next one is tried
 CONNECT_TIMEOUT_S = 1.0
 # the most of a gateway's answer read by default (ReachClient's max_answer_bytes): the whole
@@ -102,6 +111,22 @@ class GatewayRing:
     def _cooling(self, url: str, now: float) -> bool:
         failed_at = self._failed_at.get(url)
         return failed_at is not None and now - failed_at < self.cooloff_s
+
+
+class _Pooled:
+    """Whether a request's connection came from the pool (aiohttp's trace context)."""
+
+    __slots__ = ("reused",)
+
+    def __init__(self) -> None:
+        self.reused = False
+
+
+async def _reused(_: object, context: Any, __: object) -> None:
+    """aiohttp's ``on_connection_reuseconn``: the request goes on a pooled connection."""
+    pooled = context.trace_request_ctx
+    if isinstance(pooled, _Pooled):
+        pooled.reused = True
 
 
 def never_sent(exc: BaseException) -> bool:
@@ -187,8 +212,11 @@ class GatewayPool:
 
     def _pool(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
+            reuse = aiohttp.TraceConfig()
+            reuse.on_connection_reuseconn.append(_reused)
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self._max_connections),
+                trace_configs=[reuse],
                 headers=self._headers,
                 json_serialize=lambda obj: msgspec.json.encode(obj).decode(),
                 auto_decompress=False,  # MAX_ANSWER_BYTES counts the bytes really held
@@ -302,22 +330,50 @@ class GatewayPool:
         data = None if body is None else msgspec.json.encode(body)
         headers = {"Content-Type": "application/json"} if data is not None else {}
         if self._token is not None and (token := self._token()):
+            token = token.strip()  # a token function reading a file gets its newline too
+            if not token.isprintable():
+                raise ConfigError(
+                    "the token holds control characters (not a token as issued): check where"
+                    " it is read from"
+                )
             headers["Authorization"] = f"Bearer {token}"
         if extra:
             headers.update(extra)
         # a connect timeout of its own only where there is another gateway to go to: the last
         # one left may take the whole time (a gateway whose listen queue is full answers late)
         connect = max(timeout_s - CONNECT_MARGIN_S, 0.001) if last else self.connect_timeout_s
-        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(connect, timeout_s))
-        async with self._pool().request(
-            method,
-            url + path,
-            data=data,
-            params=params,
-            headers=headers,
-            timeout=timeout,
-            allow_redirects=False,
-        ) as resp:
+        started = self._clock.monotonic()
+        for resend in range(STALE_RESENDS + 1):
+            left = timeout_s - (self._clock.monotonic() - started)
+            timeout = aiohttp.ClientTimeout(total=left, sock_connect=min(connect, left))
+            pooled = _Pooled()
+            try:
+                resp = await self._pool().request(
+                    method,
+                    url + path,
+                    data=data,
+                    params=params,
+                    headers=headers,
+                    timeout=timeout,
+                    allow_redirects=False,
+                    trace_request_ctx=pooled,
+                )
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                # a pooled connection the gateway had closed: nothing of an answer came, and
+                # nothing was read there (module docstring); on another one, while time is left
+                spent = self._clock.monotonic() - started
+                if not pooled.reused or resend == STALE_RESENDS or spent >= timeout_s - 0.001:
+                    raise
+                log(
+                    logging.DEBUG,
+                    "client.stale_connection",
+                    gateway=url,
+                    call=f"{method} {path}",
+                    error=describe(exc),
+                )
+                continue
+            break
+        async with resp:
             limit = self.max_answer_bytes
             body = None
             if resp.content_length is None or resp.content_length <= limit:

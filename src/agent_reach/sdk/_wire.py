@@ -61,22 +61,31 @@ def send_body(
     timeout_ms: int,
 ) -> SendBody:
     """The ``POST /v1/send`` body; ``payload`` is any JSON (:data:`EMPTY`: ``{}``).
-    InvalidRequest when neither ``intent`` nor ``intent_text`` is given."""
-    raw = msgspec.Raw(b"{}" if payload is EMPTY else msgspec.json.encode(payload))
+    InvalidRequest, naming the field, when neither ``intent`` nor ``intent_text`` is given,
+    for blank words or words with control characters (as the gateway would answer), and for a
+    payload that is not JSON-encodable."""
+    try:
+        raw = msgspec.Raw(b"{}" if payload is EMPTY else msgspec.json.encode(payload))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidRequest(f"payload is not JSON: {exc}", field="payload") from None
     if intent is None and intent_text is None:
         raise InvalidRequest("give intent, intent_text or both", field="intent")
-    return SendBody(
-        intent=intent,
-        intent_text=intent_text,
-        fallback=fallback,
-        msg_id=msg_id,
-        trace_id=trace_id,
-        sender=sender,
-        recipient_hint=recipient_hint,
-        payload=raw,
-        priority=priority,
-        timeout_ms=timeout_ms,
-    )
+    try:
+        return SendBody(
+            intent=intent,
+            intent_text=intent_text,
+            fallback=fallback,
+            msg_id=msg_id,
+            trace_id=trace_id,
+            sender=sender,
+            recipient_hint=recipient_hint,
+            payload=raw,
+            priority=priority,
+            timeout_ms=timeout_ms,
+        )
+    except ValueError as exc:  # the words' check (wire/bodies.check_intent_text)
+        detail = str(exc).split(" - at ")[0]
+        raise InvalidRequest(detail, field="intent_text") from None
 
 
 def register_body(

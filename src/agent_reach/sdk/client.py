@@ -34,7 +34,14 @@ from urllib.parse import quote
 import msgspec
 
 from agent_reach.clock import Clock
-from agent_reach.errors import AgentReachError, ConfigError, DeadlineExceeded, GatewayUnavailable
+from agent_reach.errors import (
+    AgentReachError,
+    ConfigError,
+    DeadlineExceeded,
+    EndpointNotRegistered,
+    GatewayUnavailable,
+    TraceNotFound,
+)
 from agent_reach.sdk._credentials import Credentials
 from agent_reach.sdk._failover import (
     CONNECT_TIMEOUT_S,
@@ -98,6 +105,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+_DOT_SEGMENTS = ("", ".", "..")  # path segments a URL resolves away: never a name or an id
 
 
 class ReachClient:
@@ -395,8 +403,10 @@ class ReachClient:
 
     async def agent(self, endpoint_id: str) -> AgentInfo:
         """One endpoint (``agent://NAME`` or ``NAME``); ``EndpointNotRegistered`` if unknown."""
-        name = quote(endpoint_id.removeprefix("agent://"), safe="")
-        return await self._json("GET", f"/v1/agents/{name}", AgentInfo)
+        name = endpoint_id.removeprefix("agent://")
+        if name in _DOT_SEGMENTS:  # the URL would lose them (dot segments): no such name
+            raise EndpointNotRegistered(f"{endpoint_id!r} is not registered")
+        return await self._json("GET", f"/v1/agents/{quote(name, safe='')}", AgentInfo)
 
     async def explain(
         self,
@@ -427,6 +437,8 @@ class ReachClient:
 
     async def trace(self, trace_id: str) -> Trace:
         """The recorded hops of a recent request; ``TraceNotFound`` when there are none."""
+        if trace_id in _DOT_SEGMENTS:  # as for agent(): no such trace id
+            raise TraceNotFound(f"no trace {trace_id!r} is kept")
         return await self._json("GET", f"/v1/traces/{quote(trace_id, safe='')}", Trace)
 
     async def register(

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
+import weakref
 from collections.abc import Coroutine, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
@@ -41,7 +43,9 @@ class SyncReachClient:
     It owns a private event loop in a daemon thread; every method submits the async call there and
     waits for it. Safe to share between threads. ``close()`` (or ``with``) stops the loop; a call
     still in flight then raises RuntimeError, as does a call made after it, or one made on the
-    private loop itself (an ``on_failover`` callback), which could never be answered.
+    private loop itself (an ``on_failover`` callback), which could never be answered. A client
+    dropped without ``close()`` is closed when it is collected (its pool closed, its thread
+    ended), so that a forgotten close in a request handler does not leave a thread each time.
     """
 
     def __init__(self, gateway: str | Sequence[str] | None = None, **options: Any) -> None:
@@ -52,13 +56,16 @@ class SyncReachClient:
         self.client: ReachClient = ReachClient(gateway, **options)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
-            target=self._loop.run_forever, name="agent-reach-client", daemon=True
+            target=_serve, args=(self._loop,), name="agent-reach-client", daemon=True
         )
         self._lock = threading.Lock()  # a call is submitted, or the client closed, not both
         self._closed = False
         self._stopped = threading.Event()  # set once close() has stopped the loop
         self._calls: set[concurrent.futures.Future[Any]] = set()  # in flight, to cancel
         self._thread.start()
+        # neither holds self: the thread runs the loop, the finalizer closes what it was given
+        abandoned = weakref.finalize(self, _abandoned, self._loop, self.client)
+        abandoned.atexit = False  # at exit the daemon thread just ends
 
     @property
     def gateway(self) -> str:
@@ -188,3 +195,28 @@ class SyncReachClient:
     def metrics(self) -> str:
         """:meth:`ReachClient.metrics`, blocking."""
         return self._run(self.client.metrics())
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    """The private loop's thread: run it until stopped, then close it (idempotent: close()
+    closes it too, after joining)."""
+    try:
+        loop.run_forever()
+    finally:
+        loop.close()
+
+
+def _abandoned(loop: asyncio.AbstractEventLoop, client: ReachClient) -> None:
+    """A client collected without ``close()``: close its pool on its loop, then stop the loop
+    (the thread then closes it and ends)."""
+    if loop.is_closed() or not loop.is_running():
+        return
+
+    async def close_then_stop() -> None:
+        try:
+            await client.close()
+        finally:
+            loop.stop()
+
+    with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+        asyncio.run_coroutine_threadsafe(close_then_stop(), loop)
