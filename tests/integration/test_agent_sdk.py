@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib import error, request
 
 import pytest
 
@@ -76,6 +77,26 @@ def test_the_trace_id_is_on_the_agents_log_lines_even_from_worker_threads(
     wait_until(lambda: all(events(agent, e, trace_id=trace_id) for e in wanted), timeout=5)
     work = events(agent, "sdk.echo.work", trace_id=trace_id)
     assert work and work[0]["where"] == "worker thread"  # logged by the handler, in the pool
+
+
+def test_a_refused_delivery_is_logged_with_its_trace_id(gw: Proc, agent: Proc) -> None:
+    """A review: ``agent.invalid_request`` was logged without the trace id the delivery named
+    (every SDK line carries it, docs/observing.md)."""
+    too_long = f"trace_{key()}"
+    status, _ = deliver(agent.url, "sdk.echo", {}, msg_id="m" * 200, trace_id=too_long)
+    assert status == 422
+    unreadable = f"trace_{key()}"
+    req = request.Request(
+        agent.url,
+        data=b"not json",
+        method="POST",
+        headers={"Content-Type": "application/json", "X-Reach-Trace-Id": unreadable},
+    )
+    with pytest.raises(error.HTTPError) as refused:
+        request.urlopen(req, timeout=10)
+    assert refused.value.code in (400, 422)
+    for trace_id in (too_long, unreadable):
+        wait_until(lambda t=trace_id: events(agent, "agent.invalid_request", trace_id=t), 5)
 
 
 def test_a_repeated_msg_id_runs_the_handler_once_and_gets_the_same_answer(

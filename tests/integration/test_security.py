@@ -432,6 +432,31 @@ def test_traces_are_read_by_their_sender_and_operators(net: Net) -> None:
     assert any(a["target"] == answer["trace_id"] for a in reads)
 
 
+def test_a_shared_trace_id_shows_each_sender_its_own_requests_only(net: Net) -> None:
+    """A review: who could read a trace was decided by the sender of its first request, so
+    the first user of a trace id read every later request under it (another sender's words
+    included) and the later senders could not read their own. Trace ids are the callers' to
+    choose, and onward reaches share their caller's: each sender now reads its requests'
+    events only, an operator all of them."""
+    first, second = net.client("agent://caller-21"), net.client("agent://caller-22")
+    shared = "trace_shared_21"
+    for token in (first, second):
+        status, answer = _send(net, token, intent="weather.query", trace_id=shared)
+        assert status == 200, answer
+    path = f"{net.gw}/v1/traces/{shared}"
+
+    def senders(token: str) -> set[str]:
+        status, trace = http("GET", path, token=token)
+        assert status == 200, trace
+        return {e["sender"] for e in trace["events"] if e["kind"] == "received"}
+
+    assert senders(first) == {"agent://caller-21"}
+    assert senders(second) == {"agent://caller-22"}
+    assert senders(net.operator) == {"agent://caller-21", "agent://caller-22"}
+    stranger = net.client("agent://caller-23")
+    assert http("GET", path, token=stranger)[0] == 404
+
+
 def test_rate_limit_per_sender(net: Net) -> None:
     burst = net.client("agent://caller-burst")
     started = time.monotonic()

@@ -269,6 +269,16 @@ async def test_a_slow_first_attempt_is_hedged_elsewhere_and_the_hedge_answer_win
         (hedge.endpoint_id, "ok", True, None),
         (first.endpoint_id, "timeout", None, True),
     ]
+    # the cancelled loser counted in the attempt metrics too, as the answer lists it (a review:
+    # it was not, and the doctor's sporadic-timeouts check never saw an endpoint hedging hides)
+    samples = reacher.metrics.registry
+    by_outcome = {
+        outcome: samples.get_sample_value(
+            "agent_reach_attempts_total", {"intent": TAG, "outcome": outcome}
+        )
+        for outcome in ("ok", "timeout")
+    }
+    assert by_outcome == {"ok": 1.0, "timeout": 1.0}
 
 
 async def test_an_endpoint_losing_races_past_the_slow_threshold_is_seen_slow() -> None:

@@ -75,3 +75,33 @@ def test_outcomes_are_ok_and_every_reach_error_code() -> None:
     assert all(isinstance(c, str) for c in OUTCOMES)
     # a policy refusing every candidate, and a fault of ours, are answers of the loop too
     assert {"forbidden", "internal_error"} <= OUTCOMES
+
+
+def test_the_events_held_in_all_are_bounded_not_only_per_trace() -> None:
+    """A review: 10,000 traces of 256 events each, a caller's 2,000 characters in each, are
+    gigabytes; the store now also holds at most ``max_total`` events, the oldest traces going
+    first (never the one being written), each counted."""
+    store = TraceStore(capacity=100, max_events=8, max_total=20)
+    for n in range(5):
+        for i in range(8):  # each trace filled to max_events
+            store.add(f"t{n}", float(n), "received", {"i": i})
+    assert store.total == 16 and store.evicted == 3
+    assert [store.get(f"t{n}") is None for n in range(5)] == [True, True, True, False, False]
+    big = TraceStore(capacity=100, max_events=50, max_total=20)
+    for i in range(30):  # one trace over max_total by itself: it stays, it is the one written
+        big.add("solo", float(i), "attempt")
+    assert big.total == 30 and len(big.get("solo") or []) == 30
+
+
+def test_each_sender_reads_only_its_own_requests_of_a_shared_trace_id() -> None:
+    store = TraceStore()
+    store.add("shared", 1.0, "received", {"sender": "agent://a"}, ("agent://a", None))
+    store.add("shared", 2.0, "received", {"sender": "agent://b"}, ("agent://b", "far"))
+    assert [e["sender"] for e in store.get("shared") or []] == ["agent://a", "agent://b"]
+    mine = store.get("shared", lambda reader: reader[0] == "agent://a")
+    assert [e["sender"] for e in mine or []] == ["agent://a"]
+    assert store.get("shared", lambda reader: reader[1] == "far") == [
+        {"ts": 2.0, "kind": "received", "sender": "agent://b"}
+    ]
+    assert store.get("shared", lambda reader: False) == []  # held, none readable
+    assert store.get("other", lambda reader: True) is None

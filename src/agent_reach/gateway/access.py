@@ -570,21 +570,26 @@ class Access:
 
         return reachable
 
-    def may_read_trace(
-        self, caller: Principal, trace_id: str, events: list[dict[str, Any]]
-    ) -> bool:
-        """Whether ``caller`` may read this trace: an operator any (an admin action), others
-        those of their own requests."""
-        if caller.claims is None:
-            return True
-        if caller.claims.kind is Kind.OPERATOR:
+    def trace_reader(
+        self, caller: Principal, trace_id: str
+    ) -> Callable[[tuple[str | None, str | None]], bool] | None:
+        """Which events of a trace ``caller`` may read, by the (sender, origin) of the request
+        each belongs to: None for all (open mode; an operator, an admin action), else those of
+        the caller's own requests (a peer: those the domain forwarded). Decided per request:
+        several may share a trace id, and whoever used it first owns none of the others."""
+        claims = caller.claims
+        if claims is None:
+            return None
+        if claims.kind is Kind.OPERATOR:
             self.admin(caller, "trace.read", trace_id)
-            return True
-        received = next((e for e in events if e.get("kind") == "received"), {})
-        if received.get("sender") == caller.claims.subject:
-            return True
-        if caller.claims.kind is Kind.PEER and received.get("origin") == caller.claims.subject:
-            return True  # the domain that forwarded it reads its part (federation)
+            return None
+        subject = claims.subject
+        if claims.kind is Kind.PEER:  # the domain that forwarded them reads its part
+            return lambda reader: reader[1] == subject
+        return lambda reader: reader[0] == subject
+
+    def trace_refused(self, caller: Principal, trace_id: str) -> None:
+        """Log the read of a trace held here none of whose requests is the caller's."""
         self.denied(
             caller.who,
             "trace.read",
@@ -592,4 +597,3 @@ class Access:
             "not a trace of the caller's requests",
             status=404,
         )
-        return False

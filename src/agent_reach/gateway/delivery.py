@@ -19,6 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -44,7 +45,7 @@ from agent_reach.gateway.hedge import AttemptNotStarted, Hedger
 from agent_reach.gateway.matching import Match, match_by_meaning
 from agent_reach.gateway.metrics import GatewayMetrics
 from agent_reach.gateway.router import RoutePlan, Router, RouteScope
-from agent_reach.gateway.traces import TraceStore
+from agent_reach.gateway.traces import NO_READER, TEXT_KEPT, Reader, TraceStore
 from agent_reach.gateway.tracing import OpenTrace, open_trace, span_answer
 from agent_reach.observability.logs import log
 from agent_reach.observability.otel import gateway_tracer
@@ -60,6 +61,9 @@ if TYPE_CHECKING:
 __all__ = ["Reacher"]
 
 _TRACE_CANDIDATES = 16  # candidates listed by name in a trace's route event
+# whose request the trace events written now belong to (Reacher.send sets it; the tasks a
+# request starts, its hedges, inherit it)
+_READER: ContextVar[Reader] = ContextVar("agent_reach_trace_reader", default=NO_READER)
 RELAY_TIMEOUT_S = 5.0  # an A2A GetTask/CancelTask relayed to the agent that owns the task
 
 
@@ -115,7 +119,7 @@ class Reacher:
         self.hedger = Hedger(router, metrics, self._trace)  # intents whose entry hedges
 
     def _trace(self, trace_id: str, kind: str, **data: Any) -> None:
-        self.traces.add(trace_id, self._wall(), kind, data)
+        self.traces.add(trace_id, self._wall(), kind, data, _READER.get())
 
     def open_trace(self, body: SendBody, msg_id: str, traceparent: str | None) -> OpenTrace:
         """The request's trace, opened before anything else runs (the service binds its id):
@@ -134,6 +138,35 @@ class Reacher:
         reachable: Callable[[str], bool] | None = None,
         extra_headers: Mapping[str, str] | None = None,
         origin: str | None = None,
+    ) -> Reply:
+        """:meth:`_send`, its trace events marked as this request's (its sender, its origin):
+        who may read them is decided per request (gateway/traces.py)."""
+        reader = _READER.set((body.sender, origin))
+        try:
+            return await self._send(
+                body,
+                opened,
+                received_at,
+                scope,
+                admit=admit,
+                reachable=reachable,
+                extra_headers=extra_headers,
+                origin=origin,
+            )
+        finally:
+            _READER.reset(reader)
+
+    async def _send(
+        self,
+        body: SendBody,
+        opened: OpenTrace,
+        received_at: float,
+        scope: RouteScope | None,
+        *,
+        admit: Callable[[str], tuple[str | None, RouteScope | None]] | None,
+        reachable: Callable[[str], bool] | None,
+        extra_headers: Mapping[str, str] | None,
+        origin: str | None,
     ) -> Reply:
         """Deliver ``body`` (its msg_id and trace_id filled in); raise an AgentReachError
         carrying msg_id, trace_id and attempts. Every ending, a fault of ours included (an
@@ -157,7 +190,7 @@ class Reacher:
                 "received",
                 msg_id=msg_id,
                 intent=body.intent,
-                intent_text=body.intent_text,
+                intent_text=None if body.intent_text is None else body.intent_text[:TEXT_KEPT],
                 sender=body.sender,
                 recipient_hint=body.recipient_hint,
                 priority=body.priority,
@@ -337,7 +370,7 @@ class Reacher:
             "answer",
             ok=False,
             error=exc.code,
-            detail=exc.detail,
+            detail=exc.detail[:TEXT_KEPT],
             latency_ms=round3(elapsed),
         )
         self.traces.request_done(
@@ -517,7 +550,7 @@ class Reacher:
             "max_retries": run.retries_allowed,
         }
         self._tier_summary(plan, event)
-        self.traces.add(run.trace_id, self._wall(), "route", event)
+        self.traces.add(run.trace_id, self._wall(), "route", event, _READER.get())
         span = run.opened.span
         if span is not None:
             t = plan.tiers
@@ -586,6 +619,7 @@ class Reacher:
                 # the contract's outcomes have no "cancelled": it did not answer in time (the
                 # other attempt of the race, or the caller, went first); the trace says why
                 attempts.append(Attempt(target, Outcome.TIMEOUT.value, took, hedge=hedge))
+                self.metrics.attempt_done(run.plan.intent, Outcome.TIMEOUT.value, took_ms / 1000.0)
                 self._trace(run.trace_id, "attempt", attempt=n, endpoint_id=target,
                             outcome=Outcome.TIMEOUT.value, cancelled=True, latency_ms=took,
                             detail="cancelled: the race or the request ended first",

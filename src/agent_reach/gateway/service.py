@@ -620,8 +620,10 @@ class Service:
         leaves a ``remote_trace_unavailable`` event saying why). A peer reading the trace gets
         this gateway's events only."""
         principal = self.access.authenticate(caller, READERS | PEERS, "read a trace")
-        events = self.traces.get(trace_id)
-        if events is None or not self.access.may_read_trace(principal, trace_id, events):
+        events = self.traces.get(trace_id, self.access.trace_reader(principal, trace_id))
+        if not events:
+            if events is not None:
+                self.access.trace_refused(principal, trace_id)
             raise TraceNotFound(f"no recent request with trace_id {trace_id!r}")
         membership = self.node.membership
         if membership is not None and (

@@ -1,8 +1,16 @@
 """A bounded in-memory store of recent requests: their events by trace id, and a summary list.
 
 Invariants:
-- Oldest traces are dropped first once ``capacity`` traces are held; one trace keeps at most
-  ``max_events`` events, so a trace id reused forever cannot grow without bound.
+- Oldest traces are dropped first once ``capacity`` traces are held, or once they hold
+  ``max_total`` events in all; one trace keeps at most ``max_events`` events, so a trace id
+  reused forever cannot grow without bound. The count of events is what bounds the memory:
+  what one event holds is bounded where it is made (the caller's words cut to
+  :data:`TEXT_KEPT` characters), so a caller filling every trace to ``max_events`` holds
+  ``max_total`` events, not ``capacity`` times ``max_events`` (2.5 million).
+- Each event keeps the :data:`Reader` of the request it belongs to (its sender, and the
+  domain that forwarded it): several requests may share a trace id (callers choose them,
+  onward reaches carry their caller's), and who may read an event is decided per request
+  (:meth:`TraceStore.get`'s ``may``), never by whoever used the id first.
 - One summary per answered ``/v1/send`` (success or error) is kept in a ring of the
   ``recent_capacity`` most recent, independently of the events: a summary may outlive its
   trace's events (``GET /v1/traces/ID`` then answers 404), and several summaries may share one
@@ -12,15 +20,21 @@ Invariants:
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from agent_reach.core.rounding import round3, round6
 from agent_reach.wire.answers import Attempt
 
-__all__ = ["RequestSummary", "TraceStore"]
+__all__ = ["NO_READER", "Reader", "RequestSummary", "TraceStore"]
 
 RECENT_CAPACITY = 1000  # request summaries kept for GET /v1/traces
+MAX_TOTAL_EVENTS = 100_000  # events of all traces held at once (~1 KB each at most)
+TEXT_KEPT = 256  # characters of a caller's words (intent_text) or an error's detail kept
+
+Reader = tuple[str | None, str | None]
+"""Whose request an event belongs to: (its sender, the domain that forwarded it)."""
+NO_READER: Reader = (None, None)
 
 
 class RequestSummary(NamedTuple):  # a tuple: made on every request, far cheaper than a dataclass
@@ -57,39 +71,64 @@ class TraceStore:
         capacity: int = 10_000,
         max_events: int = 256,
         recent_capacity: int = RECENT_CAPACITY,
+        max_total: int = MAX_TOTAL_EVENTS,
     ) -> None:
         self.capacity = capacity
         self.max_events = max_events
+        self.max_total = max_total
+        self.total = 0  # events held, over every trace
         # an event is kept as it came (ts, kind, its data) and made a dict only when read: this
         # runs several times on every request
-        self._traces: OrderedDict[str, list[tuple[float, str, dict[str, Any]]]] = OrderedDict()
+        self._traces: OrderedDict[str, list[tuple[float, str, dict[str, Any], Reader]]] = (
+            OrderedDict()
+        )
         self._recent: deque[RequestSummary] = deque(maxlen=recent_capacity)
-        self.evicted = 0  # traces dropped to keep capacity (a metric)
+        self.evicted = 0  # traces dropped to keep capacity or max_total (a metric)
         self.events_dropped = 0  # events not kept, their trace at max_events (a metric)
 
-    def add(self, trace_id: str, ts: float, kind: str, data: dict[str, Any] | None = None) -> None:
+    def add(
+        self,
+        trace_id: str,
+        ts: float,
+        kind: str,
+        data: dict[str, Any] | None = None,
+        reader: Reader = NO_READER,
+    ) -> None:
         """Append one event (``ts`` is unix seconds; ``data``, its fields, is kept as given:
-        the caller's own dict, a ``**kwargs`` of its, not copied again)."""
-        events = self._traces.get(trace_id)
+        the caller's own dict, a ``**kwargs`` of its, not copied again) of the request of
+        ``reader``."""
+        traces = self._traces
+        events = traces.get(trace_id)
         if events is None:
-            events = self._traces[trace_id] = []
-            if len(self._traces) > self.capacity:
-                self._traces.popitem(last=False)
+            events = traces[trace_id] = []
+            if len(traces) > self.capacity:
+                self.total -= len(traces.popitem(last=False)[1])
                 self.evicted += 1
         else:
-            self._traces.move_to_end(trace_id)
+            traces.move_to_end(trace_id)
         if len(events) < self.max_events:
-            events.append((ts, kind, {} if data is None else data))
+            events.append((ts, kind, {} if data is None else data, reader))
+            self.total += 1
+            while self.total > self.max_total and len(traces) > 1:  # never the one written
+                self.total -= len(traces.popitem(last=False)[1])
+                self.evicted += 1
         else:
             self.events_dropped += 1
 
-    def get(self, trace_id: str) -> list[dict[str, Any]] | None:
+    def get(
+        self, trace_id: str, may: Callable[[Reader], bool] | None = None
+    ) -> list[dict[str, Any]] | None:
         """The events of ``trace_id`` in order (``ts`` to the microsecond, ``kind``, then the
-        event's fields), or None when it is not (or no longer) held."""
+        event's fields), those of requests whose reader ``may`` accepts (None: all), or None
+        when it is not (or no longer) held."""
         events = self._traces.get(trace_id)
         if events is None:
             return None
-        return [{"ts": round6(ts), "kind": kind, **data} for ts, kind, data in events]
+        return [
+            {"ts": round6(ts), "kind": kind, **data}
+            for ts, kind, data, reader in events
+            if may is None or may(reader)
+        ]
 
     def request_done(
         self,

@@ -308,7 +308,13 @@ class Dispatcher:
         try:
             d, payload = _decode(body)
         except InvalidRequest as exc:
-            log(logging.INFO, "agent.invalid_request", detail=exc.detail)
+            # the body names no trace id that can be read: the header's, cut short (anyone who
+            # reaches the agent's port sends it)
+            said = headers.get("x-reach-trace-id")
+            fields: dict[str, Any] = {"detail": exc.detail}
+            if said is not None:
+                fields["trace_id"] = said[:MAX_MSG_ID]
+            log(logging.INFO, "agent.invalid_request", **fields)
             return from_error(exc)
         received = parse_traceparent(headers.get("traceparent"))
         trace_id = (
@@ -319,7 +325,13 @@ class Dispatcher:
         )
         msg_id = d.msg_id or headers.get("x-reach-msg-id") or ""
         if len(msg_id) > MAX_MSG_ID:
-            log(logging.INFO, "agent.invalid_request", detail="msg_id too long", size=len(msg_id))
+            log(
+                logging.INFO,
+                "agent.invalid_request",
+                detail="msg_id too long",
+                size=len(msg_id),
+                trace_id=trace_id[:MAX_MSG_ID],
+            )
             return from_error(
                 InvalidRequest(f"msg_id is over {MAX_MSG_ID} characters", field="msg_id")
             )
