@@ -14,7 +14,8 @@ the request's: nats-py's ``Msg.respond`` would send them back), with
 ``{"echo": PAYLOAD, "pid": PID, "msg_id": MSG_ID}``. A request is handled in a task of its own
 unless ``--serial`` (then one at a time, in the subscription's callback: a consumer that does not
 read fast enough, whose backlog past ``--pending-msgs`` nats-py drops as a slow consumer).
-``--delay-ms`` (or the payload's ``delay_ms``) delays the answer; past ``--max-inflight``
+``--delay-ms`` (or the payload's ``delay_ms``) delays the answer; the payload's ``pad_bytes``
+adds ``"pad"``, that many bytes, to it (a big answer to a small request); past ``--max-inflight``
 requests in hand the answer is ``Reach-Status: 503`` at once.
 
 On SIGTERM (or SIGINT) it prints ``{"event": "stopped", "handled": N, "distinct": M, "busy": B,
@@ -99,6 +100,8 @@ async def _agent(args: argparse.Namespace) -> None:
             await asyncio.sleep(delay_ms / 1000)  # the agent's own slowness under test
         msg_id = str(body.get("msg_id", ""))
         reply = {"echo": payload, "pid": pid, "msg_id": msg_id}
+        if isinstance(payload, dict) and isinstance(payload.get("pad_bytes"), int):
+            reply["pad"] = "p" * payload["pad_bytes"]
         try:
             await nc.publish(
                 msg.reply, json.dumps(reply).encode(), headers={"X-Agent-Pid": str(pid)}

@@ -110,7 +110,11 @@ def test_each_operation_answers_over_nats_as_over_http(bus: Bus) -> None:
                 "capabilities": ["parity.echo"],
                 "endpoint_url": f"nats:{subject}",
             }
-            gone = {**registration, "endpoint_id": "agent://parity-gone"}
+            gone = {  # a subject of its own: one live id's subject is refused to another
+                **registration,
+                "endpoint_id": "agent://parity-gone",
+                "endpoint_url": f"nats:{unique('parity-gone')}",
+            }
 
             def register_gone() -> None:
                 assert http("POST", f"{gw.url}/v1/register", gone)[0] == 200
@@ -196,6 +200,45 @@ def test_a_429_carries_retry_after_over_nats_as_over_http(bus: Bus) -> None:
         finally:
             other.close()
         assert metric(gw, "agent_reach_nats_api_requests_total", op="register", status="429") == 1
+
+
+def test_a_subject_a_live_id_holds_is_refused_to_another_id() -> None:
+    """A review: two ids on one ``nats:`` subject are two queue groups, so both agents took
+    every delivery, and the caller got whichever answered first (the other's 404). The second
+    id is refused while the first is registered and not down; the first may register again."""
+    prefix, subject = new_prefix(), f"nats:{unique('held')}"
+    with gateway("--nats", NATS_URL, "--nats-prefix", prefix) as gw:
+
+        def register(endpoint_id: str) -> tuple[int, Any]:
+            body = {"endpoint_id": endpoint_id, "capabilities": ["held.t"], "endpoint_url": subject}
+            return http("POST", f"{gw.url}/v1/register", body)
+
+        assert register("agent://held-1")[0] == 200
+        status, answer = register("agent://held-2")
+        assert (status, answer.get("field")) == (422, "endpoint_url"), answer
+        assert "agent://held-1" in answer["detail"]
+        assert register("agent://held-1")[0] == 200  # its own subject again
+        assert http("POST", f"{gw.url}/v1/deregister", {"endpoint_id": "agent://held-1"})[0] == 200
+        assert register("agent://held-2")[0] == 200  # free again
+
+
+def test_clients_with_one_inbox_a_request_are_not_one_caller() -> None:
+    """A review: a reply subject of two tokens (an older client's ``_INBOX.<nuid>``, one per
+    request) was cut to ``_INBOX``, so every such client shared one rate limit: the second
+    one was refused on its very first request."""
+    prefix = new_prefix()
+    flags = ["--nats", NATS_URL, "--nats-prefix", prefix]
+    with gateway(*flags, "--register-rate-limit", "0.2", "--register-rate-burst", "1"):
+        for n in range(2):  # two callers, one request each
+            body = {
+                "endpoint_id": f"agent://inbox-{n}",
+                "capabilities": ["inbox.echo"],
+                "endpoint_url": f"nats:{unique('inbox')}",
+            }
+            answer = raw_request(
+                NATS_URL, f"{prefix}.v1.register", b"NATS/1.0\r\n\r\n", json.dumps(body).encode()
+            )
+            assert answer is not None and answer.status == 200, (n, answer)
 
 
 def test_a_forwarded_send_is_judged_over_nats_as_over_http(bus: Bus) -> None:

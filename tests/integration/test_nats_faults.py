@@ -596,3 +596,39 @@ def test_a_send_whose_headers_take_it_past_max_payload_does_not_cost_the_link() 
                 assert send(gw, "big.echo", payload={"x": "small"})[0] == 200
             finally:
                 echo.stop()
+
+
+def test_a_send_answer_too_big_for_the_server_keeps_its_ids() -> None:
+    """A send over the NATS API whose answer (the agent's result with the gateway's fields) is
+    over ``max_payload`` while its delivery is not: the 413 that replaces it carried no
+    ``msg_id``, ``trace_id`` or ``attempts`` (a review), though the work was done under that
+    msg_id and every send's error names them. It does now."""
+    limit = 16384
+    with private_server(f"max_payload: {limit}") as server:
+        prefix, subject = new_prefix(), unique("bigans")
+        with gateway("--nats", server.url, "--nats-prefix", prefix) as gw:
+            echo = start_bus_echo(
+                server.url, subject, "--register-http", gw.url, "--id", "agent://big-answer",
+                "--intents", "big.answer",
+            )  # fmt: skip
+            bus = Bus(server.url)
+            try:
+                too_big, codes = [], Counter()
+                # the answer's edge: small requests, the agent's answers under the limit, the
+                # gateway's (the agent's with the gateway's fields) over it or not
+                for pad in range(limit - 800, limit - 99, 50):
+                    body = {"intent": "big.answer", "payload": {"pad_bytes": pad}}
+                    body["timeout_ms"] = 2000  # an answer the agent cannot publish: not long
+                    answer = bus.request(f"{prefix}.v1.send", body)
+                    codes[answer.status] += 1
+                    if answer.status == 413:
+                        too_big.append(answer.body)
+                assert codes[200], codes
+                assert too_big, f"no answer went over max_payload: the edge was missed {codes}"
+                for refused in too_big:
+                    assert refused["error"] == "payload_too_large", refused
+                    assert refused["msg_id"] and refused["trace_id"], refused
+                    assert [a["outcome"] for a in refused["attempts"]] == ["ok"], refused
+            finally:
+                bus.close()
+                echo.stop()

@@ -435,6 +435,25 @@ def test_an_ejected_agent_points_at_its_endpoint_url() -> None:
     assert "could not connect to agent://a1 at http://127.0.0.1:9/a1" in f.next_step
 
 
+def test_an_ejected_agent_alone_on_its_intent_points_at_its_endpoint_url() -> None:
+    """A review: with no other candidate, /v1/route is only no_available_agent (no reasons),
+    and the doctor told the operator the agent had stopped heartbeating, though its heartbeat
+    was 0.7 s old: the gateway could not connect to it. A heartbeat too recent for the status
+    now says so."""
+    unreachable = {"x.y": error("no_available_agent", "1 agent(s) declare 'x.y' but none is")}
+    s = snap([agent("a1", ["x.y"], "suspect", seen_ago=0.7)], unreachable, interval=10.0)
+    f = only(diagnose(s), "unrouted_agent")
+    assert f.severity is Severity.ERROR
+    assert "could not connect to agent://a1" in f.next_step
+    assert "no other agent serves" in f.next_step
+    silent = snap([agent("a1", ["x.y"], "suspect", seen_ago=25.0)], unreachable, interval=10.0)
+    assert "stopped heartbeating" in only(diagnose(silent), "unrouted_agent").next_step
+    known = snap(
+        [agent("a1", ["x.y"], "suspect", seen_ago=15.0)], unreachable, diagnostics=diag()
+    )  # the gateway's own threshold (20 s) says 15 s is too recent
+    assert "could not connect" in only(diagnose(known), "unrouted_agent").next_step
+
+
 @pytest.mark.parametrize(
     ("reason", "step"),
     [

@@ -234,6 +234,22 @@ def _unserved(s: Snapshot) -> list[Finding]:
     return findings
 
 
+def _beating(s: Snapshot, agent: Mapping[str, Any]) -> bool:
+    """Whether the agent's last heartbeat is too recent for it to be suspect by its silence
+    (under the suspect threshold: the gateway's, else 2 heartbeat intervals)."""
+    seen = agent.get("last_seen_at")
+    if not isinstance(seen, int | float) or isinstance(seen, bool):
+        return False
+    d = s.diagnostics
+    if d is not None:
+        suspect_after = d.suspect_after_s
+    elif s.interval:
+        suspect_after = 2.0 * s.interval
+    else:
+        return False
+    return max(0.0, s.now - seen) < suspect_after
+
+
 def _age_line(s: Snapshot, agent: Mapping[str, Any]) -> str:
     seen = agent.get("last_seen_at")
     if not isinstance(seen, int | float):
@@ -297,7 +313,12 @@ def _agents(s: Snapshot) -> list[Finding]:
         tags = sorted(agent.get("capabilities", ()))
         routes, stranded = _route_lines(s, agent)
         if status in ("suspect", "down"):
-            ejected = any("connection refused or reset" in line for line in routes)
+            # taken out by the passive check (a connection refused or reset): said by
+            # /v1/route's reasons when another candidate is eligible; when none is, the route
+            # is only no_available_agent, and a heartbeat too recent for this status says it
+            ejected = any("connection refused or reset" in line for line in routes) or (
+                _beating(s, agent)
+            )
             evidence = [f"status: {status}", _age_line(s, agent), *routes]
             if ejected:
                 step = (

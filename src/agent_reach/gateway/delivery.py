@@ -437,7 +437,9 @@ class Reacher:
         got = await call(record.endpoint_url, method, params, headers, timeout_s)
         if got.outcome is Outcome.OK:
             return msgspec.json.decode(got.body)
-        if got.outcome is Outcome.AGENT_ERROR:
+        # the agent's JSON-RPC error, a 4xx-like one or its own fault (-32603, -32006: the
+        # transport says SERVER_ERROR and keeps the error object): passed on as it gave it
+        if got.outcome is Outcome.AGENT_ERROR or (got.outcome is Outcome.SERVER_ERROR and got.body):
             rpc_error = None
             if got.body:
                 try:
@@ -457,7 +459,8 @@ class Reacher:
                 if "data" in rpc_error:
                     relayed["data"] = rpc_error["data"]
                 raise AgentError(f"{record.endpoint_id}: {got.detail}", rpc_error=relayed)
-            raise AgentError(f"{record.endpoint_id}: {got.detail}")
+            if got.outcome is Outcome.AGENT_ERROR:
+                raise AgentError(f"{record.endpoint_id}: {got.detail}")
         raise AllAttemptsFailed(f"{record.endpoint_id} did not answer {method}: {got.detail}")
 
     async def _attempts(self, run: _Run, attempts: list[Attempt]) -> tuple[str, msgspec.Raw]:

@@ -38,6 +38,7 @@ from agent_reach.errors import (
     DeadlineExceeded,
     EndpointNotRegistered,
     Forbidden,
+    InvalidRequest,
     NoAvailableAgent,
     RecipientNotFound,
 )
@@ -114,6 +115,9 @@ class Router:
         self.slots = Slots(clock.monotonic, self._offer, settings.max_inflight)
         self._tiers: dict[str, Tiers] = {}
         self.unrouted = UnroutedIntents()  # intents refused with no_capable_agent
+        # nats:SUBJECT -> the id registered there last: two ids on one subject would both take
+        # every delivery (two queue groups), so a live holder keeps the subject (register)
+        self.nats_holders: dict[str, str] = {}
         # federation: the tags other domains serve, known to the fallback matcher too
         self.remote_tags: Callable[[], Collection[str]] = tuple
         registry.bind(self.now)  # records' last_seen are on this gateway's liveness clock
@@ -158,6 +162,12 @@ class Router:
     def _on_change(self, change: RegistryChange) -> None:
         before, after = change.before, change.after
         endpoint_id = change.endpoint_id
+        if before is None or after is None or before.endpoint_url != after.endpoint_url:
+            holders = self.nats_holders
+            if before is not None and holders.get(before.endpoint_url) == endpoint_id:
+                del holders[before.endpoint_url]
+            if after is not None and after.endpoint_url.startswith("nats:"):
+                holders[after.endpoint_url] = endpoint_id
         if after is None or (before is not None and before.endpoint_url != after.endpoint_url):
             self.stats.pop(endpoint_id, None)  # gone, or another process: its latencies go too
         else:
@@ -224,7 +234,22 @@ class Router:
         written (in Redis, against writes through other gateways too).
 
         Registering an id again may mean a new process behind it (a restart): its load-aware
-        cost starts again as a new endpoint's does (:meth:`EndpointStats.renew`)."""
+        cost starts again as a new endpoint's does (:meth:`EndpointStats.renew`).
+
+        A ``nats:`` subject where another id is registered and not down is refused
+        (InvalidRequest, ``endpoint_url``): both ids' agents would take every delivery to it
+        (each id is its own queue group), and the caller would get whichever answered first."""
+        url = body.endpoint_url
+        holder = self.nats_holders.get(url) if url.startswith("nats:") else None
+        if holder is not None and holder != body.endpoint_id:
+            other = self.registry.get(holder)
+            if other is not None and self.health(other, self.now()).status is not Status.DOWN:
+                raise InvalidRequest(
+                    f"{url} is where {holder} is registered (and not down): two ids on one"
+                    " subject would both take every delivery; give this one a subject of its"
+                    f" own, or deregister {holder} first",
+                    field="endpoint_url",
+                )
         record = EndpointRecord(
             endpoint_id=body.endpoint_id,
             capabilities=tuple(body.capabilities),

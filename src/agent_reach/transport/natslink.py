@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
+import msgspec
 from nats import errors as nats_errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -555,7 +556,7 @@ class NatsLink:
         try:
             size = wire_size(body, headers)
             if size > client.max_payload:
-                body, headers = _too_large(size, client.max_payload)
+                body, headers = _too_large(size, client.max_payload, body)
             await client.publish(msg.reply, body, headers=dict(headers) or None)
         except (OSError, nats_errors.Error) as exc:
             # the requester times out, and may try again with the same msg_id
@@ -568,9 +569,28 @@ class NatsLink:
             )
 
 
-def _too_large(size: int, limit: int) -> Answer:
+class _Ids(msgspec.Struct):
+    """What a send's answer names, kept in the error that replaces one too big to go."""
+
+    msg_id: str | None = None
+    trace_id: str | None = None
+    attempts: list[msgspec.Raw] | None = None
+
+
+_ids = msgspec.json.Decoder(_Ids)
+
+
+def _too_large(size: int, limit: int, answer: bytes) -> Answer:
     """An answer over the server's max_payload: refused (413, never retried: the work is
-    done), small enough to go."""
+    done), small enough to go; a send's keeps its ``msg_id``, ``trace_id`` and ``attempts``
+    (every send's error carries them: with them the caller can read the trace, and knows the
+    work was done under that msg_id)."""
     detail = f"answer of {size} bytes over the NATS server's max_payload of {limit}"
-    body = b'{"ok":false,"error":"payload_too_large","detail":"' + detail.encode() + b'"}'
-    return body, {STATUS_HEADER: "413", "Content-Type": "application/json"}
+    error: dict[str, Any] = {"ok": False, "error": "payload_too_large", "detail": detail}
+    try:
+        ids = _ids.decode(answer)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        ids = _Ids()
+    if ids.msg_id is not None and ids.trace_id is not None:
+        error.update(msg_id=ids.msg_id, trace_id=ids.trace_id, attempts=ids.attempts or [])
+    return msgspec.json.encode(error), {STATUS_HEADER: "413", "Content-Type": "application/json"}

@@ -170,7 +170,11 @@ class NatsEdge:
     @staticmethod
     def _caller(msg: Msg, received_at: float) -> Caller:
         headers = {key.lower(): value for key, value in (msg.headers or {}).items()}
-        inbox = msg.reply.rpartition(".")[0] or msg.reply
+        # the reply's inbox: nats-py's _INBOX.<connection>.<request> less the request's token;
+        # an older client's one-inbox-per-request _INBOX.<nuid> whole (cut, every such client
+        # shared one key, "_INBOX", and one rate limit: a review)
+        head = msg.reply.rpartition(".")[0]
+        inbox = head if "." in head else msg.reply
         return Caller(
             remote=f"nats:{inbox}",
             authorization=headers.get("authorization"),
