@@ -566,3 +566,30 @@ def test_a_domain_whose_summary_the_directory_refuses_still_forwards_to_the_othe
         view = federation(bulky)
         assert view["directory_ok"] is False and "413" in view["directory_error"]
         assert not offered(small, "bulky", tags[0])  # its own summary never got through
+
+
+def test_an_a2a_follow_up_to_another_domains_agent_says_so(fed: Federation) -> None:
+    """A review: a conversation answered through another domain was owned by
+    ``agent://NAME@DOMAIN``, never in the local registry, so its follow-up was refused as
+    "no longer registered" though the agent was alive. A forward carries no A2A context, so
+    the conversation cannot go on from here: the refusal now says where the owner is."""
+    url = f"{fed.beijing.url}/a2a"
+
+    def say(n: int) -> dict[str, object]:
+        message = {
+            "messageId": f"m-fed-{n}",
+            "role": "ROLE_USER",
+            "contextId": "conv-fed-01",
+            "parts": [{"data": {"city": "成都"}}],
+            "metadata": {"intent": TAG},
+        }
+        call = {"jsonrpc": "2.0", "id": n, "method": "SendMessage", "params": {"message": message}}
+        status, answer = http("POST", url, call, headers={"A2A-Version": "1.0"})
+        assert status == 200, answer
+        return answer  # type: ignore[no-any-return]
+
+    first = say(1)
+    assert first["result"]["message"]["metadata"]["endpoint_id"] == "agent://weather-cn-01@chengdu"
+    refused = say(2)["error"]
+    assert refused["code"] == -32001, refused
+    assert "agent://weather-cn-01@chengdu, is in another domain" in refused["message"]

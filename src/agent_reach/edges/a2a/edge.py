@@ -60,6 +60,7 @@ from typing import Any, TypeVar
 import msgspec
 from aiohttp import web
 
+from agent_reach.core.names import split_domain
 from agent_reach.errors import (
     AgentReachError,
     BackendUnavailable,
@@ -521,7 +522,18 @@ class A2aEdge:
                 continue
             if owner is not None:  # the task's owner decides; its context was only checked
                 continue
-            record = self.node.registry.get(found["endpoint_id"])
+            owner_id = found["endpoint_id"]
+            if split_domain(owner_id)[1] is not None:
+                # answered through another domain: its conversation ids stay there (a forward
+                # carries no A2A context), so a follow-up cannot go on with it from here
+                raise RpcError(
+                    -32001,
+                    f"the agent that owns {'task' if kind == 'task' else 'context'} {key!r},"
+                    f" {owner_id}, is in another domain: A2A conversations are not carried"
+                    " across domains; send the follow-up to that domain's gateway",
+                    "OWNER_GONE",
+                )
+            record = self.node.registry.get(owner_id)
             if record is None or found["intent"] not in record.capabilities:
                 raise RpcError(
                     -32001,
