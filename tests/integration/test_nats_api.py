@@ -241,6 +241,23 @@ def test_clients_with_one_inbox_a_request_are_not_one_caller() -> None:
             assert answer is not None and answer.status == 200, (n, answer)
 
 
+def test_a_gateways_unreadable_delivery_is_told_the_loop_over_nats_as_over_http(
+    bus: Bus,
+) -> None:
+    """A review: a gateway's delivery (``X-Reach-Attempt``) to this gateway's own send with a
+    body that is not a send got 400 over NATS where HTTP answers it with the loop it is (422,
+    field ``X-Reach-Attempt``)."""
+    prefix = new_prefix()
+    flags = ["--nats", NATS_URL, "--nats-prefix", prefix, "--max-body-bytes", "4096"]
+    with gateway(*flags) as gw:
+        headers = {"X-Reach-Attempt": "1"}
+        for body in (b"notjson", json.dumps({"payload": "x" * 5000}).encode()):
+            over_nats = bus.request(f"{prefix}.v1.send", body, headers)
+            status, over_http, _ = http_full("POST", f"{gw.url}/v1/send", raw=body, headers=headers)
+            assert (over_nats.status, status) == (422, 422), (body[:20], over_nats)
+            assert over_nats.body["field"] == over_http["field"] == "X-Reach-Attempt"
+
+
 def test_a_forwarded_send_is_judged_over_nats_as_over_http(bus: Bus) -> None:
     """A review: the NATS API read no ``X-Reach-Hops`` / ``X-Reach-Origin``, so a send
     carrying them was not held to federation's rules (one forward, never again): a loop the

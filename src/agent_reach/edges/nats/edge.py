@@ -43,7 +43,7 @@ from agent_reach.errors import (
     PayloadTooLarge,
 )
 from agent_reach.gateway.node import Node
-from agent_reach.gateway.service import Caller, with_ids
+from agent_reach.gateway.service import Caller, delivery_refusal, with_ids
 from agent_reach.observability.logs import log
 from agent_reach.wire.bodies import SendBody, decode, encode
 from agent_reach.wire.status import STATUS_HEADER, headers_for, status_for
@@ -156,8 +156,11 @@ class NatsEdge:
                 limit = self.settings.max_body_bytes
                 too_large = PayloadTooLarge(f"body over the {limit} byte limit")
                 # a send's error names its ids, as every send's answer does (new ones: the body
-                # is not read), as the HTTP edge's does
-                raise with_ids(too_large) if op == "send" else too_large
+                # is not read), as the HTTP edge's does; a gateway's delivery is told the loop
+                if op == "send":
+                    delivery = "x-reach-attempt" in {k.lower() for k in msg.headers or {}}
+                    raise with_ids(delivery_refusal() if delivery else too_large)
+                raise too_large
             return encode(await handler(msg, self._caller(msg, received_at))), _JSON
         except AgentReachError as exc:
             return _render(exc)
@@ -222,5 +225,7 @@ class NatsEdge:
         try:
             body = decode(msg.data, SendBody)
         except AgentReachError as exc:
-            raise with_ids(exc) from None
+            # a gateway's delivery (X-Reach-Attempt) need not decode as a send: the loop is
+            # what to say, as over HTTP
+            raise with_ids(delivery_refusal() if caller.delivery else exc) from None
         return await self.service.send(caller, body)
