@@ -60,7 +60,9 @@ class Proc:
         middle of writing the last one, which the next read gets)."""
         out = []
         text = self.log_path.read_text(errors="replace")
-        for line in text[: text.rfind("\n") + 1].splitlines():
+        # split on "\n" alone: a JSON string may hold U+2028, U+0085 unescaped (a fuzzed value
+        # logged as given), which str.splitlines() would take for line ends
+        for line in text[: text.rfind("\n") + 1].split("\n"):
             if line.startswith("{"):
                 out.append(json.loads(line))
         return out

@@ -95,6 +95,7 @@ def test_a_refused_delivery_is_logged_with_its_trace_id(gw: Proc, agent: Proc) -
     with pytest.raises(error.HTTPError) as refused:
         request.urlopen(req, timeout=10)
     assert refused.value.code in (400, 422)
+    refused.value.close()  # its answer's socket
     for trace_id in (too_long, unreadable):
         wait_until(lambda t=trace_id: events(agent, "agent.invalid_request", trace_id=t), 5)
 

@@ -172,3 +172,34 @@ def test_the_origin_reads_the_remote_part_of_its_trace_with_its_peer_token(fed: 
     shanghai = fed.secured.token(Kind.PEER, "shanghai")
     code, _ = http("GET", f"{fed.chengdu.url}/v1/traces/{answer['trace_id']}", token=shanghai)
     assert code == 404
+
+
+def test_a_shared_trace_id_shows_each_sender_its_own_requests_in_every_domain(
+    fed: Secure,
+) -> None:
+    """A review: a trace's part in another domain was read with the peer token, which the
+    other gateway answered with every request this domain had forwarded under the trace id,
+    whoever sent it: one sender read another's requests there. The part is read for the
+    sender alone (``?sender=``); an operator still reads them all."""
+    first = fed.secured.token(Kind.CLIENT, "agent://caller-31")
+    second = fed.secured.token(Kind.CLIENT, "agent://caller-32")
+    shared = "trace_fed_shared_31"
+    for token in (first, second):
+        code, answer = send(fed.beijing, {"intent": TAG, "trace_id": shared}, token=token)
+        assert code == 200 and answer["endpoint_id"].endswith("@chengdu"), answer
+
+    def received(token: str) -> list[tuple[str, str]]:
+        code, trace = http("GET", f"{fed.beijing.url}/v1/traces/{shared}", token=token)
+        assert code == 200, trace
+        return sorted(
+            (e.get("from_domain") or "", e["sender"])
+            for e in trace["events"]
+            if e["kind"] == "received"
+        )
+
+    assert received(first) == [("", "agent://caller-31"), ("chengdu", "agent://caller-31@beijing")]
+    assert received(second) == [
+        ("", "agent://caller-32"),
+        ("chengdu", "agent://caller-32@beijing"),
+    ]
+    assert len(received(fed.secured.operator)) == 4

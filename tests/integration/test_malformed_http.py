@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from agent_reach.edges.http.server import LOG_PER_S
-from tests.support import Proc, gateway, http, http_full, metric, wait_until
+from tests.support import Proc, gateway, http, http_full, metric, start_agent, wait_until
 
 MALFORMED = {
     "bad Content-Length": b"POST /v1/send HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}",
@@ -149,3 +149,55 @@ def test_a_body_spoilt_after_its_head_is_answered_at_once(gw: Proc, path: str) -
     assert answer["error"] == "invalid_request", answer
     assert answer["detail"].startswith("malformed HTTP request: "), answer
     assert http("GET", f"{gw.url}/healthz")[0] == 200
+
+
+def test_a_pipelined_requests_body_spoilt_while_another_is_served_is_answered() -> None:
+    """A review of the fix above suspected that a request in line behind one still being
+    served (pipelined), whose body then breaks, would be left unfinished, its handler waiting
+    for --read-timeout once its turn came: it is answered 400 in its turn (this holds the
+    behaviour; it passed before any change for it)."""
+    with gateway("--matcher", "none", "--read-timeout", "20") as gw:
+        agent = start_agent(gw.url, "agent://spoilt-01", "slow", intents="spoilt.t", delay_ms=800)
+        try:
+            call = {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "SendMessage",
+                "params": {
+                    "message": {
+                        "messageId": "m-spoilt",
+                        "role": "ROLE_USER",
+                        "parts": [{"data": {}}],
+                        "metadata": {"intent": "spoilt.t"},
+                    }
+                },
+            }
+            body = json.dumps(call).encode()
+            first = (
+                "POST /a2a HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"A2A-Version: 1.0\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode() + body
+            second = (
+                b"POST /v1/register HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b'5\r\n{"a":\r\n'
+            )
+            host, port = gw.url.removeprefix("http://").split(":")
+            with socket.create_connection((host, int(port)), timeout=10) as sock:
+                sock.sendall(first + second)  # the second waits in line behind the first
+                # the input: the bad framing comes as a later segment, while the first is
+                # still with the agent (800 ms)
+                time.sleep(0.3)
+                sock.sendall(b"zz\r\n")
+                started = time.monotonic()
+                got = b""
+                while chunk := sock.recv(65536):  # a timeout (10 s) fails the test
+                    got += chunk
+            assert time.monotonic() - started < 5.0
+            answers = got.split(b"HTTP/1.")
+            assert len(answers) == 3, got  # (what precedes the first), the two answers
+            assert answers[1].startswith(b"1 200 "), got
+            assert answers[2].split(b" ")[1] == b"400", got
+            assert b"malformed HTTP request" in answers[2], got
+        finally:
+            agent.stop()

@@ -77,3 +77,12 @@ async def test_an_agent_that_did_not_answer_is_all_attempts_failed() -> None:
     got = Delivery(Outcome.SERVER_ERROR, 502, None, "answered 502", reached=True)
     with pytest.raises(AllAttemptsFailed, match="did not answer GetTask"):
         await reacher(got).relay(RECORD, "GetTask", {"id": "task-1"}, None)
+
+
+async def test_a_5xx_body_that_only_looks_like_a_json_rpc_error_is_not_passed_on() -> None:
+    """A framework's 5xx body ({"code": 500, ...}) is not the agent's JSON-RPC error: JSON-RPC
+    codes are negative."""
+    body = b'{"code": 500, "message": "Internal Server Error"}'
+    got = Delivery(Outcome.SERVER_ERROR, 500, body, "answered 500", reached=True)
+    with pytest.raises(AllAttemptsFailed, match="did not answer GetTask"):
+        await reacher(got).relay(RECORD, "GetTask", {"id": "task-1"}, None)

@@ -613,3 +613,27 @@ async def test_a_retry_gets_its_endpoint_only_if_it_is_still_eligible_after_the_
     router, clock = await make(["agent://d"], 4)
     p = await plan(router)
     assert await router.acquire(p, (), prefer="agent://d") == "agent://d"
+
+
+async def test_a_nats_subject_is_refused_while_any_other_id_there_is_up() -> None:
+    """A review: the subject's holder was one id, the last registered; two could share it (the
+    first down when the second came, then back by heartbeat), and when the second left, a third
+    was let in beside the live first. Every id registered at the subject is kept."""
+    from agent_reach.errors import InvalidRequest
+
+    router, clock = await make([], bound=1, heartbeat_interval=1.0)
+
+    async def at(name: str) -> None:
+        body = RegisterBody(endpoint_id=name, capabilities=[INTENT], endpoint_url="nats:s.one")
+        await router.register(body)
+
+    await at("agent://n1")
+    with pytest.raises(InvalidRequest):
+        await at("agent://n2")
+    clock.advance(10.0)  # n1 down (no heartbeat for 10 intervals)
+    await at("agent://n2")  # a down holder does not keep the subject
+    router.heartbeat("agent://n1")  # n1 back: both on it now
+    await router.deregister("agent://n2")
+    with pytest.raises(InvalidRequest):  # n1 still holds it
+        await at("agent://n3")
+    await at("agent://n1")  # its own subject again

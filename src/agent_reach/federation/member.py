@@ -289,14 +289,23 @@ class Membership:
     # --- reading ---------------------------------------------------------------------------
 
     async def fetch_trace(
-        self, domain: str, trace_id: str, timeout_s: float, max_events: int
+        self,
+        domain: str,
+        trace_id: str,
+        timeout_s: float,
+        max_events: int,
+        sender: str | None = None,
     ) -> list[dict[str, Any]] | str:
         """The events (at most ``max_events``, each with a numeric ``ts``) another domain's
-        gateway holds for ``trace_id``, or a string saying why there are none."""
+        gateway holds for ``trace_id`` (of the requests of ``sender`` alone, as that gateway
+        names it: ``agent://NAME@THIS_DOMAIN``, when given), or a string saying why there are
+        none."""
         peer = self.peers.get(domain)
         if peer is None:
             return f"{domain} is not a known domain now"
         url = f"{peer.summary.gateway_url}/v1/traces/{quote(trace_id, safe='')}"
+        if sender is not None:
+            url += f"?sender={quote(sender, safe='')}"
         got = await self._get(url, self.headers(), timeout_s)
         if got.status is None:
             return f"{domain}: {got.error}"

@@ -571,12 +571,13 @@ class Access:
         return reachable
 
     def trace_reader(
-        self, caller: Principal, trace_id: str
+        self, caller: Principal, trace_id: str, sender: str | None = None
     ) -> Callable[[tuple[str | None, str | None]], bool] | None:
         """Which events of a trace ``caller`` may read, by the (sender, origin) of the request
         each belongs to: None for all (open mode; an operator, an admin action), else those of
-        the caller's own requests (a peer: those the domain forwarded). Decided per request:
-        several may share a trace id, and whoever used it first owns none of the others."""
+        the caller's own requests (a peer: those the domain forwarded, of ``sender`` alone when
+        it names one: the peer reads for that sender of its own). Decided per request: several
+        may share a trace id, and whoever used it first owns none of the others."""
         claims = caller.claims
         if claims is None:
             return None
@@ -585,6 +586,8 @@ class Access:
             return None
         subject = claims.subject
         if claims.kind is Kind.PEER:  # the domain that forwarded them reads its part
+            if sender is not None:
+                return lambda reader: reader == (sender, subject)
             return lambda reader: reader[1] == subject
         return lambda reader: reader[0] == subject
 

@@ -447,7 +447,13 @@ class Reacher:
                 except (msgspec.DecodeError, RecursionError):
                     rpc_error = None
             code = rpc_error.get("code") if isinstance(rpc_error, dict) else None
-            if isinstance(code, int) and not isinstance(code, bool):
+            if (
+                isinstance(code, int)
+                and not isinstance(code, bool)
+                # a 5xx's body that only looks like one ({"code": 500, ...} of a framework) is
+                # not the agent's JSON-RPC error: those codes are negative
+                and (got.outcome is Outcome.AGENT_ERROR or code < 0)
+            ):
                 # the agent's own JSON-RPC error (task not found, not cancelable): passed on,
                 # as a JSON-RPC error object (a code, a message that is a string, its data)
                 assert isinstance(rpc_error, dict)

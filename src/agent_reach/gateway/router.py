@@ -115,9 +115,11 @@ class Router:
         self.slots = Slots(clock.monotonic, self._offer, settings.max_inflight)
         self._tiers: dict[str, Tiers] = {}
         self.unrouted = UnroutedIntents()  # intents refused with no_capable_agent
-        # nats:SUBJECT -> the id registered there last: two ids on one subject would both take
-        # every delivery (two queue groups), so a live holder keeps the subject (register)
-        self.nats_holders: dict[str, str] = {}
+        # nats:SUBJECT -> the ids registered there (one, but for a holder down when another
+        # came, back by heartbeat, or two registered through two gateways at once): two ids on
+        # one subject would both take every delivery (two queue groups), so register refuses
+        # a subject another id holds and is not down
+        self.nats_holders: dict[str, set[str]] = {}
         # federation: the tags other domains serve, known to the fallback matcher too
         self.remote_tags: Callable[[], Collection[str]] = tuple
         registry.bind(self.now)  # records' last_seen are on this gateway's liveness clock
@@ -164,10 +166,12 @@ class Router:
         endpoint_id = change.endpoint_id
         if before is None or after is None or before.endpoint_url != after.endpoint_url:
             holders = self.nats_holders
-            if before is not None and holders.get(before.endpoint_url) == endpoint_id:
-                del holders[before.endpoint_url]
+            if before is not None and (held := holders.get(before.endpoint_url)) is not None:
+                held.discard(endpoint_id)
+                if not held:
+                    del holders[before.endpoint_url]
             if after is not None and after.endpoint_url.startswith("nats:"):
-                holders[after.endpoint_url] = endpoint_id
+                holders.setdefault(after.endpoint_url, set()).add(endpoint_id)
         if after is None or (before is not None and before.endpoint_url != after.endpoint_url):
             self.stats.pop(endpoint_id, None)  # gone, or another process: its latencies go too
         else:
@@ -240,10 +244,14 @@ class Router:
         (InvalidRequest, ``endpoint_url``): both ids' agents would take every delivery to it
         (each id is its own queue group), and the caller would get whichever answered first."""
         url = body.endpoint_url
-        holder = self.nats_holders.get(url) if url.startswith("nats:") else None
-        if holder is not None and holder != body.endpoint_id:
+        now = self.now()
+        for holder in self.nats_holders.get(url, ()) if url.startswith("nats:") else ():
             other = self.registry.get(holder)
-            if other is not None and self.health(other, self.now()).status is not Status.DOWN:
+            if (
+                holder != body.endpoint_id
+                and other is not None
+                and self.health(other, now).status is not Status.DOWN
+            ):
                 raise InvalidRequest(
                     f"{url} is where {holder} is registered (and not down): two ids on one"
                     " subject would both take every delivery; give this one a subject of its"

@@ -611,16 +611,21 @@ class Service:
 
     # --- traces and operations -----------------------------------------------------------------
 
-    async def trace(self, caller: Caller, trace_id: str) -> dict[str, Any]:
+    async def trace(
+        self, caller: Caller, trace_id: str, sender: str | None = None
+    ) -> dict[str, Any]:
         """The recorded events of a recent request; TraceNotFound otherwise (also when the
         caller may not read it: a trace of someone else's request is not confirmed).
 
         Federation: a request forwarded to other domains has their events merged in, fetched
         from their gateways (each marked with ``from_domain``; one that cannot be fetched
         leaves a ``remote_trace_unavailable`` event saying why). A peer reading the trace gets
-        this gateway's events only."""
+        this gateway's events only: those of the requests it forwarded, and of ``sender`` alone
+        when the peer names one (``?sender=``: it reads for a sender of its own, who must not
+        see another's requests forwarded under the same trace id)."""
         principal = self.access.authenticate(caller, READERS | PEERS, "read a trace")
-        events = self.traces.get(trace_id, self.access.trace_reader(principal, trace_id))
+        reader = self.access.trace_reader(principal, trace_id, sender)
+        events = self.traces.get(trace_id, reader)
         if not events:
             if events is not None:
                 self.access.trace_refused(principal, trace_id)
@@ -636,8 +641,18 @@ class Service:
             )[:MAX_TRACE_DOMAINS]
             if domains:
                 limit = self.traces.max_events
+                claims = principal.claims
+                # a sender reads its own requests' part there too, as here (an operator all)
+                mine = (
+                    None
+                    if claims is None or claims.kind is Kind.OPERATOR
+                    else qualified(claims.subject, self.settings.domain)
+                )
                 fetched = await asyncio.gather(
-                    *(membership.fetch_trace(d, trace_id, TRACE_FETCH_S, limit) for d in domains)
+                    *(
+                        membership.fetch_trace(d, trace_id, TRACE_FETCH_S, limit, mine)
+                        for d in domains
+                    )
                 )
                 now = self.node.clock.wall()
                 for domain, got in zip(domains, fetched, strict=True):

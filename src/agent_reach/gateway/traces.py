@@ -29,7 +29,7 @@ from agent_reach.wire.answers import Attempt
 __all__ = ["NO_READER", "Reader", "RequestSummary", "TraceStore"]
 
 RECENT_CAPACITY = 1000  # request summaries kept for GET /v1/traces
-MAX_TOTAL_EVENTS = 100_000  # events of all traces held at once (~1 KB each at most)
+MAX_TOTAL_EVENTS = 100_000  # events of all traces held at once (~1 KB each, typically)
 TEXT_KEPT = 256  # characters of a caller's words (intent_text) or an error's detail kept
 
 Reader = tuple[str | None, str | None]

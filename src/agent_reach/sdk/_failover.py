@@ -21,7 +21,10 @@ connection cap, a proxy's shorter idle time) when the request was written on it 
 any byte of an answer, and nothing was read there (a gateway never closes a connection with a
 request waiting in it). aiohttp sends such a request again by itself only for idempotent
 methods; :meth:`GatewayPool._once` does it for every call (a send keeps its ``msg_id``, by
-which agents drop a duplicate), on another connection, at most :data:`STALE_RESENDS` times.
+which agents drop a duplicate), on another connection, at most :data:`STALE_RESENDS` times,
+and only when the failure came within :data:`STALE_WITHIN_S` of writing the request: a
+connection lost later (the gateway crashed on it, a proxy cut it) may have been acted on, and
+is the ambiguous case above.
 
 Each move to the next gateway is a :class:`Failover`, handed to the pool's ``on_failover``
 (by default, :func:`log_failover` logs it as ``client.gateway_failover``; the agent's heartbeat
@@ -62,6 +65,11 @@ COOLOFF_S = 5.0
 # a request whose pooled connection turned out closed by the gateway is sent again (on
 # another connection) at most this many times: each stale connection of the pool fails once
 STALE_RESENDS = 3
+# ... and only when that came within this long of writing it: a connection closed before the
+# request reached the gateway fails at once (its close is already there, or on its way: a
+# round trip); one lost while the gateway worked on it (a crash, a proxy's cut) fails later,
+# and may have been acted on: not resent
+STALE_WITHIN_S = 1.0
 # how long making a connection to a gateway may take before the next one is tried
 CONNECT_TIMEOUT_S = 1.0
 # the most of a gateway's answer read by default (ReachClient's max_answer_bytes): the whole
@@ -347,6 +355,7 @@ class GatewayPool:
             left = timeout_s - (self._clock.monotonic() - started)
             timeout = aiohttp.ClientTimeout(total=left, sock_connect=min(connect, left))
             pooled = _Pooled()
+            written = self._clock.monotonic()
             try:
                 resp = await self._pool().request(
                     method,
@@ -361,8 +370,13 @@ class GatewayPool:
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
                 # a pooled connection the gateway had closed: nothing of an answer came, and
                 # nothing was read there (module docstring); on another one, while time is left
-                spent = self._clock.monotonic() - started
-                if not pooled.reused or resend == STALE_RESENDS or spent >= timeout_s - 0.001:
+                now = self._clock.monotonic()
+                if (
+                    not pooled.reused
+                    or resend == STALE_RESENDS
+                    or now - written > STALE_WITHIN_S
+                    or now - started >= timeout_s - 0.001
+                ):
                     raise
                 log(
                     logging.DEBUG,

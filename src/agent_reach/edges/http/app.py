@@ -357,7 +357,8 @@ class HttpEdge:
         return _json(await self.service.explain(self._caller(request), dict(request.query)))
 
     async def trace(self, request: web.BaseRequest, trace_id: str) -> web.Response:
-        return _json(await self.service.trace(self._caller(request), trace_id))
+        sender = request.query.get("sender")  # a peer reading for a sender of its own
+        return _json(await self.service.trace(self._caller(request), trace_id, sender))
 
     async def federation(self, request: web.BaseRequest, _: str) -> web.Response:
         return _json(self.service.federation(self._caller(request)))
