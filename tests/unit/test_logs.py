@@ -67,3 +67,20 @@ def test_the_throttle_holds_a_bounded_number_of_keys() -> None:
     assert throttle.take("new-2") == 0
     assert set(throttle.next_at) == {"new-2"}
     assert throttle.take("new-2") is None  # and the throttle still throttles
+
+
+def test_a_logged_value_cannot_split_its_line() -> None:
+    """A caller's words logged as given, holding U+2028, U+2029 or U+0085 (msgspec leaves them
+    unescaped, valid JSON), were line ends to ``str.splitlines()`` and other line readers: one
+    line read as two broken ones (a token fuzz broke every later read of a test's log)."""
+    out = io.StringIO()
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        configure("INFO", out)
+        log(logging.INFO, "audit.denied", who="a\u2028b\u2029c\x85d 城市")
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+    (line,) = out.getvalue().splitlines()
+    assert json.loads(line)["who"] == "a\u2028b\u2029c\x85d 城市"

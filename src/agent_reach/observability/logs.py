@@ -19,6 +19,7 @@ __all__ = ["TRACE_ID", "Throttle", "configure", "log", "logger"]
 TRACE_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("trace_id", default=None)
 logger = logging.getLogger("agent_reach")
 _encode = msgspec.json.Encoder().encode
+_LINE_ENDS = (("\u2028", "\\u2028"), ("\u2029", "\\u2029"), ("\x85", "\\u0085"))
 
 
 def log(level: int, event: str, *, exc_info: bool | BaseException = False, **data: Any) -> None:
@@ -114,7 +115,13 @@ class JsonFormatter(logging.Formatter):
             line.update(data)
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
-        return _encode(line).decode()
+        text = _encode(line).decode()
+        if not text.isascii():
+            # what msgspec leaves unescaped but str.splitlines() and other line readers take
+            # for line ends (a caller's words, logged as given, would split the line)
+            for char, escaped in _LINE_ENDS:
+                text = text.replace(char, escaped)
+        return text
 
 
 def configure(level: str = "INFO", stream: Any = None) -> None:
