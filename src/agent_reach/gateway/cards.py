@@ -45,7 +45,7 @@ from agent_reach.core.names import is_intent
 from agent_reach.errors import AgentReachError, ConfigError, EndpointNotRegistered, InvalidRequest
 from agent_reach.observability.logs import log
 from agent_reach.registry.base import RegistryChange
-from agent_reach.wire.bodies import CardRegisterBody, RegisterBody
+from agent_reach.wire.bodies import MAX_DESCRIPTION, CardRegisterBody, RegisterBody
 
 if TYPE_CHECKING:
     from agent_reach.gateway.node import Node
@@ -60,10 +60,10 @@ MAX_TEXTS = 8  # texts of one skill matched against the dictionary
 MAX_SKILLS = 64  # skills of one card read (the rest are left out, and logged)
 ROUND_SHARE = 0.6  # rounds start every 0.6 heartbeat interval, as the agent SDK beats
 MISSES = 3  # rounds a kept card's record may be missing from the view before it is forgotten
-# characters of a card's name and of each skill's id and name kept (and shown by /v1/agents),
-# and of its description: a card's fields are the card host's to make as big as they like
+# characters of a card's name and of each skill's id and name kept (and shown by /v1/agents;
+# its description is cut to a registration's, MAX_DESCRIPTION): a card's fields are the card
+# host's to make as big as they like
 MAX_NAME = 256
-MAX_DESCRIPTION = 4096
 
 
 class MatcherBusy(Exception):

@@ -49,10 +49,13 @@ from dataclasses import dataclass, field
 from agent_reach.core.routing import rank_of, wait_admits, wait_limit
 from agent_reach.errors import Overloaded
 from agent_reach.observability.logs import log
+from agent_reach.settings import GatewaySettings
 
 __all__ = ["MAX_WAITING", "Slots", "Waiter"]
 
-MAX_WAITING = 1024  # requests one queue (intent) holds at most (the router: --max-inflight)
+# requests one queue (intent) holds at most: the router gives --max-inflight (every waiter is a
+# request in delivery); this default is the same setting's
+MAX_WAITING = GatewaySettings().max_inflight
 RETRY_AFTER_S = 1  # what a request refused at a full queue is told (Retry-After)
 
 

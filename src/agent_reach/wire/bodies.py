@@ -46,6 +46,7 @@ TargetId = Annotated[str, msgspec.Meta(pattern=TARGET_ID_PATTERN)]
 Intent = Annotated[str, msgspec.Meta(pattern=INTENT_PATTERN, max_length=INTENT_MAX_LEN)]
 # ids travel in HTTP headers: visible ASCII only, no spaces
 Token = Annotated[str, msgspec.Meta(pattern=r"^[\x21-\x7e]{1,128}\Z")]
+MAX_DESCRIPTION = 4096  # characters of an endpoint's description
 MAX_TIMEOUT_MS = 600_000  # ten minutes: longer work belongs in a task the agent reports on
 Url = Annotated[str, msgspec.Meta(min_length=8, max_length=2048)]
 _EMPTY_OBJECT = msgspec.Raw(b"{}")  # a send's payload when none is given
@@ -78,7 +79,7 @@ class RegisterBody(msgspec.Struct, forbid_unknown_fields=True):
     endpoint_id: EndpointId
     capabilities: Annotated[list[Intent], msgspec.Meta(min_length=1, max_length=256)]
     endpoint_url: Url
-    description: Annotated[str, msgspec.Meta(max_length=4096)] = ""
+    description: Annotated[str, msgspec.Meta(max_length=MAX_DESCRIPTION)] = ""
 
     def __post_init__(self) -> None:
         if not self.endpoint_url.isascii():
@@ -137,7 +138,7 @@ class CardRegisterBody(msgspec.Struct, forbid_unknown_fields=True):
     endpoint_id: EndpointId
     a2a_card_url: Url
     capabilities: Annotated[list[Intent], msgspec.Meta(min_length=1, max_length=256)] | None = None
-    description: Annotated[str, msgspec.Meta(max_length=4096)] = ""
+    description: Annotated[str, msgspec.Meta(max_length=MAX_DESCRIPTION)] = ""
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.a2a_card_url)
