@@ -22,9 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from aiohttp import web
 
 from agent_reach.auth.tokens import Kind
+from agent_reach.gateway.cards import CARD_MAP
+from agent_reach.registry.redis.store import key_prefix
 from tests.support import (
     REDIS_URL,
     ROOT,
@@ -353,6 +356,44 @@ def test_every_gateway_of_a_shared_registry_keeps_the_card() -> None:
             http("POST", f"{second.url}/v1/deregister", {"endpoint_id": "agent://a2a-shared"})
     finally:
         agent.stop()
+        drop_prefix(prefix, REDIS_URL)
+
+
+def test_a_kept_card_goes_with_its_id() -> None:
+    """A card is kept while its id is an A2A agent's. Registered with a card, then registered
+    again with a plain URL and deregistered, an id left its card kept for good while no other
+    A2A agent was registered (the keeper skips its rounds then): 1,000 such rounds kept 1,000
+    cards with nothing registered (a review of 2026-12-07). So did a card agent purged while
+    alone. The kept cards are a Redis hash here, read as they are."""
+    prefix = f"test-{os.urandom(6).hex()}"
+    shared = ["--registry", REDIS_URL, "--registry-prefix", prefix]
+    quick = ["--heartbeat-interval", "0.5", "--purge-after", "1.5"]  # down after 3 intervals
+    agent = a2a_agent("kept-a2a", "--skill", "note.create=Notes")
+    store = redis.Redis.from_url(REDIS_URL)
+    key = f"{key_prefix(prefix)}:map:{CARD_MAP}"
+    try:
+        with gateway(*shared, *quick) as gw:
+            add(gw.url, agent.url, "agent://a2a-kept")
+            assert store.hexists(key, "agent://a2a-kept")
+            plain = {
+                "endpoint_id": "agent://a2a-kept",
+                "capabilities": ["note.create"],
+                "endpoint_url": "http://127.0.0.1:9/reach",
+            }
+            assert http("POST", f"{gw.url}/v1/register", plain)[0] == 200
+            assert not store.hexists(key, "agent://a2a-kept")  # registered otherwise: let go
+            ended = {"endpoint_id": "agent://a2a-kept"}
+            assert http("POST", f"{gw.url}/v1/deregister", ended)[0] == 200
+
+            # a card agent alone, its card host gone: down, purged, and its card forgotten
+            # within the keeper's rounds (3 rounds missing, 0.3 s apart here)
+            add(gw.url, agent.url, "agent://a2a-purged")
+            agent.stop()
+            wait_until(lambda: "agent://a2a-purged" not in agents(gw.url), 10)
+            wait_until(lambda: store.hlen(key) == 0, 5)
+    finally:
+        agent.stop()
+        store.close()
         drop_prefix(prefix, REDIS_URL)
 
 

@@ -233,6 +233,36 @@ async def test_a_waiting_request_is_answered_within_its_deadline() -> None:
     assert agent.tags == ["blocker"]
 
 
+async def test_a_retry_stops_waiting_for_a_slot_once_its_try_cannot_fit() -> None:
+    """A retry waits for a slot only while its whole try still fits in what is left: past
+    that it is answered ``all_attempts_failed`` at once. It waited for the next slot freed,
+    then found too little time left (or, with nothing freed, ran to the deadline: 504): a
+    review of 2026-12-07."""
+    flags = ("--max-inflight-per-endpoint", "1", "--log-level", "DEBUG")
+    with gateway(*QUIET, *flags) as gw:
+        async with agents(gw, Agent("bounds-fit")) as (agent,), client() as s:
+            # one answer of 1.9 s (under the 2 s per-try timeout of no history): 2.85 s a try
+            assert (await send(s, gw, "warm", payload={"sleep_ms": 1900}))[0] == 200
+            doomed = asyncio.create_task(
+                send(s, gw, "doomed", timeout_ms=5000, payload={"fail_later": 1})
+            )
+            await until(lambda: agent.holding == 1, 10.0, "the doomed request at the agent")
+            blocker = asyncio.create_task(send(s, gw, "blocker", payload={"block": True}))
+            await until(lambda: waiting_lines(gw) == 1, 10.0, "the blocker waiting")
+            # the doomed attempt fails: its slot goes to the blocker, held for its 2.85 s try;
+            # the retry (the same endpoint, after a 0.7-1.4 s backoff) may wait for a slot
+            # until 2.85 s are left of its 5 s (2.15 s in): none is freed before ~2.95 s
+            agent.fail_release.set()
+            status, answer, took = await asyncio.wait_for(doomed, 10.0)
+            agent.release.set()
+            await blocker
+    assert (status, answer["error"]) == (502, "all_attempts_failed"), answer
+    assert "no slot was freed" in answer["detail"], answer
+    assert [a["outcome"] for a in answer["attempts"]] == ["server_error"]
+    assert 1.9 <= took <= 2.8, took  # given up at ~2.15 s, not when the blocker's try ended
+    assert agent.tags[:3] == ["warm", "doomed", "blocker"]
+
+
 async def test_past_the_gateway_bound_low_priority_waiting_is_refused_with_retry_after() -> None:
     """Requests waiting for an agent's slot are in delivery: with ``--max-inflight 256``, low
     priority is refused from 179 in delivery (70 %: the blocker and 178 waiting), high is still

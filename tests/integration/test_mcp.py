@@ -584,6 +584,55 @@ async def test_token_mode_over_stdio(secured: dict[str, Any]) -> None:
     assert _answer(refused)["error"] == "unauthorized"
 
 
+async def test_a_call_refused_for_want_of_a_stream_place_was_not_delivered() -> None:
+    """``overloaded`` promises that nothing was delivered. A 2025 ``tools/call`` is answered
+    as an event stream, and the SDK starts the call as it begins that answer: with every
+    stream place taken, the call was refused 503 *and* delivered (a review of 2026-12-07).
+    Now the place is taken before the SDK sees the request."""
+    with gateway("--matcher", "none", "--mcp-max-sessions", "2") as gw:
+        agent = start_agent(gw.url, "agent://mcp-counted")
+        try:
+            wait_until(lambda: _routable(gw.url, "test.echo"), 10)
+            opened = http_full("POST", f"{gw.url}/mcp", MCP_INITIALIZE, headers=MCP_ACCEPT)
+            status, _, headers = opened
+            assert status == 200  # a session opened while there is room
+            theirs = {
+                **MCP_ACCEPT,
+                "Mcp-Session-Id": headers["mcp-session-id"],
+                "Mcp-Protocol-Version": "2025-06-18",
+            }
+            ready = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+            assert http_full("POST", f"{gw.url}/mcp", ready, headers=theirs)[0] == 202
+
+            def call(n: int) -> tuple[int, Any, dict[str, str]]:
+                body = {
+                    "jsonrpc": "2.0",
+                    "id": n,
+                    "method": "tools/call",
+                    "params": {"name": "reach", "arguments": {"intent": "test.echo"}},
+                }
+                return http_full("POST", f"{gw.url}/mcp", body, headers=theirs)
+
+            async with contextlib.AsyncExitStack() as stack:
+                for _ in range(16):  # every place (at least 16) held by a listen stream
+                    client = await stack.enter_async_context(mcp_client(gw.url))
+                    await stack.enter_async_context(client.listen(tools_list_changed=True))
+                status, refused, got = await asyncio.to_thread(call, 2)
+            assert status == 503, refused
+            assert refused["error"] == "overloaded"
+            assert int(got["Retry-After"]) >= 1
+
+            # the places are free once the gateway has seen the listens go (DISCONNECT_POLL_S)
+            async def answered() -> bool:
+                return (await asyncio.to_thread(call, 3))[0] == 200
+
+            await until(answered, 10.0, "a call answered once there is room")
+            # one delivery: the call answered; the refused one never started
+            assert metric(gw, "agent_reach_attempts_total") == 1
+        finally:
+            agent.stop()
+
+
 # --- pure --------------------------------------------------------------------------------------
 
 

@@ -15,9 +15,11 @@ from collections.abc import Callable, Collection
 
 import pytest
 
-from agent_reach.errors import Overloaded
+from agent_reach.errors import NoCapableAgent, Overloaded
+from agent_reach.gateway.matching import resolve
 from agent_reach.gateway.router import Router
 from agent_reach.intents.dictionary import parse_dictionary
+from agent_reach.intents.lexical import LexicalMatcher
 from agent_reach.intents.matcher import (
     BUILD_GAP_S,
     BUILD_NICE,
@@ -562,6 +564,59 @@ async def test_the_known_tags_are_every_registered_dictionary_and_remote_tag_onc
         "weather.query",
     ]
     router.matches.close()
+
+
+async def test_a_registration_again_with_a_new_description_rebuilds_the_index() -> None:
+    """The same capabilities, a new description, a moment later (a restarted agent that now
+    says what it does in other words): the fallback matches the new words. A timely heartbeat's
+    shortcut skipped the rebuild when the capabilities were the same (a review of 2026-12-07)."""
+    router = Router(
+        GatewaySettings(), MemoryRegistry(), FakeClock(start=0.0), matcher=LexicalMatcher()
+    )
+    try:
+        for words in ("forecasts for sailing boats", "currency exchange rates today"):
+            body = RegisterBody(
+                endpoint_id="agent://d-1",
+                capabilities=["zz.qq"],
+                endpoint_url="http://h/",
+                description=words,
+            )
+            await router.register(body)
+            assert await router.matches.wait(5.0)
+            found = [tag for tag, _ in await router.matches.lookup(None, words)]
+            assert found[:1] == ["zz.qq"], (words, found)
+    finally:
+        router.matches.close()
+
+
+async def test_an_alias_of_an_unserved_tag_is_not_read_as_words_another_tag_matches() -> None:
+    """``ticket.void`` is the dictionary's alias of ``order.cancel``, which no agent serves;
+    an agent serves ``support.ticket.void``. Read as the words "ticket void", the alias went
+    there by meaning (0.86 with the lexical matcher: a review of 2026-12-07), though the
+    dictionary says what it means. It is scored as its tag: refused, as ``order.cancel`` is."""
+    router = Router(
+        GatewaySettings(), MemoryRegistry(), FakeClock(start=0.0), matcher=LexicalMatcher()
+    )
+    router.dictionary = parse_dictionary(
+        '[[intent]]\ntag = "order.cancel"\ndescription = "Cancel an order"\n'
+        'aliases = ["ticket.void"]\n'
+    )
+    try:
+        body = RegisterBody(
+            endpoint_id="agent://t-1",
+            capabilities=["support.ticket.void"],
+            endpoint_url="http://h/",
+        )
+        await router.register(body)
+        assert await router.matches.wait(5.0)
+        for intent in ("ticket.void", "order.cancel"):
+            with pytest.raises(NoCapableAgent):
+                await resolve(router, intent, None)
+        # the words themselves, given as words, still find it
+        found = await resolve(router, None, "support ticket void")
+        assert found.tag == "support.ticket.void"
+    finally:
+        router.matches.close()
 
 
 def test_distinct_is_dict_fromkeys_made_in_chunks() -> None:

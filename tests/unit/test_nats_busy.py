@@ -44,3 +44,34 @@ async def test_a_busy_answer_is_counted_as_the_bound_hit() -> None:
     edge._counted_busy("send")()
     edge._counted_busy("heartbeat")()
     assert f"{line} 2.0" in node.metrics.render().decode()
+
+
+async def test_sends_in_hand_go_past_max_inflight_so_that_admission_refuses_first() -> None:
+    """Sends in delivery are bounded by --max-inflight, with its priority shares (``high``
+    only at 100 %): the edge's own bound of requests in hand (4,096) refused a ``high`` send
+    at 41 % of ``--max-inflight 10000`` (a review of 2026-12-07). It is now 4,096 on top."""
+    import uuid
+
+    from agent_reach.edges.nats.edge import MAX_INFLIGHT, NatsEdge
+    from agent_reach.gateway.node import Node
+    from agent_reach.settings import GatewaySettings
+
+    settings = GatewaySettings(
+        nats="nats://127.0.0.1:4222",
+        nats_prefix=f"busy-{uuid.uuid4().hex[:8]}",  # alone on its subjects
+        max_inflight=10_000,
+        matcher="none",
+    )
+    node = Node(settings)
+    await node.start()  # the real NATS server of the machine (.ci/run starts it)
+    edge = NatsEdge(node)
+    try:
+        await edge.start()
+        bounds = {r.subject.rsplit(".", 1)[1]: r.max_inflight for r in edge._responders}
+    finally:
+        await edge.close()
+        await node.close()
+    assert bounds["send"] == MAX_INFLIGHT + 10_000
+    assert {op: n for op, n in bounds.items() if op != "send"} == dict.fromkeys(
+        (op for op in OPERATIONS if op != "send"), MAX_INFLIGHT
+    )

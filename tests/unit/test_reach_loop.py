@@ -22,12 +22,11 @@ from agent_reach.core.model import Outcome
 from agent_reach.errors import (
     AgentError,
     AllAttemptsFailed,
-    DeadlineExceeded,
     InternalError,
     NoAvailableAgent,
     ReachError,
 )
-from agent_reach.gateway.delivery import Reacher
+from agent_reach.gateway.delivery import WAKE_SLACK_S, Reacher
 from agent_reach.gateway.explain import explain_route
 from agent_reach.gateway.matching import Match
 from agent_reach.gateway.metrics import GatewayMetrics
@@ -76,10 +75,21 @@ class ScriptedTransport:
         return Delivery(b.outcome, status, b'{"n": 1}')
 
 
+class LateClock(FakeClock):
+    """A fake clock whose sleeps end 1 ms late, as a real loop's timers do."""
+
+    async def sleep(self, seconds: float) -> None:
+        await super().sleep(seconds)
+        self.advance(0.001)
+
+
 def make(
-    behaviours: dict[str, list[Behaviour]], seed: int = 1, **overrides: float
+    behaviours: dict[str, list[Behaviour]],
+    seed: int = 1,
+    clock: FakeClock | None = None,
+    **overrides: float,
 ) -> tuple[Reacher, ScriptedTransport, FakeClock]:
-    clock = FakeClock()
+    clock = FakeClock() if clock is None else clock
     gw = Router(
         GatewaySettings(**overrides),
         MemoryRegistry(),
@@ -169,13 +179,14 @@ async def test_the_issue_example_8s_deadline_p95_800_gives_2000ms_tries_and_2_re
     assert isinstance(result, ReachError)
     attempts = result.fields["attempts"]
     # 2 s try, 0.5-1 s wait, 2 s try, then a 1-2 s wait cut to what leaves room for a last
-    # 2 s try (~3 s left), which the hung agent lets run to the deadline
+    # 2 s try (~3 s left) and WAKE_SLACK_S, which the hung agent lets run out: the retries
+    # are used up WAKE_SLACK_S before the deadline
     assert [a.outcome for a in attempts] == ["timeout", "timeout", "timeout"]
-    assert isinstance(result, DeadlineExceeded)
+    assert isinstance(result, AllAttemptsFailed)
     first_wait, second_wait = clock.slept[-2:]
     assert 0.5 <= first_wait <= 1.0
     assert 1.0 <= second_wait <= 2.0
-    assert 7.99 <= elapsed <= 8.0
+    assert 7.9 <= elapsed < 8.0
 
 
 async def test_no_retry_starts_when_its_try_cannot_fit() -> None:
@@ -187,6 +198,29 @@ async def test_no_retry_starts_when_its_try_cannot_fit() -> None:
     assert "not enough for another attempt" in result.detail
     assert len(transport.calls) == 1
     assert elapsed == pytest.approx(2.0)
+
+
+async def test_a_wait_shortened_to_fit_the_try_still_lets_the_try_start() -> None:
+    """4 s deadline, one endpoint: a 503 at 1.3 s leaves 2.7 s, room for the shortest wait
+    (0.5 s) and a 2 s try; a drawn wait over 0.7 s is shortened. Cut to the room exactly, it
+    woke (1 ms late, as real timers do) with less than the try's 2 s and the retry was given
+    up: 502 where the rules promise a retry (a review of 2026-12-07)."""
+    waits = []
+    for seed in range(12):
+        script = [Behaviour(1.3, Outcome.SERVER_ERROR), Behaviour(0.01)]
+        reacher, transport, clock = make({url("only"): script}, seed=seed, clock=LateClock())
+        await register(reacher, "only")
+        result, elapsed = await reach(reacher, clock, timeout_ms=4000)
+        assert not isinstance(result, ReachError), (seed, result)
+        assert len(transport.calls) == 2
+        assert transport.calls[1][2] == pytest.approx(2.0)  # the retry's whole per-try time
+        assert elapsed <= 4.0
+        waits.append(clock.slept[0])
+    # drawn from 0.5-1.0 s; those over the room were shortened to it, less the slack for a
+    # late wake-up (the room: what the try leaves of the deadline, ~0.7 s)
+    room = max(waits)
+    assert room <= 0.7 - WAKE_SLACK_S
+    assert waits.count(room) >= 3  # the seeds drew waits that had to be shortened
 
 
 async def test_failover_goes_to_another_endpoint_without_waiting() -> None:

@@ -376,6 +376,11 @@ class CardKeeper:
         self._missing.pop(endpoint_id, None)
         await self.map.delete(endpoint_id)
 
+    def holds(self, endpoint_id: str) -> bool:
+        """Whether this gateway keeps a card for ``endpoint_id`` (as of its last round, and
+        the cards registered through it since)."""
+        return endpoint_id in self.local
+
     async def kept(self, endpoint_id: str) -> Card | None:
         """The kept card of ``endpoint_id``, if any."""
         raw = await self.map.get(endpoint_id)
@@ -390,8 +395,9 @@ class CardKeeper:
 
     async def run(self) -> None:
         """Every heartbeat interval: fetch every kept card (a node loop). A round is skipped
-        while the view holds no A2A agent, or while the shared registry is known away (its
-        own line says so: one transition, one line)."""
+        while the view holds no A2A agent and this gateway keeps no card (one kept for an id
+        gone meanwhile, say purged, is forgotten by the rounds: MISSES), or while the shared
+        registry is known away (its own line says so: one transition, one line)."""
         gate = asyncio.Semaphore(MAX_PARALLEL)
         clock = self.node.clock
         every = ROUND_SHARE * float(self.node.settings.heartbeat_interval)
@@ -402,7 +408,8 @@ class CardKeeper:
         while True:
             started = clock.monotonic()
             try:
-                if not self._a2a_ids or not registry.state().available:
+                idle = not self._a2a_ids and not self.local
+                if idle or not registry.state().available:
                     await clock.sleep(every)
                     continue
                 kept = await self.map.items()

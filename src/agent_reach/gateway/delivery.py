@@ -64,6 +64,9 @@ _TRACE_CANDIDATES = 16  # candidates listed by name in a trace's route event
 # whose request the trace events written now belong to (Reacher.send sets it; the tasks a
 # request starts, its hedges, inherit it)
 _READER: ContextVar[Reader] = ContextVar("agent_reach_trace_reader", default=NO_READER)
+# a sleep ends later than asked (timer granularity, a busy loop): a retry's wait shortened to
+# leave room for its try leaves this much more, so that the try still fits when it wakes
+WAKE_SLACK_S = 0.025
 RELAY_TIMEOUT_S = 5.0  # an A2A GetTask/CancelTask relayed to the agent that owns the task
 
 
@@ -491,8 +494,18 @@ class Reacher:
             # a free slot (--max-inflight-per-endpoint): the target's, another's, or the first
             # one freed, in priority order (Overloaded past the wait queue, DeadlineExceeded)
             asked = clock.monotonic()
+            until = run.deadline
+            if attempts:  # a retry waits for a slot only while its whole try still fits
+                until = Deadline(run.deadline.expires_at - per_try / 1000.0)
             try:
-                got = await router.acquire(plan, tried, run.priority, run.deadline, prefer=target)
+                got = await router.acquire(plan, tried, run.priority, until, prefer=target)
+            except DeadlineExceeded as exc:
+                if not attempts:
+                    raise
+                raise AllAttemptsFailed(
+                    f"{len(attempts)} attempt(s) failed; no slot was freed while another attempt"
+                    f" could still fit in the deadline ({per_try:.0f} ms per try)"
+                ) from exc
             except Overloaded as exc:
                 if not _delivered(attempts):
                     raise  # nothing reached an agent: overloaded, come back later
@@ -514,7 +527,7 @@ class Reacher:
                 now = clock.monotonic()
                 wait = backoff_s(run.same_count, per_try, router.rng.random()) - (now - asked)
                 if wait > 0:
-                    if wait > run.deadline.remaining(now) - per_try / 1000.0:
+                    if wait > run.deadline.remaining(now) - per_try / 1000.0 - WAKE_SLACK_S:
                         raise AllAttemptsFailed(
                             f"{len(attempts)} attempt(s) failed; the time left is not enough"
                             f" for a retry of {got} after its backoff ({per_try:.0f} ms per try)"
@@ -724,6 +737,8 @@ class Reacher:
             wait = backoff_s(run.same_count, per_try, router.rng.random())
             shortest = backoff_s(run.same_count, per_try, 0.0)
         room = remaining - per_try / 1000.0  # what a wait may take and still fit the try
+        if again:  # a wait cut to the room exactly would wake with less than the try's time
+            room -= WAKE_SLACK_S
         if shortest > room:
             raise AllAttemptsFailed(
                 f"{n} attempt(s) failed; {remaining * 1000:.0f} ms left of the {timeout_ms} ms "

@@ -164,9 +164,15 @@ async def match_by_meaning(
     method = holder.method
     threshold = router.settings.confidence_threshold
     scored: list[tuple[str, float]] = []
+    query = intent
+    if text is None and intent is not None:
+        # a dictionary alias means what its tag means (which no endpoint declares, or settle()
+        # had taken it): scored as that tag, not read as words another tag might match better
+        # (`ticket.void`, an alias of an unserved `order.cancel`, went to `support.ticket.void`)
+        query = router.dictionary.canonical(intent) or intent
     if method is not None:
         try:
-            scored = await holder.lookup(intent, text)
+            scored = await holder.lookup(query, text)
         except Overloaded:
             if fallback:
                 raise  # the match itself could not be made: come back later

@@ -182,6 +182,7 @@ class Router:
             if (
                 before is not None
                 and before.capabilities == after.capabilities
+                and before.description == after.description  # (the matcher's words)
                 and ejected_at is None
                 # the new last_seen is "now": was the previous heartbeat still on time?
                 and after.last_seen - before.last_seen <= self.thresholds.degraded_after

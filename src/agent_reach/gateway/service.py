@@ -201,9 +201,11 @@ class Service:
                 card_version=card.version,
                 unmapped=card.unmapped,
             )
-        elif record.endpoint_url.startswith("a2a+"):
-            # an A2A agent registering itself heartbeats: its card, if kept, is not fetched
-            # (one registered otherwise is forgotten by the keeper at its next round)
+        elif record.endpoint_url.startswith("a2a+") or cards.holds(record.endpoint_id):
+            # an A2A agent registering itself heartbeats: its card, if kept, is not fetched;
+            # an id registered otherwise now leaves its card at once (the keeper's rounds would
+            # find it a round on, when they run: a card kept this way, then deregistered, was
+            # kept for good while no other A2A agent was registered)
             await cards.forget(record.endpoint_id)
         if unknown:  # warn mode: registered, and said
             self.metrics.unknown_intents.labels("warn").inc()
@@ -310,8 +312,11 @@ class Service:
             self.access.deny(
                 principal, "deregister", endpoint_id, earlier_registration(endpoint_id)
             )
-        if current is not None and current.endpoint_url.startswith("a2a+"):
-            await self.node.cards.forget(endpoint_id)
+        cards = self.node.cards
+        if (current is not None and current.endpoint_url.startswith("a2a+")) or cards.holds(
+            endpoint_id
+        ):
+            await cards.forget(endpoint_id)
         return {"ok": True}
 
     async def enforce_policy(self) -> list[str]:

@@ -14,12 +14,17 @@ its CLI (``forklib``) for what is, for one mounted path, about a hundred lines. 
 - ``send``: the status and headers, then the body, streamed chunk by chunk (server-sent
   events) through one ``StreamResponse``; a client gone while it is written ends the answer
   quietly (nothing is logged: a client that closes after its last event is the usual case).
-- An answer that is an event stream (``text/event-stream``) takes a place of ``streams``
-  (:class:`Streams`) for as long as it is open; with none left it is not begun: the client
-  gets 503 ``overloaded`` (the contract's body, ``Retry-After: 1``) and the application a
-  disconnect. Such a stream holds its connection as long as the client likes (the 2026
-  protocol's ``subscriptions/listen`` has no session to bound it by), and enough of them would
-  fill the gateway's connection table.
+- An answer that is an event stream (``text/event-stream``) holds a place of ``streams``
+  (:class:`Streams`) for as long as it is open. Such a stream holds its connection as long as
+  the client likes (the 2026 protocol's ``subscriptions/listen`` has no session to bound it
+  by), and enough of them would fill the gateway's connection table. The place is taken
+  *before* the application runs (the edge does, ``held``) for a request that may be answered
+  so: the SDK hands a request to the server as it begins its answer, so an answer refused for
+  want of a place would come after the work had started, and ``overloaded`` promises that
+  nothing was delivered. An answer that turns out not to be a stream gives its place back as
+  it begins. A stream begun without one (a request the edge did not expect to stream) takes
+  one then, and with none left is not begun: 503 ``overloaded``, and the application sees a
+  disconnect.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from agent_reach.errors import InternalError
 from agent_reach.observability.logs import log
 
-__all__ = ["DISCONNECT_POLL_S", "Streams", "serve_asgi"]
+__all__ = ["DISCONNECT_POLL_S", "FULL_DETAIL", "Streams", "may_stream", "serve_asgi"]
 
 DISCONNECT_POLL_S = 1.0
 Message = dict[str, Any]
@@ -67,10 +72,19 @@ class Streams:
         self.open -= 1
 
 
-_FULL = (
-    b'{"ok":false,"error":"overloaded","detail":"too many MCP event streams are open at once'
-    b' (twice --mcp-max-sessions): try again later"}'
+FULL_DETAIL = (
+    "too many MCP event streams are open at once (twice --mcp-max-sessions): try again later"
 )
+_FULL = b'{"ok":false,"error":"overloaded","detail":"' + FULL_DETAIL.encode() + b'"}'
+
+
+def may_stream(request: web.BaseRequest) -> bool:
+    """Whether the answer to ``request`` may be an event stream: a GET (a session's stream), or
+    a POST whose client takes one (``Accept: text/event-stream``: a request's answer, or the
+    2026 protocol's ``subscriptions/listen``)."""
+    if request.method == "GET":
+        return True
+    return request.method == "POST" and "text/event-stream" in request.headers.get("Accept", "")
 
 
 def _scope(request: web.BaseRequest, extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -102,16 +116,20 @@ async def serve_asgi(
     extra: Mapping[str, Any],
     closing: asyncio.Event | None = None,
     streams: Streams | None = None,
+    *,
+    held: bool = False,
 ) -> web.StreamResponse:
     """Serve ``request`` with ``app``; the answer it wrote (already sent when returned).
 
     ``closing`` set (the edge stops) is a disconnect too: an open event stream then ends.
-    An error of ``app`` before its answer started goes up (the edge's error table renders
-    it); after, the connection is closed, since a second answer cannot follow a first."""
+    ``held``: the caller took a place of ``streams`` for this request, given back here (as
+    the answer begins when it is not a stream, else when it ends). An error of ``app`` before
+    its answer started goes up (the edge's error table renders it); after, the connection is
+    closed, since a second answer cannot follow a first."""
     response: web.StreamResponse | None = None
     finished = asyncio.Event()
     body_done = False
-    streaming = False  # this answer holds a place of ``streams``
+    holding = held and streams is not None  # this request holds a place of ``streams``
 
     def gone() -> bool:
         transport = request.transport
@@ -143,7 +161,7 @@ async def serve_asgi(
         return {"type": "http.disconnect"}
 
     async def send(message: Message) -> None:
-        nonlocal response, streaming
+        nonlocal response, holding
         kind = message["type"]
         if kind == "http.response.start":
             if response is not None:
@@ -156,7 +174,10 @@ async def serve_asgi(
                 name.lower() == "content-type" and value.startswith("text/event-stream")
                 for name, value in headers
             )
-            if stream and streams is not None:
+            if streams is not None and holding and not stream:
+                streams.give()  # not a stream after all: its place is free again
+                holding = False
+            elif streams is not None and stream and not holding:
                 if not streams.take():
                     # not begun: the client is told, the application sees its client gone
                     response = web.Response(
@@ -166,7 +187,7 @@ async def serve_asgi(
                     )
                     finished.set()
                     return
-                streaming = True
+                holding = True
             response = web.StreamResponse(status=message["status"])
             for name, value in headers:
                 response.headers.add(name, value)
@@ -201,7 +222,7 @@ async def serve_asgi(
         return response
     finally:
         finished.set()
-        if streaming and streams is not None:
+        if holding and streams is not None:
             streams.give()
     if response is None:
         raise InternalError("the MCP server gave no answer")

@@ -136,7 +136,7 @@ class McpEdge:
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """One HTTP request to ``/mcp``: authenticated, then served by the SDK."""
-        from agent_reach.edges.mcp.asgi import serve_asgi
+        from agent_reach.edges.mcp.asgi import FULL_DETAIL, may_stream, serve_asgi
 
         if self._stop.is_set():
             raise self._stopping()
@@ -162,8 +162,13 @@ class McpEdge:
             extra["user"] = AuthenticatedUser(
                 AccessToken(token="", client_id=subject, scopes=[], subject=subject)
             )
+        # a place for an event stream is taken before the SDK sees the request: it starts the
+        # work as it begins the answer, and an `overloaded` must mean nothing was delivered
+        held = may_stream(request)
+        if held and not self.streams.take():
+            raise Overloaded(FULL_DETAIL, retry_after_s=1)
         refused = self.streams.refused
-        response = await serve_asgi(handler, request, extra, self._stop, self.streams)
+        response = await serve_asgi(handler, request, extra, self._stop, self.streams, held=held)
         if response.status == 503 and self.streams.refused == refused:  # the SDK's
             self.sessions_refused += 1
         return response

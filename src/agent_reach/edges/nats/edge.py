@@ -22,7 +22,9 @@ another gateway serves it, and the start is refused (ConfigError: exit 2).
 The caller's ``remote`` is ``nats:`` and the reply subject's inbox (``_INBOX.<id>``, one per
 connection of nats-py and most clients): what rate limits and audit lines key on, as they key
 on the peer address over HTTP. Past ``max_inflight`` requests in hand, a request is answered
-503 at once (the caller's next try may find another gateway of the group).
+503 at once (the caller's next try may find another gateway of the group); for ``send``, past
+``max_inflight`` more than ``--max-inflight``, so that the gateway's admission, with its
+priority shares (``high`` refused only at 100 %), is what refuses sends.
 """
 
 from __future__ import annotations
@@ -100,6 +102,14 @@ class NatsEdge:
     def subject(self, op: str) -> str:
         return f"{self.prefix}.v1.{op}"
 
+    def in_hand(self, op: str) -> int:
+        """How many requests of ``op`` this edge holds at once before the 503: sends are in
+        delivery for as long as an agent takes, up to --max-inflight of them, which admission
+        bounds by priority; the edge's own bound comes on top (those being refused meanwhile)."""
+        if op == "send":
+            return self.max_inflight + self.settings.max_inflight
+        return self.max_inflight
+
     async def start(self) -> None:
         """Serve every operation's subject in the prefix's queue group (BackendUnavailable
         when the link cannot subscribe; ConfigError when the registry is memory:// and another
@@ -112,7 +122,7 @@ class NatsEdge:
                     self._bind(op),
                     queue=self.prefix,
                     busy=self._counted_busy(op),
-                    max_inflight=self.max_inflight,
+                    max_inflight=self.in_hand(op),
                 )
                 self._responders.append(responder)
         except BaseException:
