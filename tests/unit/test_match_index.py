@@ -15,8 +15,8 @@ from collections.abc import Callable, Collection
 
 import pytest
 
-from agent_reach.errors import NoCapableAgent, Overloaded
-from agent_reach.gateway.matching import resolve
+from agent_reach.errors import NoCapableAgent, Overloaded, RecipientIncapable
+from agent_reach.gateway.matching import resolve, suggestions
 from agent_reach.gateway.router import Router
 from agent_reach.intents.dictionary import parse_dictionary
 from agent_reach.intents.lexical import LexicalMatcher
@@ -617,6 +617,32 @@ async def test_an_alias_of_an_unserved_tag_is_not_read_as_words_another_tag_matc
         assert found.tag == "support.ticket.void"
     finally:
         router.matches.close()
+
+
+async def test_a_hint_takes_an_alias_only_when_non_exact_matches_are_allowed() -> None:
+    """``"fallback": false`` forbids every match that is not exact, aliases too (contract,
+    docs/intents.md): a hinted request for an alias of the endpoint's tag was delivered all
+    the same (a review of 2026-12-07)."""
+    router = Router(GatewaySettings(matcher="none"), MemoryRegistry(), FakeClock(start=0.0))
+    router.dictionary = parse_dictionary(
+        '[[intent]]\ntag = "weather.query"\naliases = ["weather.lookup"]\n'
+    )
+    body = RegisterBody(
+        endpoint_id="agent://w-1", capabilities=["weather.query"], endpoint_url="http://h/"
+    )
+    await router.register(body)
+    hint = "agent://w-1"
+    found = await resolve(router, "weather.lookup", None, hint=hint)
+    assert (found.method, found.tag) == ("hint", "weather.query")
+    with pytest.raises(RecipientIncapable):
+        await resolve(router, "weather.lookup", None, hint=hint, fallback=False)
+    exact = await resolve(router, "weather.query", None, hint=hint, fallback=False)
+    assert exact.tag == "weather.query"
+
+
+def test_a_suggestion_under_the_threshold_is_never_shown_at_it() -> None:
+    near = suggestions([("a.b", 0.79996), ("c.d", 0.5)], 0.8)
+    assert near == [{"tag": "a.b", "confidence": 0.7999}, {"tag": "c.d", "confidence": 0.5}]
 
 
 def test_distinct_is_dict_fromkeys_made_in_chunks() -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["round3", "round4", "round6"]
+__all__ = ["floor4", "round3", "round4", "round6"]
 
 _floor = math.floor
 
@@ -26,6 +26,12 @@ def round3(x: float) -> float:
 def round4(x: float) -> float:
     """``x`` to four decimals (a confidence)."""
     return _floor(x * 1e4 + 0.5) / 1e4
+
+
+def floor4(x: float) -> float:
+    """``x`` cut to four decimals, never above it (a confidence under a threshold stays under
+    it: 0.79996 is 0.7999, where rounding made it 0.8)."""
+    return _floor(x * 1e4) / 1e4
 
 
 def round6(x: float) -> float:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agent_reach.core.rounding import round4
+from agent_reach.core.rounding import floor4, round4
 from agent_reach.errors import (
     InvalidRequest,
     NoCapableAgent,
@@ -81,9 +81,9 @@ class Match:
 
 def suggestions(scored: list[tuple[str, float]], below: float | None) -> list[dict[str, Any]]:
     """The nearest tags of a lookup for a refusal: at most 3, best first, each under ``below``
-    (None: any)."""
+    (None: any), its confidence cut to 4 places (never shown at the threshold it missed)."""
     near = [(tag, c) for tag, c in scored if below is None or c < below]
-    return [{"tag": tag, "confidence": round4(c)} for tag, c in near[:MAX_SUGGESTIONS]]
+    return [{"tag": tag, "confidence": floor4(c)} for tag, c in near[:MAX_SUGGESTIONS]]
 
 
 def settle(
@@ -105,7 +105,8 @@ def settle(
             raise RecipientNotFound(f"recipient_hint {hint} is not registered")
         if intent in record.capabilities:
             return Match("hint", intent, 1.0)
-        canonical = router.dictionary.canonical(intent)
+        # an alias, unless the caller forbade every match that is not exact (`fallback`)
+        canonical = router.dictionary.canonical(intent) if fallback else None
         if canonical is not None and canonical in record.capabilities:
             return Match("hint", canonical, 1.0)
         raise RecipientIncapable(f"{hint} does not declare intent {intent!r}")
@@ -201,7 +202,7 @@ async def match_by_meaning(
         detail = f"no agent's intent matches the words {_short(text)!r}"
     if near:
         best = near[0]
-        detail += f"; the nearest tag is {best['tag']!r} at confidence {best['confidence']:.2f}"
+        detail += f"; the nearest tag is {best['tag']!r} at confidence {best['confidence']:g}"
         detail += f", under the threshold {threshold:g}"
     raise NoCapableAgent(detail, suggestions=near)
 
