@@ -22,9 +22,9 @@ its CLI (``forklib``) for what is, for one mounted path, about a hundred lines. 
   so: the SDK hands a request to the server as it begins its answer, so an answer refused for
   want of a place would come after the work had started, and ``overloaded`` promises that
   nothing was delivered. An answer that turns out not to be a stream gives its place back as
-  it begins. A stream begun without one (a request the edge did not expect to stream) takes
-  one then, and with none left is not begun: 503 ``overloaded``, and the application sees a
-  disconnect.
+  it begins (a call answered with plain JSON holds it while it runs). A stream begun without
+  one (a request the edge did not expect to stream) takes one then, and with none left is not
+  begun: 503 ``overloaded``, and the application sees a disconnect.
 """
 
 from __future__ import annotations
