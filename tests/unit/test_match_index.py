@@ -651,3 +651,27 @@ def test_distinct_is_dict_fromkeys_made_in_chunks() -> None:
     assert distinct(tuple(items)) == list(dict.fromkeys(items))
     assert distinct(x for x in ("b", "a", "b")) == ["b", "a"]
     assert distinct([]) == []
+
+
+async def test_the_exact_match_of_a_tag_is_forgotten_when_its_last_endpoint_leaves() -> None:
+    """Each kept Match is an object the cyclic collector walks at every full collection:
+    register/deregister cycles with a new tag each left one per tag, up to 65,536 of them
+    (docs/reliability.md, F20). A tag still served keeps its own."""
+    router = Router(GatewaySettings(matcher="none"), MemoryRegistry(), FakeClock(start=0.0))
+
+    def body(n: int, tags: list[str]) -> RegisterBody:
+        return RegisterBody(
+            endpoint_id=f"agent://c-{n}", capabilities=tags, endpoint_url="http://h/"
+        )
+
+    await router.register(body(1, ["a.one", "a.shared"]))
+    await router.register(body(2, ["a.shared"]))
+    for tag in ("a.one", "a.shared"):
+        assert (await resolve(router, tag, None)).tag == tag
+    assert set(router.exact_matches) == {"a.one", "a.shared"}
+    await router.deregister("agent://c-1")
+    assert set(router.exact_matches) == {"a.shared"}  # another endpoint still serves it
+    await router.register(body(2, ["a.other"]))  # its tags changed: a.shared has no endpoint
+    assert router.exact_matches == {}
+    assert (await resolve(router, "a.other", None)).tag == "a.other"
+    assert set(router.exact_matches) == {"a.other"}

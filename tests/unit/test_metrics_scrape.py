@@ -118,7 +118,7 @@ async def test_scrape_and_render_give_the_same_exposition() -> None:
 
 def _without_gc_values(exposition: bytes) -> list[bytes]:
     return [
-        line.rpartition(b" ")[0] if line.startswith(b"python_gc_") else line
+        line.rpartition(b" ")[0] if line.startswith((b"python_gc_", b"agent_reach_gc_")) else line
         for line in exposition.splitlines()
     ]
 

@@ -506,7 +506,8 @@ async def _serve(settings: GatewaySettings, *, reuse_port: bool = False) -> None
     logs.log(logging.INFO, "gateway.listening", url=url, registry=registry)
     print(f"agent-reach gateway listening on {url} (registry {registry})", flush=True)
     try:
-        await stop.wait()
+        with node.metrics.gc_pauses.installed():  # agent_reach_gc_pause_seconds
+            await stop.wait()
     finally:
         logs.log(logging.INFO, "gateway.stopping")
         # both edges stop taking requests, and give those in hand SHUTDOWN_S, side by side

@@ -41,12 +41,14 @@ from prometheus_client.core import (
     CounterMetricFamily,
     GaugeHistogramMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     Metric,
 )
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from agent_reach.core.model import EndpointRecord
+from agent_reach.observability.gcpause import GC_PAUSE_BUCKETS, GcPauses, GcPauseSnapshot
 from agent_reach.observability.logs import log
 from agent_reach.registry.base import RegistryBackend, RegistryChange, RegistryState
 
@@ -105,6 +107,7 @@ class _State(NamedTuple):
     trace_count: int
     nats: NatsLinkState | None = None  # None: no NATS link
     bound_hits: dict[str, int] | None = None  # bound name -> times hit (watch_bound)
+    gc_pauses: GcPauseSnapshot | None = None
 
 
 class NatsLinkState(Protocol):
@@ -156,6 +159,8 @@ class _Exposition(Collector):
                 )
         if state.nats is not None:
             yield from _nats_families(state.nats)
+        if state.gc_pauses is not None:
+            yield _gc_pause_family(state.gc_pauses)
         if state.bound_hits:
             hits = CounterMetricFamily(
                 "agent_reach_bound_hits",
@@ -198,6 +203,23 @@ def _nats_families(link: NatsLinkState) -> Iterator[Metric]:
         "not UTF-8): their requesters time out",
         value=link.unreadable,
     )
+
+
+def _gc_pause_family(pauses: GcPauseSnapshot) -> Metric:
+    family = HistogramMetricFamily(
+        "agent_reach_gc_pause_seconds",
+        "Collections of Python's cyclic garbage collector, by generation, and how long each "
+        "stopped the process (the event loop with it)",
+        labels=["generation"],
+    )
+    bounds = [*map(floatToGoString, GC_PAUSE_BUCKETS), "+Inf"]
+    for generation, (counts, total) in enumerate(zip(pauses.counts, pauses.sums, strict=True)):
+        cumulative, buckets = 0, []
+        for bound, n in zip(bounds, counts, strict=True):
+            cumulative += n
+            buckets.append((bound, float(cumulative)))
+        family.add_metric([str(generation)], buckets, sum_value=total)
+    return family
 
 
 def _heartbeat_families(now: float, last_seen: list[float], interval_s: float) -> Iterator[Metric]:
@@ -262,6 +284,9 @@ class GatewayMetrics:
         # python_gc_*: the cyclic collector's runs and what they found; garbage in cycles made
         # per request pauses the loop (docs/reliability.md, F11), and this is where it shows
         GCCollector(registry=r)
+        # ... and how long each collection stopped the loop: timed while the gateway serves
+        # (GcPauses.installed; docs/reliability.md, F20)
+        self.gc_pauses = GcPauses()
         self.requests = Counter(
             "agent_reach_requests",
             "Reach requests answered, by intent and outcome",
@@ -617,9 +642,10 @@ class GatewayMetrics:
         registry = self._registry_state() if self._registry_state is not None else None
         nats = self._nats_state() if self._nats_state is not None else None
         hits = {name: read() for name, read in sorted(self._bounds.items())}
+        gc_pauses = self.gc_pauses.snapshot()
         watched = self._watched
         if watched is None:
-            return _State(status_counts, registry, 0.0, None, 0.0, 0, nats, hits)
+            return _State(status_counts, registry, 0.0, None, 0.0, 0, nats, hits, gc_pauses)
         return _State(
             status_counts,
             registry,
@@ -629,4 +655,5 @@ class GatewayMetrics:
             watched.trace_count(),
             nats,
             hits,
+            gc_pauses,
         )

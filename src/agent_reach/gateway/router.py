@@ -195,6 +195,12 @@ class Router:
             or before.description != after.description
         ):
             self.matches.changed()
+            if before is not None:  # a tag whose last endpoint left may never come back:
+                # its kept Match goes (the collector walks every one kept: F20)
+                kept = self.exact_matches
+                for tag in before.capabilities:
+                    if tag in kept and not self.registry.by_intent(tag):
+                        del kept[tag]
         intents = {*(before.capabilities if before else ()), *(after.capabilities if after else ())}
         self._replace_member(endpoint_id, intents)
 

@@ -11,6 +11,12 @@ Invariants:
   domain that forwarded it): several requests may share a trace id (callers choose them,
   onward reaches carry their caller's), and who may read an event is decided per request
   (:meth:`TraceStore.get`'s ``may``), never by whoever used the id first.
+- The events are kept out of the cyclic garbage collector's view: a full store is ~50,000
+  events, and a collection walks every object it tracks (docs/reliability.md, F20). A trace
+  is one flat list ``[ts, kind, data, reader, ts, kind, ...]``, not a list of tuples (a tuple
+  holding a dict stays tracked); ``data`` is the caller's dict when it holds only plain values
+  (the interpreter leaves such a dict untracked), else its JSON as ``bytes``, decoded when
+  read. What the store adds to the collector's work is one list a trace.
 - One summary per answered ``/v1/send`` (success or error) is kept in a ring of the
   ``recent_capacity`` most recent, independently of the events: a summary may outlive its
   trace's events (``GET /v1/traces/ID`` then answers 404), and several summaries may share one
@@ -19,9 +25,12 @@ Invariants:
 
 from __future__ import annotations
 
+import gc
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
+
+import msgspec
 
 from agent_reach.core.rounding import round3, round6
 from agent_reach.wire.answers import Attempt
@@ -31,6 +40,19 @@ __all__ = ["NO_READER", "Reader", "RequestSummary", "TraceStore"]
 RECENT_CAPACITY = 1000  # request summaries kept for GET /v1/traces
 MAX_TOTAL_EVENTS = 100_000  # events of all traces held at once (~1 KB each, typically)
 TEXT_KEPT = 256  # characters of a caller's words (intent_text) or an error's detail kept
+
+_EMPTY: dict[str, Any] = {}  # an event without fields (never changed: events are read-only)
+_encode = msgspec.json.encode
+_decode = msgspec.json.decode
+
+
+def _as_json(data: dict[str, Any]) -> bytes | dict[str, Any]:
+    """``data``'s JSON, or ``data`` itself when it is not JSON (then tracked: never an error)."""
+    try:
+        return _encode(data)
+    except (TypeError, ValueError):
+        return data
+
 
 Reader = tuple[str | None, str | None]
 """Whose request an event belongs to: (its sender, the domain that forwarded it)."""
@@ -77,11 +99,9 @@ class TraceStore:
         self.max_events = max_events
         self.max_total = max_total
         self.total = 0  # events held, over every trace
-        # an event is kept as it came (ts, kind, its data) and made a dict only when read: this
-        # runs several times on every request
-        self._traces: OrderedDict[str, list[tuple[float, str, dict[str, Any], Reader]]] = (
-            OrderedDict()
-        )
+        # a trace's events, 4 items each (ts, kind, data, reader): made a dict only when read
+        # (this runs several times on every request), and never a tuple (see the invariants)
+        self._traces: OrderedDict[str, list[Any]] = OrderedDict()
         self._recent: deque[RequestSummary] = deque(maxlen=recent_capacity)
         self.evicted = 0  # traces dropped to keep capacity or max_total (a metric)
         self.events_dropped = 0  # events not kept, their trace at max_events (a metric)
@@ -95,22 +115,30 @@ class TraceStore:
         reader: Reader = NO_READER,
     ) -> None:
         """Append one event (``ts`` is unix seconds; ``data``, its fields, is kept as given:
-        the caller's own dict, a ``**kwargs`` of its, not copied again) of the request of
+        the caller's own dict, a ``**kwargs`` of its, not copied again, unless it holds a
+        container: then as its JSON, so later changes to it are not seen) of the request of
         ``reader``."""
         traces = self._traces
         events = traces.get(trace_id)
         if events is None:
             events = traces[trace_id] = []
             if len(traces) > self.capacity:
-                self.total -= len(traces.popitem(last=False)[1])
+                self.total -= len(traces.popitem(last=False)[1]) >> 2
                 self.evicted += 1
         else:
             traces.move_to_end(trace_id)
-        if len(events) < self.max_events:
-            events.append((ts, kind, {} if data is None else data, reader))
+        if len(events) < self.max_events << 2:
+            kept: bytes | dict[str, Any]
+            if data is None:
+                kept = _EMPTY
+            elif gc.is_tracked(data):  # it holds a list or a dict: kept as bytes, untracked
+                kept = _as_json(data)
+            else:
+                kept = data
+            events += (ts, kind, kept, reader)
             self.total += 1
             while self.total > self.max_total and len(traces) > 1:  # never the one written
-                self.total -= len(traces.popitem(last=False)[1])
+                self.total -= len(traces.popitem(last=False)[1]) >> 2
                 self.evicted += 1
         else:
             self.events_dropped += 1
@@ -124,11 +152,13 @@ class TraceStore:
         events = self._traces.get(trace_id)
         if events is None:
             return None
-        return [
-            {"ts": round6(ts), "kind": kind, **data}
-            for ts, kind, data, reader in events
-            if may is None or may(reader)
-        ]
+        out: list[dict[str, Any]] = []
+        for i in range(0, len(events), 4):
+            ts, kind, data, reader = events[i : i + 4]
+            if may is None or may(reader):
+                fields = _decode(data) if type(data) is bytes else data
+                out.append({"ts": round6(ts), "kind": kind, **fields})
+        return out
 
     def request_done(
         self,
