@@ -251,7 +251,7 @@ async def test_a_restarted_server_fails_deliveries_cleanly_then_serves_them_agai
                 for _ in range(3):
                     got, took = await timed(transport.deliver(url, b"{}", HEADERS, 1.0))
                     assert got.outcome is Outcome.CONNECT_ERROR, got
-                    assert (got.reached, got.eject) == (False, False)
+                    assert (got.reached, got.eject, got.blameless) == (False, False, True)
                     assert "no NATS connection" in got.detail
                     assert took < 0.1, took
 

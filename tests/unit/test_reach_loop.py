@@ -30,7 +30,7 @@ from agent_reach.gateway.delivery import WAKE_SLACK_S, Reacher
 from agent_reach.gateway.explain import explain_route
 from agent_reach.gateway.matching import Match
 from agent_reach.gateway.metrics import GatewayMetrics
-from agent_reach.gateway.router import Router
+from agent_reach.gateway.router import RoutePlan, Router
 from agent_reach.gateway.traces import TraceStore
 from agent_reach.registry.memory import MemoryRegistry
 from agent_reach.settings import GatewaySettings
@@ -287,24 +287,41 @@ async def test_connection_refused_ejects_at_once_and_is_not_charged_to_the_budge
     )  # type: ignore[arg-type]
 
 
-async def test_a_dry_run_shows_the_choice_of_the_sends_that_are_not_probes() -> None:
-    """An ejected endpoint whose probe is due gets 2 % of the sends (the probe share); the
-    route a dry run explains is the other 98 %'s, every time."""
+async def probe_due(*live: str) -> tuple[Router, RoutePlan]:
+    """A router whose ``dead`` endpoint was ejected and is due its probe, beside ``live`` ones
+    that answer; the plan of their intent. Its first choices send 2 % to ``dead`` (the share)."""
     reacher, _, clock = make(
-        {url("dead"): [Behaviour(0.0, Outcome.CONNECT_ERROR)], url("live"): [Behaviour(0.01)]},
+        {url("dead"): [Behaviour(0.0, Outcome.CONNECT_ERROR)]}
+        | {url(name): [Behaviour(0.01)] for name in live},
         seed=5,
     )
-    await register(reacher, "dead", "live")
-    router = reacher.router
+    await register(reacher, "dead", *live)
     while not any(c[0] == url("dead") for c in reacher.transport.calls):  # type: ignore[attr-defined]
         await reach(reacher, clock)
     clock.advance(1.0)  # past the first backoff (0.5 s): its probe is due
+    router = reacher.router
     plan = router.plan(Match("exact", "t.echo", 1.0), None)
     sends = [router.choose(plan) for _ in range(2000)]
     assert 0 < sends.count("agent://dead") < 100  # the probe share, 2 % of 2,000
+    return router, plan
+
+
+async def test_a_dry_run_shows_the_choice_of_the_sends_that_are_not_probes() -> None:
+    """An ejected endpoint whose probe is due gets 2 % of the sends (the probe share); the
+    route a dry run explains is the other 98 %'s, every time."""
+    router, _ = await probe_due("live")
     for _ in range(200):
         answer = explain_route(router, Match("exact", "t.echo", 1.0), None, None)
         assert answer["chosen"] == "agent://live"
+
+
+async def test_only_a_requests_first_choice_draws_the_probe_share() -> None:
+    """A review: the probe share was drawn at every choice, so a request that retried drew it
+    again at each retry (up to ~8 % of requests carried a probe where the contract allows 5 %).
+    A retry (or a hedge) now never draws it."""
+    router, plan = await probe_due("live", "other")
+    retries = [router.choose(plan, ("agent://live",)) for _ in range(2000)]
+    assert set(retries) == {"agent://other"}
 
 
 async def test_retry_budget_caps_retries_across_requests() -> None:

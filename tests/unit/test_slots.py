@@ -355,6 +355,25 @@ async def test_no_candidate_at_all_is_none_without_waiting() -> None:
     assert router.slots.waiting == 0
 
 
+async def test_a_blameless_failure_leaves_the_endpoints_books_and_frees_its_slot() -> None:
+    """Nothing went out for the gateway's sake (its NATS link down, a request over the
+    server's max_payload): a review found the endpoint penalized all the same, so a caller's
+    oversized payloads kept a NATS agent out of the load-aware choice."""
+    router, _ = await make(["agent://a", "agent://b"], bound=1)
+    for name, blameless in (("agent://a", True), ("agent://b", False)):
+        stats = router.attempt_started(name)
+        router.attempt_finished(
+            name, stats, Outcome.CONNECT_ERROR, 1.0, reached=False, eject=False,
+            blameless=blameless,
+        )  # fmt: skip
+        assert stats.inflight == 0
+    now = router.now()
+    assert router.stats["agent://a"].cost_ms(now) == 0.0
+    assert router.stats["agent://b"].cost_ms(now) > 0.0  # penalized: the agent's failure
+    p = await plan(router)
+    assert await router.acquire(p, ()) is not None  # a's slot was given back
+
+
 # --- the queues themselves -------------------------------------------------------------------
 
 

@@ -660,6 +660,7 @@ class Reacher:
                 latency_ms,
                 reached=delivery.reached,
                 eject=delivery.eject,
+                blameless=delivery.blameless,
             )
         # after the router's books are closed: a span that raised would leave them open (the
         # endpoint's in-flight count up for good)

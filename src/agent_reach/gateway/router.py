@@ -516,7 +516,10 @@ class Router:
         bound of attempts (``--max-inflight-per-endpoint``) come after every other; with
         ``free_only`` they are not chosen at all (a hedge, which must not wait). Choosing
         takes no slot: :meth:`acquire` does, right before an attempt. ``probes=False``: without
-        the probe share (a dry run shows the choice of the other 98 % of sends).
+        the probe share (a dry run shows the choice of the other 98 % of sends). Only a
+        request's first choice draws the probe share (a retry or a hedge, with ``tried``, never
+        does), so that at most that share of requests carry a probe, however many retries
+        they make.
         """
         choice = self._choose(plan, tried, bounded=True, probes=probes)
         if choice is None and not free_only:
@@ -558,7 +561,7 @@ class Router:
         now = self.now()
         reserved = self.slots.reserved
         bound = self.bound if bounded else None
-        share = PROBE_SHARE if probes else 0.0
+        share = PROBE_SHARE if probes and not tried else 0.0
         choice = pick(tiers, self.stats, now, self.rng, tried, share, bound, reserved)
         if choice is None and tried:  # every eligible one was tried: the latest still eligible
             for endpoint_id in reversed(list(tried)):
@@ -807,13 +810,15 @@ class Router:
         *,
         reached: bool,
         eject: bool,
+        blameless: bool = False,
     ) -> None:
         """Learn from one attempt: latency samples, cost, passive ejection, recovery; and
-        offer its slot to the requests waiting for one."""
+        offer its slot to the requests waiting for one. A ``blameless`` attempt (nothing went
+        out, the gateway's link or the request at fault) teaches nothing."""
         stats.inflight -= 1
-        if self.stats.get(endpoint_id) is not stats:
+        if blameless or self.stats.get(endpoint_id) is not stats:
             self._offer(endpoint_id)
-            return  # deregistered or replaced meanwhile
+            return  # its books as they were; or deregistered or replaced meanwhile
         now = self.now()
         t = self.thresholds
         was_slow = stats.is_slow(now, t)

@@ -21,6 +21,9 @@ class Delivery(NamedTuple):
 
     ``reached`` is False when nothing reached the agent (connection refused): such a retry is
     not charged to the retry budget. ``eject`` asks for the passive check (refused or reset).
+    ``blameless``: nothing went out, and not for the agent's sake (the gateway's NATS link
+    down, a request over the NATS server's ``max_payload``): the endpoint's cost, latency and
+    ejection are left as they were.
     """
 
     outcome: Outcome
@@ -34,6 +37,7 @@ class Delivery(NamedTuple):
     agent_note: str = ""
     # the request was sent again on a fresh connection inside this attempt (the keep-alive race)
     resent: bool = False
+    blameless: bool = False
 
 
 class Transport(Protocol):

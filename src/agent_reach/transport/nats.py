@@ -205,8 +205,9 @@ class NatsTransport:
 
 
 def _unlinked(detail: str) -> Delivery:
-    """Nothing went out: the link (or the request) is the gateway's problem, not the agent's."""
-    return Delivery(Outcome.CONNECT_ERROR, detail=detail, reached=False, eject=False)
+    """Nothing went out: the link (or the request) is the gateway's problem, not the agent's,
+    so the endpoint is neither ejected nor penalized (``blameless``)."""
+    return Delivery(Outcome.CONNECT_ERROR, detail=detail, reached=False, blameless=True)
 
 
 def _headers(headers: Mapping[str, str] | None) -> dict[str, str]:
