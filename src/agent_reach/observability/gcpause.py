@@ -36,7 +36,6 @@ class GcPauseSnapshot(NamedTuple):
 
     counts: tuple[tuple[int, ...], ...]
     sums: tuple[float, ...]
-    longest: float  # seconds, any generation
 
 
 class GcPauses:
@@ -47,7 +46,6 @@ class GcPauses:
         self._started = 0.0
         self._counts = [[0] * (len(GC_PAUSE_BUCKETS) + 1) for _ in range(GENERATIONS)]
         self._sums = [0.0] * GENERATIONS
-        self._longest = 0.0
 
     def on_gc(self, phase: str, info: dict[str, Any]) -> None:
         """The ``gc.callbacks`` entry: ``phase`` is "start" or "stop"."""
@@ -58,8 +56,6 @@ class GcPauses:
         generation = info["generation"]
         self._counts[generation][bisect_left(GC_PAUSE_BUCKETS, took)] += 1  # took <= bound
         self._sums[generation] += took
-        if took > self._longest:
-            self._longest = took
 
     @contextmanager
     def installed(self) -> Iterator[None]:
@@ -71,6 +67,4 @@ class GcPauses:
             gc.callbacks.remove(self.on_gc)
 
     def snapshot(self) -> GcPauseSnapshot:
-        return GcPauseSnapshot(
-            tuple(tuple(c) for c in self._counts), tuple(self._sums), self._longest
-        )
+        return GcPauseSnapshot(tuple(tuple(c) for c in self._counts), tuple(self._sums))
