@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple, Protocol
 
 from prometheus_client import (
@@ -212,14 +212,19 @@ def _gc_pause_family(pauses: GcPauseSnapshot) -> Metric:
         "stopped the process (the event loop with it)",
         labels=["generation"],
     )
-    bounds = [*map(floatToGoString, GC_PAUSE_BUCKETS), "+Inf"]
     for generation, (counts, total) in enumerate(zip(pauses.counts, pauses.sums, strict=True)):
-        cumulative, buckets = 0, []
-        for bound, n in zip(bounds, counts, strict=True):
-            cumulative += n
-            buckets.append((bound, float(cumulative)))
-        family.add_metric([str(generation)], buckets, sum_value=total)
+        family.add_metric([str(generation)], _cumulative(GC_PAUSE_BUCKETS, counts), total)
     return family
+
+
+def _cumulative(bounds: Sequence[float], counts: Sequence[int]) -> list[tuple[str, float]]:
+    """Exposition buckets (``le``, cumulative count) of ``counts`` per bucket, one more than
+    ``bounds`` (the last for +Inf)."""
+    cumulative, buckets = 0, []
+    for bound, n in zip([*map(floatToGoString, bounds), "+Inf"], counts, strict=True):
+        cumulative += n
+        buckets.append((bound, float(cumulative)))
+    return buckets
 
 
 def _heartbeat_families(now: float, last_seen: list[float], interval_s: float) -> Iterator[Metric]:
@@ -236,15 +241,10 @@ def _heartbeat_families(now: float, last_seen: list[float], interval_s: float) -
                 break
         else:
             counts[-1] += 1
-    cumulative = 0
-    buckets = []
-    for bound, n in zip([*map(floatToGoString, bounds), "+Inf"], counts, strict=True):
-        cumulative += n
-        buckets.append((bound, float(cumulative)))
     yield GaugeHistogramMetricFamily(
         "agent_reach_heartbeat_age_seconds",
         "Time since each registered endpoint's last heartbeat, at scrape time (heartbeat lag)",
-        buckets=buckets,
+        buckets=_cumulative(bounds, counts),
         gsum_value=total,
     )
     yield GaugeMetricFamily(
